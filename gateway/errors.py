@@ -1,0 +1,89 @@
+"""The gateway's error tree, translated to OpenAI error JSON at one boundary (the server).
+
+    ConfigError                 bad YAML; names the file and the dotted key
+    GatewayError                anything answered to a client with an error body
+    ├── BadRequestError         400  malformed JSON, wrong types, missing fields
+    ├── AuthenticationError     401  missing or unknown API key
+    ├── PermissionDeniedError   403  admin route without the admin key
+    ├── NotFoundError           404  unknown model or route
+    ├── PayloadTooLargeError    413  body over the configured limit
+    ├── RateLimitError          429  admission queue full / rate limit (Retry-After)
+    ├── UpstreamError           502  replica failed before any byte reached the client
+    ├── NoReplicaError          503  no healthy replica for the model (Retry-After)
+    └── UpstreamTimeoutError    504  replica did not answer within the deadline
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ConfigError(ValueError):
+    """A config file failed validation; `key` is the dotted path of the offending key."""
+
+    def __init__(self, message: str, *, key: str = "", file: str = "") -> None:
+        self.key, self.file, self.reason = key, file, message
+        where = ":".join(part for part in (file, key) if part)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "InternalServerError"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.retry_after_s = message, param, retry_after_s
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.status, self.param)
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, round(self.retry_after_s)))
+        return headers
+
+
+def error_body(message: str, type_: str, status: int, param: str | None = None) -> bytes:
+    """OpenAI/vLLM error JSON: `code` is the integer HTTP status, as vLLM sends it."""
+    payload: dict[str, Any] = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    return orjson.dumps(payload)
+
+
+class BadRequestError(GatewayError):
+    status, type = 400, "BadRequestError"
+
+
+class AuthenticationError(GatewayError):
+    status, type = 401, "AuthenticationError"
+
+
+class PermissionDeniedError(GatewayError):
+    status, type = 403, "PermissionDeniedError"
+
+
+class NotFoundError(GatewayError):
+    status, type = 404, "NotFoundError"
+
+
+class PayloadTooLargeError(GatewayError):
+    status, type = 413, "PayloadTooLargeError"
+
+
+class RateLimitError(GatewayError):
+    status, type = 429, "RateLimitError"
+
+
+class UpstreamError(GatewayError):
+    status, type = 502, "BadGatewayError"
+
+
+class NoReplicaError(GatewayError):
+    status, type = 503, "ServiceUnavailableError"
+
+
+class UpstreamTimeoutError(GatewayError):
+    status, type = 504, "GatewayTimeoutError"

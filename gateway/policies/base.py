@@ -1,0 +1,108 @@
+"""The routing-policy interface: gather data first, then decide purely and synchronously.
+
+The request path fills each `Candidate` (load, scraped queue, matched warm prefix) and calls
+`Policy.choose`, which does no I/O and returns a `Decision` with one `Score` row per candidate,
+so every decision can be logged and explained.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway import schema
+from gateway.view import RequestView
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One healthy replica as the policy sees it for one request."""
+
+    replica_id: str
+    weight: float = 1.0
+    in_flight: int = 0  # this gateway's requests now at the replica (exact)
+    running: int = 0  # scraped vllm:num_requests_running (0 when unknown)
+    waiting: int = 0  # scraped vllm:num_requests_waiting
+    kv_usage: float = 0.0  # scraped vllm:kv_cache_usage_perc, 0..1
+    cached_tokens: int = 0  # longest warm prefix, filled when the policy needs_prefix
+
+    @property
+    def load(self) -> float:
+        """Requests queued or running at the replica, as best we know, per unit of weight."""
+        return max(self.in_flight, self.running + self.waiting) / self.weight
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    replica_id: str
+    score: float  # lower is better; seconds of predicted TTFT for prefix_affinity
+    load: float = 0.0
+    cached_tokens: int = 0
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replica_id: str
+    reason: str  # why this replica: "round_robin", "least_loaded", "prefix_hit", "load_bound", ...
+    scores: tuple[Score, ...] = ()
+
+    def explain(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica_id,
+            "reason": self.reason,
+            "candidates": [
+                {"replica": s.replica_id, "score": round(s.score, 6), "load": s.load,
+                 "cached_tokens": s.cached_tokens, "wait_s": round(s.wait_s, 6)}
+                for s in self.scores
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to a dispatched request, fed back to the policy for learning."""
+
+    ok: bool
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+class Policy(ABC):
+    """One routing policy. `type` is its YAML name; `Params` its validated parameters."""
+
+    type: ClassVar[str]
+    needs_prefix: ClassVar[bool] = False
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: Any) -> None:
+        self.params = params
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any] | None, key: str) -> "Policy":
+        return cls(schema.build(cls.Params, params or {}, key))
+
+    @abstractmethod
+    def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        """Pick one of `candidates` (never empty). Pure: no I/O, no awaits."""
+
+    def on_dispatched(self, view: RequestView, replica_id: str) -> None:
+        """Called once the request is sent to `replica_id`."""
+
+    def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+        """Called when the request ended, successfully or not."""
+
+
+def scores_by_load(candidates: Sequence[Candidate]) -> tuple[Score, ...]:
+    return tuple(Score(c.replica_id, c.load, load=c.load) for c in candidates)
+
+
+__all__ = ["Candidate", "Decision", "NoParams", "Outcome", "Policy", "Score", "scores_by_load"]

@@ -1,0 +1,22 @@
+"""RequestView: the request body parsed once, with what routing needs read out of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RequestView:
+    """Everything a policy may look at. `raw` is forwarded unchanged; `body` is never re-serialised."""
+
+    request_id: str
+    endpoint: str  # "chat" | "completions" | "embeddings"
+    model: str
+    stream: bool
+    body: dict[str, Any]
+    raw: bytes
+    tenant: str | None = None  # from the API key; salts the prefix hash chain when enabled
+    session_key: str | None = None  # X-Session-ID header, `prompt_cache_key` or `user`
+    prompt_tokens_estimate: int = 0
+    block_hashes: tuple[int, ...] = field(default=())  # filled only for policies that need the prefix

@@ -20,3 +20,4 @@ class RequestView:
     session_key: str | None = None  # X-Session-ID header, `prompt_cache_key` or `user`
     prompt_tokens_estimate: int = 0
     block_hashes: tuple[int, ...] = field(default=())  # filled only for policies that need the prefix
+    preamble_tokens: int = 0  # leading tools + system prompt tokens (in full blocks), filled with block_hashes

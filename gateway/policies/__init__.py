@@ -21,13 +21,14 @@ def build_policy(type_: str, params: Mapping[str, Any] | None, key: str) -> Poli
     _load_builtin()
     cls = REGISTRY.get(type_)
     if cls is None:
-        raise ConfigError(f"unknown policy {type_!r} (known: {', '.join(sorted(REGISTRY))})", key=f"{key}.type")
+        raise ConfigError(f"unknown policy {type_!r} (known: {', '.join(sorted(REGISTRY))})", key=f"{key}.policy")
     return cls.from_config(params, f"{key}.params")
 
 
 def _load_builtin() -> None:
     # Imported here so each policy module can `@register` itself without an import cycle.
     from gateway.policies import least_loaded, power_of_two, random_choice, round_robin  # noqa: F401
+    from gateway.policies import consistent_hash, prefix_affinity, session_affinity  # noqa: F401
 
 
 __all__ = ["REGISTRY", "Candidate", "Decision", "Outcome", "Policy", "Score", "build_policy", "register"]

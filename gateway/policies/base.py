@@ -7,6 +7,7 @@ so every decision can be logged and explained.
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,8 +68,9 @@ class Outcome:
 
     ok: bool
     ttft_s: float | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
+    prompt_tokens: int | None = None  # usage.prompt_tokens, when the replica reported it
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    predicted: Score | None = None  # the chosen replica's row at dispatch; attached by the Router
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class Policy(ABC):
     """One routing policy. `type` is its YAML name; `Params` its validated parameters."""
 
     type: ClassVar[str]
-    needs_prefix: ClassVar[bool] = False
+    needs_prefix: ClassVar[bool] = False  # the Router hashes the prompt into view.block_hashes
+    needs_index: ClassVar[bool] = False  # ...and fills Candidate.cached_tokens from the warm index
     Params: ClassVar[type] = NoParams
 
     def __init__(self, params: Any) -> None:
@@ -101,8 +104,24 @@ class Policy(ABC):
         """Called when the request ended, successfully or not."""
 
 
+@dataclass(frozen=True)
+class SeedParams:
+    seed: int | None = None  # fixes the policy's random choices (reproducible tests and simulations)
+
+
+class SeededPolicy(Policy, ABC):
+    """A policy that draws random numbers (sampling, tie-breaks) from its own seeded generator."""
+
+    Params: ClassVar[type] = SeedParams
+
+    def __init__(self, params: SeedParams) -> None:
+        super().__init__(params)
+        self.rng = random.Random(params.seed)
+
+
 def scores_by_load(candidates: Sequence[Candidate]) -> tuple[Score, ...]:
     return tuple(Score(c.replica_id, c.load, load=c.load) for c in candidates)
 
 
-__all__ = ["Candidate", "Decision", "NoParams", "Outcome", "Policy", "Score", "scores_by_load"]
+__all__ = ["Candidate", "Decision", "NoParams", "Outcome", "Policy", "Score", "SeedParams", "SeededPolicy",
+           "scores_by_load"]

@@ -1,0 +1,77 @@
+"""`affinity-gateway` commands: parse arguments, call the app code, nothing else.
+
+    affinity-gateway serve --config config.yaml [--host H] [--port P] [--log-level L]
+    affinity-gateway up [--replicas 3] [--port 8000] [--policy round_robin] [--engine sim] [--speedup 1]
+
+More subcommands (`bench`, `simulate`) register themselves the same way: one `_add_<name>` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from gateway import __version__
+from gateway.config import ENV_PREFIX
+from gateway.errors import ConfigError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="affinity-gateway", description="Cache-affinity gateway for LLM replicas")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_serve(commands)
+    _add_up(commands)
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser("serve", help="run the gateway from a config file")
+    p.add_argument("--config", "-c", required=True, help="YAML config (see config.example.yaml)")
+    p.add_argument("--host", help=f"listen host (env {ENV_PREFIX}HOST)")
+    p.add_argument("--port", type=int, help=f"listen port (env {ENV_PREFIX}PORT)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help=f"env {ENV_PREFIX}LOG_LEVEL")
+    p.set_defaults(run=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.config import load_config
+    from gateway.log import setup_logging
+    from gateway.server import make_app, serve
+
+    # Flags win over env, env over the file; set as env so a reload (SIGHUP) keeps them.
+    for name, value in (("HOST", args.host), ("PORT", args.port), ("LOG_LEVEL", args.log_level)):
+        if value is not None:
+            os.environ[ENV_PREFIX + name] = str(value)
+    try:
+        config = load_config(args.config, os.environ)
+    except ConfigError as exc:
+        print(f"affinity-gateway: config error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.logging.level, config.logging.format)
+    serve(make_app(config, args.config, handle_sighup=True), config)
+    return 0
+
+
+def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser("up", help="start a local cluster: N replica stubs and one gateway")
+    p.add_argument("--replicas", type=int, default=3, help="number of replica stubs")
+    p.add_argument("--port", type=int, default=8000, help="gateway port")
+    p.add_argument("--host", default="127.0.0.1", help="gateway listen host")
+    p.add_argument("--policy", default="round_robin", help="routing policy of the pool")
+    p.add_argument("--model", default="stub-model", help="model name the replicas serve")
+    p.add_argument("--engine", default="sim", help="replica engine (sim = calibrated simulator)")
+    p.add_argument("--speedup", type=float, default=1.0, help="simulated engine speed factor")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=_up)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from gateway.cluster import ClusterSpec, run_cluster
+
+    spec = ClusterSpec(replicas=args.replicas, port=args.port, host=args.host, policy=args.policy,
+                       model=args.model, engine=args.engine, speedup=args.speedup, log_level=args.log_level)
+    return run_cluster(spec)

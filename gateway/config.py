@@ -1,0 +1,214 @@
+"""The gateway's config file: YAML → frozen dataclasses, validated once, errors naming file and key.
+
+Usage:
+    config = load_config("config.yaml")          # raises ConfigError("config.yaml:pools.m.replicas[0].url: ...")
+    config = load_config(path, env=os.environ)   # AFFINITY_GATEWAY_HOST / _PORT / _LOG_LEVEL win over the file
+
+`config.example.yaml` documents every key; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+
+from gateway import schema
+from gateway.errors import ConfigError
+from gateway.index.base import IndexParams
+from gateway.policies import build_policy
+from gateway.prefix import PrefixParams
+
+ENV_PREFIX = "AFFINITY_GATEWAY_"
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    host: str = "0.0.0.0"
+    port: int = 8000
+
+    def validate(self, key: str) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {self.port}", key=f"{key}.port")
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    url: str
+    name: str = ""  # defaults to host:port of `url`
+    weight: float = 1.0
+
+    def validate(self, key: str) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"expected an http(s) URL like http://10.0.0.5:8000, got {self.url!r}", key=f"{key}.url")
+        if self.weight <= 0:
+            raise ConfigError(f"weight must be > 0, got {self.weight}", key=f"{key}.weight")
+
+    @property
+    def replica_id(self) -> str:
+        return self.name or urlsplit(self.url).netloc
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    policy: str = "round_robin"
+    params: dict[str, Any] = field(default_factory=dict)
+    prefix: PrefixParams = field(default_factory=PrefixParams)  # how prompts are hashed, for prefix policies
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    replicas: tuple[ReplicaConfig, ...]
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+
+    def validate(self, key: str) -> None:
+        if not self.replicas:
+            raise ConfigError("a pool needs at least one replica", key=f"{key}.replicas")
+        seen: set[str] = set()
+        for i, replica in enumerate(self.replicas):
+            if replica.replica_id in seen:
+                raise ConfigError(f"duplicate replica {replica.replica_id!r} (give each a distinct name)",
+                                  key=f"{key}.replicas[{i}]")
+            seen.add(replica.replica_id)
+        # Build once to validate the policy name and its parameters; the pool builds its own.
+        build_policy(self.routing.policy, self.routing.params, f"{key}.routing")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """Active probes flip a replica after N consecutive results; passive failures eject it with backoff."""
+
+    path: str = "/health"
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+    unhealthy_after: int = 2
+    healthy_after: int = 1
+    eject_after_failures: int = 3
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+
+    def validate(self, key: str) -> None:
+        _positive(self, key, "interval_s", "timeout_s", "unhealthy_after", "healthy_after",
+                  "eject_after_failures", "backoff_s", "backoff_max_s")
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Scrape of each replica's Prometheus /metrics (queue, running, KV usage)."""
+
+    enabled: bool = True
+    path: str = "/metrics"
+    interval_s: float = 0.5
+    timeout_s: float = 1.0
+
+    def validate(self, key: str) -> None:
+        _positive(self, key, "interval_s", "timeout_s")
+
+
+@dataclass(frozen=True)
+class TimeoutsConfig:
+    connect_s: float = 5.0
+    read_s: float = 600.0  # longest silence allowed between upstream bytes (covers a long prefill)
+
+    def validate(self, key: str) -> None:
+        _positive(self, key, "connect_s", "read_s")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_retries: int = 1  # extra attempts on other replicas, only before the first byte
+
+    def validate(self, key: str) -> None:
+        _positive(self, key, "max_body_bytes")
+        if self.max_retries < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.max_retries")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: LogLevel = "info"
+    format: Literal["json", "console"] = "json"
+    requests: bool = True  # one event per request
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    pools: dict[str, PoolConfig]
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    state: IndexParams = field(default_factory=IndexParams)  # the warm-prefix index store
+
+    def validate(self, key: str) -> None:
+        if not self.pools:
+            raise ConfigError("at least one model pool is required", key="pools")
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read, validate and apply env overrides; every ConfigError carries the file name."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config: {exc.strerror}", file=path) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", file=path) from None
+    try:
+        return parse_config(data, env)
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, key=exc.key, file=path) from None
+
+
+def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
+    config = schema.build(Config, data)
+    return apply_env(config, env or {})
+
+
+def apply_env(config: Config, env: Mapping[str, str]) -> Config:
+    """AFFINITY_GATEWAY_HOST, _PORT and _LOG_LEVEL override the file (containers set them)."""
+    listen, logging = config.listen, config.logging
+    if (host := env.get(ENV_PREFIX + "HOST")) is not None:
+        listen = dataclasses.replace(listen, host=host)
+    if (port := env.get(ENV_PREFIX + "PORT")) is not None:
+        listen = dataclasses.replace(listen, port=_int(port, "PORT"))
+    if (level := env.get(ENV_PREFIX + "LOG_LEVEL")) is not None:
+        level = schema.convert(LogLevel, level.lower(), f"env {ENV_PREFIX}LOG_LEVEL")
+        logging = dataclasses.replace(logging, level=level)
+    return dataclasses.replace(config, listen=listen, logging=logging)
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"expected an integer, got {text!r}", key=f"env {ENV_PREFIX}{name}") from None
+
+
+def _positive(obj: Any, key: str, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ConfigError(f"must be > 0, got {getattr(obj, name)}", key=f"{key}.{name}")
+
+
+__all__ = ["Config", "ConfigError", "HealthConfig", "LimitsConfig", "ListenConfig", "LoadConfig", "LoggingConfig",
+           "PoolConfig", "ReplicaConfig", "RoutingConfig", "TimeoutsConfig", "load_config",
+           "parse_config"]

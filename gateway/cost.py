@@ -1,0 +1,124 @@
+"""Predicted time to first token, in seconds, and its online calibration.
+
+    predicted_ttft(r) = wait(r) + base_s + prefill_s_per_token(r) × (prompt_tokens − cached_tokens(r))
+    wait(r)           = queued_prefill_s(r) + per_request_s × load(r)
+
+`queued_prefill_s` is a virtual queue of the uncached prefill this gateway has sent to `r`:
+each dispatch pushes its drain time forward by its own prefill, and it drains in real time.
+It reacts at dispatch, before any scrape, so a burst of identical requests sees the work
+the first ones already queued. Work from other clients shows up in the scraped `waiting`
+count, costed at the mean prefill of recent requests. `per_request_s` prices each running
+request's share of every batched step (decode interference).
+
+The prefill cost per token starts at the configured value and follows observed TTFTs (one
+estimate for the pool, or one per replica), learned from requests that prefilled at least
+`min_learn_tokens`; shorter ones teach `base_s`, the fixed part every request pays (one
+scheduler step, network), which shifts all candidates alike and so only sharpens the estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.errors import ConfigError
+from gateway.policies.base import Candidate
+
+
+@dataclass(frozen=True)
+class CostParams:
+    prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
+    calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
+    per_request_s: float = 0.01  # TTFT each running or queued request adds
+    learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
+    min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
+
+    def validate(self, key: str) -> None:
+        if self.prefill_s_per_token <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.prefill_s_per_token")
+        if self.per_request_s < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.per_request_s")
+        if not 0 <= self.learn_alpha <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.learn_alpha")
+
+
+class CostModel:
+    """Per-replica prefill cost and virtual prefill queue. All methods are sync and O(1)."""
+
+    # Observed per-token costs are clamped to this factor around the default, so one outlier
+    # (a TTFT dominated by an unpredicted queue) cannot swing the estimate by orders of magnitude.
+    CLAMP = 50.0
+
+    def __init__(self, params: CostParams, clock: Callable[[], float] = time.monotonic) -> None:
+        self.params = params
+        self.clock = clock
+        self._per_token: dict[str, float] = {}
+        self._samples: dict[str, int] = {}
+        self._base_s = 0.0  # TTFT of a request with nothing to prefill and no queue (one step, I/O)
+        self._base_samples = 0
+        self._drain_at: dict[str, float] = {}
+        self._mean_prefill_s = params.prefill_s_per_token * params.min_learn_tokens
+
+    def prefill_s_per_token(self, replica_id: str) -> float:
+        return self._per_token.get(self._key(replica_id), self.params.prefill_s_per_token)
+
+    def _key(self, replica_id: str) -> str:
+        # Alike replicas share one estimate: four times the samples, and no replica attracts
+        # traffic just because noise made its estimate look faster.
+        return replica_id if self.params.calibrate == "replica" else ""
+
+    def wait_s(self, candidate: Candidate, now: float) -> float:
+        own = max(0.0, self._drain_at.get(candidate.replica_id, now) - now)
+        scraped = candidate.waiting * self._mean_prefill_s
+        return max(own, scraped) + self.params.per_request_s * candidate.load
+
+    def predict(self, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:
+        """(wait_s, predicted_ttft_s) of sending a `prompt_tokens` prompt to `candidate`."""
+        wait = self.wait_s(candidate, now)
+        uncached = max(0, prompt_tokens - candidate.cached_tokens)
+        return wait, wait + self._base_s + self.prefill_s_per_token(candidate.replica_id) * uncached
+
+    def dispatched(self, replica_id: str, uncached_tokens: int) -> float:
+        """Queue the request's prefill; returns when it is expected to be done."""
+        now = self.clock()
+        prefill_s = self.prefill_s_per_token(replica_id) * uncached_tokens
+        done_at = self._drain_at[replica_id] = max(self._drain_at.get(replica_id, now), now) + prefill_s
+        self._mean_prefill_s += 0.05 * (prefill_s - self._mean_prefill_s)
+        return done_at
+
+    def finished(self, replica_id: str, done_at: float) -> None:
+        """A request expected done at `done_at` has ended: its prefill, and all queued before it, are
+        over, so whatever the queue still counted for them is removed (everything behind moves up)."""
+        now = self.clock()
+        early = done_at - now
+        if early > 0 and replica_id in self._drain_at:
+            self._drain_at[replica_id] = max(now, self._drain_at[replica_id] - early)
+
+    def observe(self, replica_id: str, ttft_s: float, uncached_tokens: int, predicted_wait_s: float) -> None:
+        """Fold one observed TTFT in: short prefills teach the fixed part, long ones the per-token cost.
+
+        Each estimate is a running mean over its first 1/learn_alpha samples, then an EWMA, so a
+        default that is far off (other hardware, a sped-up simulator) is corrected at once."""
+        alpha = self.params.learn_alpha
+        if alpha == 0:
+            return
+        residual = max(0.0, ttft_s - predicted_wait_s)
+        if uncached_tokens < self.params.min_learn_tokens:
+            self._base_samples += 1
+            self._base_s += max(alpha, 1 / self._base_samples) * (residual - self._base_s)
+            return
+        default = self.params.prefill_s_per_token
+        sample = max(0.0, residual - self._base_s) / uncached_tokens
+        sample = min(max(sample, default / self.CLAMP), default * self.CLAMP)
+        key = self._key(replica_id)
+        n = self._samples[key] = self._samples.get(key, 0) + 1
+        current = self.prefill_s_per_token(replica_id)
+        self._per_token[key] = current + max(alpha, 1 / n) * (sample - current)
+
+    def forget(self, replica_id: str) -> None:
+        if self.params.calibrate == "replica":
+            self._per_token.pop(replica_id, None)
+            self._samples.pop(replica_id, None)
+        self._drain_at.pop(replica_id, None)

@@ -1,0 +1,25 @@
+"""Header sets for the proxy: what never crosses a hop, and what the gateway adds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from multidict import CIMultiDict
+
+# RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
+HOP_BY_HOP = frozenset(h.lower() for h in (
+    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+    "TE", "Trailer", "Transfer-Encoding", "Upgrade",
+))
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
+
+REQUEST_ID = "X-Request-Id"
+REPLICA_ID = "X-Replica-Id"
+ROUTE_REASON = "X-Affinity-Reason"
+
+
+def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
+    """Copy headers minus `drop` and minus any header the `Connection` header names."""
+    items = list(headers)
+    named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
+    return CIMultiDict((k, v) for k, v in items if k.lower() not in drop and k.lower() not in named)

@@ -1,0 +1,76 @@
+"""The WarmIndex interface, its config, and the factory that picks a store.
+
+An index answers "how many leading blocks of this prefix does each replica hold?" for all
+candidates in one call (one network round trip for a remote store), and learns what a
+replica holds from the requests routed to it. Each replica's table is an LRU bounded by the
+replica's KV capacity in blocks, so the index forgets what the replica has evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from gateway.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class IndexParams:
+    """YAML top-level `state`: where the warm-prefix tables live."""
+
+    store: str = "memory"  # "memory" (one gateway) or redis://host:port/db (shared by many)
+    key_prefix: str = "affinity:"  # Redis key namespace
+    capacity_blocks: int = 65536  # per replica, until set_capacity() learns the real KV pool size
+    ttl_s: float = 3600.0  # a Redis table untouched this long disappears (removed replicas)
+    timeout_s: float = 0.05  # Redis socket timeout; on expiry the lookup falls back to the local table
+    max_pending_writes: int = 10000  # records queued for Redis while it is slow or down
+    reconnect_max_s: float = 5.0  # backoff cap between reconnect attempts
+
+    def validate(self, key: str) -> None:
+        if self.store != "memory" and urlsplit(self.store).scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(f"expected 'memory' or a redis:// URL, got {self.store!r}", key=f"{key}.store")
+        for name in ("capacity_blocks", "max_pending_writes"):
+            if getattr(self, name) < 1:
+                raise ConfigError("must be at least 1", key=f"{key}.{name}")
+        for name in ("ttl_s", "timeout_s", "reconnect_max_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", key=f"{key}.{name}")
+
+
+class WarmIndex(Protocol):
+    """Per-replica warm-prefix tables. Stores: `MemoryIndex`, `RedisIndex`."""
+
+    @property
+    def degraded(self) -> bool:
+        """True while the shared store is unreachable and lookups use the local table."""
+
+    async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
+        """Leading blocks of `hashes` each replica holds (0 if none); marks nothing as used."""
+
+    async def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """`replica_id` now holds `hashes` (just dispatched there); refreshes their last use."""
+
+    async def forget(self, replica_id: str) -> None:
+        """Drop a replica's table (removed, restarted, or its cache was reset)."""
+
+    def set_capacity(self, replica_id: str, blocks: int) -> None:
+        """Bound the replica's table to its KV pool size (`PrefixParams.index_blocks`)."""
+
+    async def flush(self) -> None:
+        """Return once every earlier `record`/`forget` is visible to other gateways."""
+
+    async def close(self) -> None:
+        """Flush what can be flushed and release connections."""
+
+
+def build_index(params: IndexParams) -> WarmIndex:
+    """The store named by `params.store`. Redis connects lazily, on first use inside the event loop."""
+    from gateway.index.memory import MemoryIndex
+
+    if params.store == "memory":
+        return MemoryIndex(params.capacity_blocks)
+    from gateway.index.redis_store import RedisIndex
+
+    return RedisIndex(params)

@@ -1,0 +1,78 @@
+"""In-process warm-prefix tables: one LRU of block hashes per replica (the default store).
+
+Lookups walk the hash chain and stop at the first miss, so a miss costs one dict probe.
+Recording inserts a request's blocks tail first, so the prefix is the most recently used
+and capacity trimming evicts tails before heads, as vLLM's block pool does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+class MemoryIndex:
+    def __init__(self, capacity_blocks: int) -> None:
+        self._default_capacity = capacity_blocks
+        self._capacity: dict[str, int] = {}
+        self._tables: dict[str, OrderedDict[int, None]] = {}
+
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
+        return self.match_now(hashes, replica_ids)
+
+    def match_now(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
+        result: dict[str, int] = {}
+        for replica_id in replica_ids:
+            table = self._tables.get(replica_id)
+            n = 0
+            if table:
+                for h in hashes:
+                    if h not in table:
+                        break
+                    n += 1
+            result[replica_id] = n
+        return result
+
+    async def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+        self.record_now(replica_id, hashes)
+
+    def record_now(self, replica_id: str, hashes: Sequence[int]) -> None:
+        if not hashes:
+            return
+        table = self._tables.get(replica_id)
+        if table is None:
+            table = self._tables[replica_id] = OrderedDict()
+        for h in reversed(hashes):
+            table[h] = None
+            table.move_to_end(h)
+        self._trim(replica_id, table)
+
+    async def forget(self, replica_id: str) -> None:
+        self._tables.pop(replica_id, None)
+
+    def set_capacity(self, replica_id: str, blocks: int) -> None:
+        self._capacity[replica_id] = max(1, blocks)
+        table = self._tables.get(replica_id)
+        if table is not None:
+            self._trim(replica_id, table)
+
+    def capacity(self, replica_id: str) -> int:
+        return self._capacity.get(replica_id, self._default_capacity)
+
+    def size(self, replica_id: str) -> int:
+        return len(self._tables.get(replica_id, ()))
+
+    def _trim(self, replica_id: str, table: OrderedDict[int, None]) -> None:
+        excess = len(table) - self.capacity(replica_id)
+        for _ in range(excess):
+            table.popitem(last=False)
+
+    async def flush(self) -> None:
+        """Writes are immediate here."""
+
+    async def close(self) -> None:
+        self._tables.clear()

@@ -1,0 +1,71 @@
+"""Every Prometheus metric of the gateway, defined once, on a per-app registry (no global state).
+
+Replica state (in-flight, health, scraped load) is read from the pools at scrape time by a
+collector, so the gauges can never drift from the counts the router uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.replicas import ReplicaPool
+from gateway.routing_metrics import RoutingMetrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("affinity_gateway_requests", "Requests answered, by final replica and status",
+                                ["model", "replica", "status"], registry=r)
+        self.ttft = Histogram("affinity_gateway_ttft_seconds", "Time to the first upstream body byte",
+                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram("affinity_gateway_request_duration_seconds", "Whole request, gateway in to out",
+                                 ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the first byte",
+                               ["model"], registry=r)
+        self.upstream_errors = Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
+                                       ["replica", "kind"], registry=r)
+        self.reloads = Counter("affinity_gateway_config_reloads", "Config reloads by result", ["result"], registry=r)
+        self.routing = RoutingMetrics(r)  # decisions by policy and reason, routing time, prediction error
+
+    def watch(self, pools: Callable[[], Iterable[ReplicaPool]]) -> None:
+        """Export the replicas of these pools (read at every scrape)."""
+        self.registry.register(_PoolCollector(pools))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pools: Callable[[], Iterable[ReplicaPool]]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "replica"]
+        families = {
+            "in_flight": GaugeMetricFamily("affinity_gateway_replica_in_flight",
+                                           "Requests this gateway has at the replica now", labels=labels),
+            "healthy": GaugeMetricFamily("affinity_gateway_replica_healthy",
+                                         "1 when the replica takes traffic (probes pass, not ejected)", labels=labels),
+            "running": GaugeMetricFamily("affinity_gateway_replica_running", "Scraped running requests", labels=labels),
+            "waiting": GaugeMetricFamily("affinity_gateway_replica_waiting", "Scraped waiting requests", labels=labels),
+            "kv_usage": GaugeMetricFamily("affinity_gateway_replica_kv_usage", "Scraped KV-cache usage 0..1",
+                                          labels=labels),
+        }
+        for pool in self._pools():
+            for replica in pool:
+                key = [pool.model, replica.replica_id]
+                families["in_flight"].add_metric(key, replica.in_flight)
+                families["healthy"].add_metric(key, float(replica.is_available()))
+                families["running"].add_metric(key, replica.load.running)
+                families["waiting"].add_metric(key, replica.load.waiting)
+                families["kv_usage"].add_metric(key, replica.load.kv_usage)
+        yield from families.values()

@@ -1,0 +1,138 @@
+"""prefix_affinity: send each request where its predicted time to first token is lowest.
+
+    predicted_ttft(r) = wait(r) + prefill_s_per_token × (prompt_tokens − cached_tokens(r))
+    choice: argmin over r of predicted_ttft(r) + (1 − preamble_weight) × prefill_s_per_token
+            × min(cached_tokens(r), preamble_tokens), among replicas within the load bound
+
+Inputs: `cached_tokens` from the warm-prefix index (the Router fills it), load and scraped queue
+from the pool, the virtual prefill queue and learned prefill cost from `gateway.cost`.
+Cache benefit and load are in one unit, decided per request and per candidate — no fleet-wide
+"imbalanced, ignore the cache" switch. Overlap every candidate holds shifts every score equally
+and attracts nothing. The chat preamble (tools + system prompt, shared by many conversations)
+attracts nothing either by default: it will be cached on every replica after one prefill each,
+while pinning new conversations to its first holder would make a hot spot. A conversation's own
+history attracts with its full prefill cost. A bounded-load rule (`policies.bound`) keeps any
+replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads.
+Candidates within `tie_s` (or `tie_ratio` of the best) are tied: the least loaded wins, then the
+one sent the fewest requests lately, then a random one. Each dispatch lengthens the replica's
+virtual queue, so even a burst of identical requests arriving before any load update spreads.
+
+YAML:
+    routing:
+      policy: prefix_affinity
+      params: {prefill_s_per_token: 0.0002, per_request_s: 0.01, load_epsilon: 0.25}
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.cost import CostModel, CostParams
+from gateway.errors import ConfigError
+from gateway.policies import register
+from gateway.policies.base import Candidate, Decision, Outcome, Policy, Score
+from gateway.policies.bound import has_room
+from gateway.view import RequestView
+
+MAX_TRACKED = 100_000  # dispatched requests remembered until they finish (bounds a leak if one never does)
+
+
+@dataclass(frozen=True)
+class PrefixAffinityParams(CostParams):
+    preamble_weight: float = 0.0  # how much a warm preamble (tools + system prompt) attracts, 0..1
+    load_epsilon: float = 0.25  # no replica above (1 + epsilon) × mean load while another has room
+    min_bound_requests: int = 4  # ...unless it holds fewer than this many requests
+    tie_s: float = 0.005  # predicted TTFTs this close count as tied
+    tie_ratio: float = 0.05  # ...or this fraction of the best
+    balance_window_s: float = 60.0  # ties go to the replica sent the fewest requests lately
+    seed: int | None = None
+
+    def validate(self, key: str) -> None:
+        CostParams.validate(self, key)
+        if self.load_epsilon < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.load_epsilon")
+        if not 0 <= self.preamble_weight <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.preamble_weight")
+        if self.balance_window_s <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
+        if self.tie_s < 0 or self.tie_ratio < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.tie_s")
+
+
+@register
+class PrefixAffinityPolicy(Policy):
+    type = "prefix_affinity"
+    needs_prefix = True
+    needs_index = True
+    Params = PrefixAffinityParams
+
+    def __init__(self, params: PrefixAffinityParams) -> None:
+        super().__init__(params)
+        self.cost = CostModel(params)
+        self._rng = random.Random(params.seed)
+        # Uncached tokens per candidate of the last choice, for on_dispatched (one slot, never grows).
+        self._last: tuple[str, dict[str, int]] = ("", {})
+        # Expected prefill completion of each dispatched request, until it finishes (bounded).
+        self._done_at: dict[str, tuple[str, float]] = {}
+        # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
+        self._recent: dict[str, tuple[float, float]] = {}
+
+    def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        p = self.params
+        now = self.cost.clock()
+        prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
+        # The shared preamble (tools, system prompt) will be cached on every replica soon; with
+        # preamble_weight < 1 holding it attracts less, so it spreads instead of pinning a hot spot.
+        discount = 1.0 - p.preamble_weight
+        rows, effective = [], []
+        for c in candidates:
+            wait, ttft = self.cost.predict(c, prompt, now)
+            rows.append(Score(c.replica_id, ttft, load=c.load, cached_tokens=c.cached_tokens, wait_s=wait))
+            shared = min(c.cached_tokens, view.preamble_tokens)
+            effective.append(ttft + discount * shared * self.cost.prefill_s_per_token(c.replica_id))
+        room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
+        eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(rows)))
+        best = min(effective[i] for i in eligible)
+        near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
+        # Near-ties: the least loaded, then the one given the least recent work (new conversations
+        # spread evenly, so their later turns do too), then a random one.
+        keys = {i: (rows[i].load, self._recent_work(rows[i].replica_id, now)) for i in near}
+        least = min(keys.values())
+        tied = [i for i in near if keys[i] == least]
+        pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        self._last = (view.request_id, {r.replica_id: prompt - r.cached_tokens for r in rows})
+        if len(eligible) < len(rows) and min(effective) < effective[pick]:
+            reason = "load_bound"  # the fastest-looking replica was over the bound
+        else:
+            common = max(min(r.cached_tokens for r in rows), view.preamble_tokens)
+            reason = "prefix_hit" if rows[pick].cached_tokens > common else "least_wait"
+        return Decision(rows[pick].replica_id, reason, tuple(rows))
+
+    def _recent_work(self, replica_id: str, now: float) -> float:
+        count, since = self._recent.get(replica_id, (0.0, now))
+        return count * math.exp((since - now) / self.params.balance_window_s)
+
+    def on_dispatched(self, view: RequestView, replica_id: str) -> None:
+        now = self.cost.clock()
+        self._recent[replica_id] = (self._recent_work(replica_id, now) + 1.0, now)
+        request_id, uncached = self._last
+        if request_id == view.request_id and replica_id in uncached:
+            done_at = self.cost.dispatched(replica_id, uncached[replica_id])
+            self._done_at.pop(view.request_id, None)
+            if len(self._done_at) >= MAX_TRACKED:
+                del self._done_at[next(iter(self._done_at))]
+            self._done_at[view.request_id] = (replica_id, done_at)
+
+    def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+        dispatched = self._done_at.get(view.request_id)
+        if dispatched is not None and dispatched[0] == replica_id:
+            del self._done_at[view.request_id]
+            self.cost.finished(*dispatched)
+        if not outcome.ok or outcome.ttft_s is None or outcome.predicted is None:
+            return
+        prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
+        cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
+        self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)

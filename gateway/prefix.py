@@ -1,0 +1,202 @@
+"""Request → canonical prefix text → fixed-size blocks → xxh3 chain hashes (pure, no I/O).
+
+A block's hash is seeded with its parent's hash, so one hash names the whole prefix up to that
+block: two requests share the first k hashes exactly when they share the first k full blocks.
+The first block is seeded with the model name (and, with `salt_by_tenant`, the tenant), so
+prompts never match across models or tenants. Only full blocks are hashed: a replica caches
+only full KV blocks, and a partial tail would change on the next turn anyway.
+
+Chat requests render in a prefix-stable order: tool definitions first, then each message as a
+role marker plus its content, tool calls and name, in order. Turn n+1 of a conversation repeats
+turn n's messages and answer, so its rendering starts with turn n's and shares its hashes.
+The preamble (tools and leading system messages) is measured too: a policy may treat it as
+shared by every conversation rather than as a reason to pin one.
+Character blocks approximate token blocks (`block_chars` ≈ `chars_per_token` × the replica's
+KV block size); token ids sent by the client (completions) are hashed in blocks of
+`block_tokens` directly. A tokenizer-backed mode would produce token ids here too.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from gateway.errors import ConfigError
+from gateway.view import RequestView
+
+_hash = xxhash.xxh3_64_intdigest
+_ROLE = "\x1e"  # record separator: cannot be confused with JSON or ordinary prompt text
+_FIELD = "\x1f"
+
+
+@dataclass(frozen=True)
+class PrefixParams:
+    """YAML `pools.<name>.routing.prefix`."""
+
+    block_chars: int = 64  # ≈ 4 chars/token × vLLM's default block of 16 tokens
+    chars_per_token: float = 4.0
+    block_tokens: int = 16  # for prompts given as token ids; the replica's KV block size
+    salt_by_tenant: bool = False
+    max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
+
+    def validate(self, key: str) -> None:
+        for name in ("block_chars", "block_tokens", "max_blocks"):
+            if getattr(self, name) < 1:
+                raise ConfigError("must be at least 1", key=f"{key}.{name}")
+        if self.chars_per_token <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.chars_per_token")
+
+    @property
+    def tokens_per_block(self) -> float:
+        """Prompt tokens one character block stands for."""
+        return self.block_chars / self.chars_per_token
+
+    def index_blocks(self, num_gpu_blocks: int, replica_block_size: int) -> int:
+        """Index capacity equivalent to a replica's KV pool (`vllm:cache_config_info`)."""
+        return max(1, int(num_gpu_blocks * replica_block_size / self.tokens_per_block))
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    block_hashes: tuple[int, ...]
+    prompt_tokens: int  # estimate, or exact when the client sent token ids
+    tokens_per_block: float
+    preamble_tokens: int  # blocks that start in the tools + leading system messages, in tokens
+
+
+def compute(view: RequestView, params: PrefixParams) -> Prefix:
+    """Hash `view`'s prompt. Unknown shapes give no blocks (the request still routes, by load)."""
+    seed = _seed(view, params)
+    source, preamble = prompt_source(view.endpoint, view.body)
+    if isinstance(source, str):
+        blocks = chain_hash_text(source, params.block_chars, seed, params.max_blocks)
+        per_block = params.tokens_per_block
+        return Prefix(blocks, math.ceil(len(source) / params.chars_per_token), per_block,
+                      int(min(-(-preamble // params.block_chars), len(blocks)) * per_block))
+    blocks = chain_hash_tokens(source, params.block_tokens, seed, params.max_blocks)
+    return Prefix(blocks, len(source), float(params.block_tokens), 0)
+
+
+def tokens_per_block(view: RequestView, params: PrefixParams) -> float:
+    """Prompt tokens per hashed block of `view` (exact for token-id prompts)."""
+    source = view.body.get("prompt") if view.endpoint != "chat" else None
+    if isinstance(source, list) and source and isinstance(source[0], list):
+        source = source[0]
+    if isinstance(source, list) and source and type(source[0]) is int:
+        return float(params.block_tokens)
+    return params.tokens_per_block
+
+
+def _seed(view: RequestView, params: PrefixParams) -> int:
+    parts = [view.model]
+    if params.salt_by_tenant and view.tenant:
+        parts.append(view.tenant)
+    cache_salt = view.body.get("cache_salt")  # vLLM's own per-request cache isolation
+    if isinstance(cache_salt, str):
+        parts.append(cache_salt)
+    return _hash("\x00".join(parts).encode())
+
+
+def prompt_source(endpoint: str, body: dict[str, Any]) -> tuple[str | list[int], int]:
+    """The text (or token ids) whose prefix the replica caches ("" when there is none), and
+    the length of its shared preamble (chat only; 0 otherwise)."""
+    if endpoint == "chat":
+        return render_chat(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of prompts: route by the first
+    if isinstance(prompt, str):
+        return prompt, 0
+    if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+        return prompt, 0  # token ids; the rest are checked when packed
+    return "", 0
+
+
+def render_chat(body: dict[str, Any]) -> tuple[str, int]:
+    """Tools, then messages, each as role marker + content: turn n's text prefixes turn n+1's.
+
+    Also returns the length of the preamble: tools and leading system/developer messages, the
+    part many conversations share (it is cached everywhere soon, so it should not pin traffic).
+    """
+    out: list[str] = []
+    tools = body.get("tools")
+    if tools:
+        out.append(f"{_ROLE}tools{_FIELD}{_canonical(tools)}")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        text = "".join(out)
+        return text, len(text)
+    preamble = -1
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role", "")
+        if preamble < 0 and role not in ("system", "developer"):
+            preamble = sum(map(len, out))
+        out.append(f"{_ROLE}{role}{_FIELD}")
+        name = message.get("name")
+        if name:
+            out.append(f"name={name}{_FIELD}")
+        out.append(_content(message.get("content")))
+        if message.get("tool_calls"):
+            out.append(f"{_FIELD}{_canonical(message['tool_calls'])}")
+        if message.get("tool_call_id"):
+            out.append(f"{_FIELD}{message['tool_call_id']}")
+    text = "".join(out)
+    return text, len(text) if preamble < 0 else preamble
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # Text parts joined; other parts (images, audio) by canonical JSON so they still key the cache.
+        return "".join(
+            part["text"] if isinstance(part, dict) and part.get("type") == "text"
+            and isinstance(part.get("text"), str) else _canonical(part)
+            for part in content
+        )
+    return "" if content is None else _canonical(content)
+
+
+def _canonical(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def chain_hash_text(text: str, block_chars: int, seed: int, max_blocks: int) -> tuple[int, ...]:
+    """xxh3_64 of each full `block_chars` block, seeded with the previous block's hash."""
+    n = min(len(text) // block_chars, max_blocks)
+    data = text[: n * block_chars].encode()
+    # ASCII (the common case): characters are bytes, so slice the encoded buffer without copies.
+    blocks = memoryview(data) if len(data) == n * block_chars else None
+    hashes = []
+    h = seed
+    for start in range(0, n * block_chars, block_chars):
+        chunk = blocks[start:start + block_chars] if blocks is not None else text[start:start + block_chars].encode()
+        h = _hash(chunk, h)
+        hashes.append(h)
+    return tuple(hashes)
+
+
+def chain_hash_tokens(tokens: list[int], block_tokens: int, seed: int, max_blocks: int) -> tuple[int, ...]:
+    """The same chain over token ids packed as little-endian uint32."""
+    n = min(len(tokens) // block_tokens, max_blocks)
+    if n == 0:
+        return ()
+    try:
+        data = array("I", tokens[: n * block_tokens]).tobytes()
+    except (OverflowError, TypeError):  # not a list of uint32 token ids
+        return ()
+    step = 4 * block_tokens
+    hashes = []
+    h = seed
+    view = memoryview(data)
+    for start in range(0, n * step, step):
+        h = _hash(view[start:start + step], h)
+        hashes.append(h)
+    return tuple(hashes)

@@ -1,0 +1,176 @@
+"""Forwarding and streaming relay: raw bytes in and out, one concern per layer.
+
+    forward       retry loop: pick a replica, hold its in-flight count, never the same replica twice
+    _send_once    one upstream request up to its response headers; maps aiohttp errors once
+    _relay        body back to the client: streams chunk by chunk as received, others in one piece
+
+Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
+never sees a stream restart. Client disconnect (handler cancellation, or a failed write) closes the
+upstream response at once, which aborts the request at the replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from gateway import headers as h
+from gateway.config import Config
+from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
+from gateway.policies import Decision
+from gateway.replicas import Replica, ReplicaPool
+from gateway.usage import SSEUsageScanner, Usage
+from gateway.view import RequestView
+
+log = structlog.get_logger("gateway.proxy")
+
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in logs and metrics only
+
+Pick = Callable[[set[str]], Awaitable[tuple[Replica, Decision] | None]]
+"""Choose a replica not in the excluded set, or None when no healthy one is left."""
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What happened to one request upstream; filled in as it goes, read by finished/metrics/log."""
+
+    started: float = field(default_factory=time.perf_counter)
+    replica_id: str | None = None
+    decision: Decision | None = None
+    failed_replicas: list[str] = field(default_factory=list)
+    status: int = 0
+    streamed: bool = False
+    ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+
+
+class _Retryable(Exception):
+    """An attempt failed before any byte reached the client; another replica may answer."""
+
+    def __init__(self, error: GatewayError, kind: str) -> None:
+        super().__init__(error.message)
+        self.error, self.kind = error, kind
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, on_upstream_error: Callable[[str, str], None]) -> None:
+        self._session = session
+        self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
+
+    async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
+                      exchange: Exchange, config: Config) -> web.StreamResponse:
+        failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1)
+        for attempt in range(config.limits.max_retries + 1):
+            chosen = await pick(set(exchange.failed_replicas))
+            if chosen is None:
+                break
+            replica, exchange.decision = chosen
+            exchange.replica_id = replica.replica_id
+            last = attempt == config.limits.max_retries or not pool.candidates({*exchange.failed_replicas,
+                                                                                 replica.replica_id})
+            with pool.track(replica):
+                try:
+                    return await self._send_once(request, view, replica, exchange, config, last=last)
+                except _Retryable as exc:
+                    failure = exc.error
+                    self._upstream_failed(replica, exc.kind, exc.error.message, config)
+                    exchange.failed_replicas.append(replica.replica_id)
+                    log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
+                             kind=exc.kind, error=exc.error.message)
+        raise failure
+
+    async def _send_once(self, request: web.Request, view: RequestView, replica: Replica, exchange: Exchange,
+                         config: Config, *, last: bool) -> web.StreamResponse:
+        out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
+        out_headers[h.REQUEST_ID] = view.request_id
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s,
+                                        sock_read=config.timeouts.read_s)
+        try:
+            upstream = await self._session.request(request.method, replica.url + request.path_qs, data=view.raw,
+                                                   headers=out_headers, timeout=timeout, allow_redirects=False)
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise _Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"), "connect") from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            self._upstream_failed(replica, "timeout", "no response headers in time", config)
+            raise UpstreamTimeoutError(f"replica {replica.replica_id} did not answer in time") from exc
+        except aiohttp.ClientError as exc:
+            raise _Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
+                             "connect") from exc
+        try:
+            if upstream.status >= 500 and not last:
+                raise _Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
+                                 f"http_{upstream.status}")
+            if upstream.status >= 500:
+                self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
+            else:
+                replica.request_succeeded()
+            return await self._relay(request, view, upstream, replica, exchange, config)
+        except BaseException:
+            upstream.close()  # cancellation included: drop the connection so the replica aborts the request
+            raise
+        finally:
+            upstream.release()
+
+    async def _relay(self, request: web.Request, view: RequestView, upstream: aiohttp.ClientResponse,
+                     replica: Replica, exchange: Exchange, config: Config) -> web.StreamResponse:
+        exchange.status = upstream.status
+        back = h.filtered(upstream.headers.items(), h.RESPONSE_DROP)
+        back.setdefault(h.REQUEST_ID, view.request_id)
+        back.setdefault(h.REPLICA_ID, replica.replica_id)
+        if exchange.decision is not None:
+            back[h.ROUTE_REASON] = exchange.decision.reason
+        if not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+            try:
+                body = await upstream.read()
+            except TimeoutError as exc:
+                self._upstream_failed(replica, "timeout", "body not finished in time", config)
+                raise UpstreamTimeoutError(f"replica {replica.replica_id} did not finish its answer in time") from exc
+            except aiohttp.ClientError as exc:
+                self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
+                raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
+            exchange.ttft_s = time.perf_counter() - exchange.started
+            exchange.usage.read_body(body)
+            return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
+
+        exchange.streamed = True
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
+        scanner = SSEUsageScanner(exchange.usage)
+        ended_on_event = True
+        try:
+            async for chunk in upstream.content.iter_any():
+                if exchange.ttft_s is None:
+                    exchange.ttft_s = time.perf_counter() - exchange.started
+                    await response.prepare(request)
+                await response.write(chunk)
+                scanner.feed(chunk)
+                ended_on_event = chunk.endswith(b"\n\n")
+            if not response.prepared:
+                await response.prepare(request)
+        except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof
+            exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
+            upstream.close()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            exchange.error = f"upstream broke mid-stream: {type(exc).__name__}"
+            self._upstream_failed(replica, "mid_stream", exchange.error, config)
+            await self._end_stream_with_error(request, response, exchange.error, ended_on_event)
+        return response
+
+    async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,
+                                     at_event_boundary: bool) -> None:
+        """vLLM's own mid-stream error form: an error event then [DONE], if it can be framed cleanly."""
+        if not response.prepared:
+            await response.prepare(request)
+        if at_event_boundary:
+            await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\ndata: [DONE]\n\n")
+
+    def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
+        self._on_upstream_error(replica.replica_id, kind)
+        if replica.request_failed(config.health, error):
+            log.warning("replica_ejected", replica=replica.replica_id, kind=kind, error=error,
+                        backoff_s=round(replica.ejected_until - time.monotonic(), 3))

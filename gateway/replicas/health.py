@@ -1,0 +1,75 @@
+"""Background monitor: active health probes and load scrapes for every replica of every pool.
+
+Both loops read the *current* config and pool list on each round, so a reload takes effect at the
+next tick. Owned by the app's cleanup context (`start()` on startup, `stop()` on shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+
+import aiohttp
+import structlog
+
+from gateway.config import Config
+from gateway.replicas import load
+from gateway.replicas.pool import ReplicaPool
+from gateway.replicas.replica import Replica
+
+log = structlog.get_logger("gateway.health")
+
+
+async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config) -> None:
+    """One `GET /health`; 200 passes, anything else (or no answer in time) fails."""
+    health = config.health
+    was_available = replica.is_available()
+    try:
+        async with session.get(replica.url + health.path, timeout=aiohttp.ClientTimeout(total=health.timeout_s)) as r:
+            ok, error = r.status == 200, f"health status {r.status}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        ok, error = False, f"health probe: {type(exc).__name__}: {exc}"
+    replica.probe_result(ok, health, error)
+    if replica.is_available() != was_available:
+        log.warning("replica_up" if replica.is_available() else "replica_down",
+                    replica=replica.replica_id, url=replica.url, error=None if ok else error)
+
+
+class Monitor:
+    def __init__(self, session: aiohttp.ClientSession, pools: Callable[[], Iterable[ReplicaPool]],
+                 config: Callable[[], Config], after_scrape: Callable[[], None] = lambda: None) -> None:
+        self._session, self._pools, self._config = session, pools, config
+        self._after_scrape = after_scrape  # e.g. size the warm-prefix index from the scraped KV-cache shape
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _replicas(self) -> list[Replica]:
+        return [replica for pool in self._pools() for replica in pool]
+
+    async def probe_all(self) -> None:
+        config = self._config()
+        await asyncio.gather(*(probe(self._session, r, config) for r in self._replicas()))
+
+    async def scrape_all(self) -> None:
+        cfg = self._config().load
+        if not cfg.enabled:
+            return
+        await asyncio.gather(*(load.scrape(self._session, r, cfg.path, cfg.timeout_s) for r in self._replicas()))
+        self._after_scrape()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._every(self.probe_all, lambda c: c.health.interval_s)),
+                       asyncio.create_task(self._every(self.scrape_all, lambda c: c.load.interval_s))]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _every(self, step: Callable[[], Awaitable[None]], interval: Callable[[Config], float]) -> None:
+        while True:
+            try:
+                await step()
+            except Exception:  # noqa: BLE001 - a monitor bug must not stop monitoring
+                log.exception("monitor_error")
+            await asyncio.sleep(interval(self._config()))

@@ -1,0 +1,280 @@
+"""The aiohttp app: routes, body limit, error shapes, lifecycles; the request's story in `_proxied`.
+
+Usage:
+    app = make_app(load_config("config.yaml"), config_path="config.yaml")
+    serve(app, config)          # uvloop when importable, handler_cancellation on
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+
+from gateway import headers as h
+from gateway.config import Config
+from gateway.errors import (BadRequestError, ConfigError, GatewayError, NotFoundError, PayloadTooLargeError,
+                            error_body)
+from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.policies import Decision, Outcome
+from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
+from gateway.replicas import Monitor, Replica
+from gateway.state import GatewayState, ModelRoute
+from gateway.view import RequestView
+
+log = structlog.get_logger("gateway.server")
+
+STATE = web.AppKey("state", GatewayState)
+METRICS = web.AppKey("metrics", Metrics)
+PROXY = web.AppKey("proxy", Proxy)
+REQUEST_ID = web.RequestKey("request_id", str)
+_STARTED = int(time.time())
+
+
+def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
+    app = web.Application(middlewares=[error_middleware])  # body limit: read_view, from the live config
+    app[METRICS] = registry = Metrics()
+    app[STATE] = state = GatewayState(config, config_path, registry.routing)
+    registry.watch(state.pools)
+    app.cleanup_ctx.append(_upstream_ctx)
+    if handle_sighup:
+        app.cleanup_ctx.append(_sighup_ctx)
+    app.router.add_post("/v1/chat/completions", _endpoint("chat"))
+    app.router.add_post("/v1/completions", _endpoint("completions"))
+    app.router.add_post("/v1/embeddings", _endpoint("embeddings"))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/replicas", admin_replicas)
+    app.router.add_post("/admin/reload", admin_reload)
+    return app
+
+
+def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _proxied(request, endpoint)
+
+    return handler
+
+
+async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """parse → view → pool candidates → router.route → proxy.forward → router.finished / metrics / log."""
+    exchange = Exchange()  # starts the clock
+    state = request.app[STATE]
+    config = state.config
+    view = await read_view(request, endpoint, config.limits.max_body_bytes)
+    route = state.route_for(view.model)
+
+    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
+        candidates = route.pool.candidates(exclude)
+        if not candidates:
+            return None
+        decision = await route.router.route(view, candidates)
+        replica = route.pool.get(decision.replica_id)
+        if replica is None:
+            raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
+        return replica, decision
+
+    try:
+        return await request.app[PROXY].forward(request, view, route.pool, pick, exchange, config)
+    except GatewayError as exc:
+        exchange.status, exchange.error = exc.status, exc.message
+        raise
+    except asyncio.CancelledError:
+        exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
+        raise
+    except Exception as exc:
+        exchange.status, exchange.error = 500, f"internal error: {type(exc).__name__}"
+        raise
+    finally:
+        _finished(request.app, route, view, exchange, config)
+
+
+def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config) -> None:
+    """Close the loop once per request: policy feedback, metrics, one log event."""
+    usage = exchange.usage
+    if exchange.replica_id is not None:  # once per request, for the last replica tried (Router's contract)
+        ok = 0 < exchange.status < 500 and exchange.error is None
+        route.router.finished(view, exchange.replica_id, Outcome(
+            ok=ok, ttft_s=exchange.ttft_s if exchange.streamed and ok else None,
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens))
+    total_s = time.perf_counter() - exchange.started
+    m = app[METRICS]
+    m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()
+    m.latency.labels(view.model).observe(total_s)
+    if exchange.ttft_s is not None:
+        m.ttft.labels(view.model).observe(exchange.ttft_s)
+    if exchange.failed_replicas:
+        m.retries.labels(view.model).inc(len(exchange.failed_replicas))
+    if config.logging.requests:
+        log.info("request", request_id=view.request_id, model=view.model, endpoint=view.endpoint,
+                 stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
+                 reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
+                 ttft_s=_round(exchange.ttft_s), total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,
+                 completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                 retried_from=exchange.failed_replicas or None, error=exchange.error,
+                 decision=exchange.decision.explain()["candidates"] if exchange.decision else None)
+
+
+async def read_view(request: web.Request, endpoint: str, limit: int) -> RequestView:
+    """Read the body once (bounded), parse it once with orjson; the raw bytes are what gets forwarded."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
+    raw = bytearray()
+    async for chunk in request.content.iter_any():
+        raw += chunk
+        if len(raw) > limit:
+            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"malformed JSON in request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("`model` must be a non-empty string", param="model")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequestError("`stream` must be true or false", param="stream")
+    session = request.headers.get("X-Session-ID") or body.get("prompt_cache_key") or body.get("user")
+    return RequestView(request_id=request[REQUEST_ID], endpoint=endpoint, model=model, stream=stream, body=body,
+                       raw=bytes(raw), session_key=session if isinstance(session, str) else None)
+
+
+async def models(request: web.Request) -> web.Response:
+    data = [{"id": m, "object": "model", "created": _STARTED, "owned_by": "affinity-gateway"}
+            for m in request.app[STATE].routes]
+    return _json({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Ready when every model has at least one replica taking traffic."""
+    pools = {route.model: route.pool.num_available() for route in request.app[STATE].routes.values()}
+    is_ready = all(pools.values())
+    return _json({"ready": is_ready, "available_replicas": pools}, status=200 if is_ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    if not request.app[STATE].config.metrics.enabled:
+        raise NotFoundError("metrics are disabled (metrics.enabled: false)")
+    return web.Response(body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def admin_replicas(request: web.Request) -> web.Response:
+    routes = request.app[STATE].routes.values()
+    return _json({r.model: {"policy": r.routing.policy, "replicas": [rep.describe() for rep in r.pool]}
+                  for r in routes})
+
+
+async def admin_reload(request: web.Request) -> web.Response:
+    error = await reload(request.app)
+    if error is not None:
+        return web.Response(status=400, body=error_body(str(error), "ConfigError", 400, error.key or None),
+                            content_type="application/json")
+    return _json({"status": "reloaded", "models": sorted(request.app[STATE].routes)})
+
+
+async def reload(app: web.Application) -> ConfigError | None:
+    """Swap in the file's config atomically; a bad file keeps the running config and says why."""
+    try:
+        config = await app[STATE].reload()
+    except ConfigError as exc:
+        app[METRICS].reloads.labels("error").inc()
+        log.error("config_reload_failed", error=str(exc), file=exc.file, key=exc.key)
+        return exc
+    app[METRICS].reloads.labels("ok").inc()
+    log.info("config_reloaded", models=sorted(config.pools),
+             policies={m: p.routing.policy for m, p in config.pools.items()})
+    return None
+
+
+@web.middleware
+async def error_middleware(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Outermost: every failure becomes an OpenAI-shape error; unexpected ones are logged as 500s."""
+    request_id = request.headers.get(h.REQUEST_ID) or uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return _error(exc.status, exc.body(), exc.headers(), request_id)
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body over client_max_size
+        if exc.status < 400:
+            raise
+        kind = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "PayloadTooLargeError"}.get(
+            exc.status, "BadRequestError")
+        return _error(exc.status, error_body(exc.reason, kind, exc.status), {}, request_id)
+    except Exception:
+        log.exception("unhandled_error", request_id=request_id, path=request.path)
+        return _error(500, error_body("internal gateway error", "InternalServerError", 500), {}, request_id)
+
+
+def _error(status: int, body: bytes, headers: dict[str, str], request_id: str) -> web.Response:
+    return web.Response(status=status, body=body,
+                        headers={**headers, "Content-Type": "application/json", h.REQUEST_ID: request_id})
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One shared ClientSession for the app's life; the monitor's tasks start and stop with it."""
+    config = app[STATE].config
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s,
+                                      sock_read=config.timeouts.read_s),
+        auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+    )
+    metrics = app[METRICS]
+    app[PROXY] = Proxy(session, lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc())
+    state = app[STATE]
+    await state.start()
+    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.sync_capacity)
+    monitor.start()
+    yield
+    await monitor.stop()
+    await state.close()
+    await session.close()
+
+
+async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload(app)))
+    yield
+    loop.remove_signal_handler(signal.SIGHUP)
+
+
+def serve(app: web.Application, config: Config) -> None:
+    """Run until SIGINT/SIGTERM; uvloop if installed; cancel handlers when their client disconnects."""
+    loop: asyncio.AbstractEventLoop | None = None
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        pass
+    log.info("gateway_listening", host=config.listen.host, port=config.listen.port,
+             models=sorted(config.pools), policies={m: p.routing.policy for m, p in config.pools.items()})
+    web.run_app(app, host=config.listen.host, port=config.listen.port, handler_cancellation=True,
+                access_log=None, print=None, loop=loop, shutdown_timeout=5.0)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

@@ -1,0 +1,109 @@
+"""The running gateway's swappable state: the config and, per model, its replica pool and router.
+
+A reload builds everything new *before* touching the running state, so a bad file changes nothing.
+Requests in flight keep the router they started with; pools keep their replicas' counts and health.
+A pool whose routing section is unchanged keeps its router, and with it its warm-prefix index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from gateway.config import Config, PoolConfig, RoutingConfig, load_config
+from gateway.errors import NotFoundError
+from gateway.index import build_index
+from gateway.log import setup_logging
+from gateway.policies import build_policy
+from gateway.replicas import Replica, ReplicaPool
+from gateway.routing import Router
+from gateway.routing_metrics import RoutingMetrics
+
+log = structlog.get_logger("gateway.state")
+
+
+@dataclass(slots=True)
+class ModelRoute:
+    """Everything needed to route one model's requests."""
+
+    model: str
+    pool: ReplicaPool
+    router: Router
+    routing: RoutingConfig
+
+
+class GatewayState:
+    def __init__(self, config: Config, config_path: str | Path | None, routing_metrics: RoutingMetrics) -> None:
+        self.config = config
+        self.config_path = str(config_path) if config_path is not None else None
+        self.routes: dict[str, ModelRoute] = {}
+        self._routing_metrics = routing_metrics
+
+    async def start(self) -> None:
+        """Build pools and routers inside the running loop (a Redis index needs one)."""
+        self._install(self.config)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(route.router.close() for route in self.routes.values()))
+
+    def route_for(self, model: str) -> ModelRoute:
+        route = self.routes.get(model)
+        if route is None:
+            known = ", ".join(sorted(self.routes))
+            raise NotFoundError(f"The model `{model}` does not exist. Served models: {known}", param="model")
+        return route
+
+    def pools(self) -> Iterator[ReplicaPool]:
+        return (route.pool for route in tuple(self.routes.values()))
+
+    def sync_capacity(self) -> None:
+        """Size each replica's warm-prefix table like its KV cache, once the replica has told us."""
+        for route in self.routes.values():
+            block_tokens = route.routing.prefix.block_tokens
+            for replica in route.pool:
+                if replica.load.num_gpu_blocks and replica.load.block_size:
+                    blocks = replica.load.num_gpu_blocks * replica.load.block_size // block_tokens
+                    route.router.index.set_capacity(replica.replica_id, max(1, blocks))
+
+    async def reload(self) -> Config:
+        """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""
+        if self.config_path is None:
+            raise RuntimeError("this gateway was started without a config file")
+        config = await asyncio.to_thread(load_config, self.config_path, os.environ)
+        if config.listen != self.config.listen:
+            log.warning("config_listen_changed", detail="the listen address changes only on restart")
+        retired, removed = self._install(config)
+        for route in self.routes.values():
+            for replica_id in removed.get(route.model, ()):
+                await route.router.index.forget(replica_id)
+        await asyncio.gather(*(router.close() for router in retired))
+        setup_logging(config.logging.level, config.logging.format)
+        return config
+
+    def _install(self, config: Config) -> tuple[list[Router], dict[str, set[str]]]:
+        """Build new routers first (may raise), then swap; returns retired routers and removed replicas."""
+        routers = {model: self._router_for(model, pool, config) for model, pool in config.pools.items()}
+        retired = [r.router for m, r in self.routes.items() if routers.get(m) is not r.router]
+        routes: dict[str, ModelRoute] = {}
+        removed: dict[str, set[str]] = {}
+        for model, pool_config in config.pools.items():
+            replicas = [Replica.from_config(r) for r in pool_config.replicas]
+            pool = self.routes[model].pool if model in self.routes else ReplicaPool(model)
+            removed[model] = {r.replica_id for r in pool} - {r.replica_id for r in replicas}
+            pool.replace(replicas)
+            routes[model] = ModelRoute(model, pool, routers[model], pool_config.routing)
+        self.routes, self.config = routes, config
+        return retired, removed
+
+    def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:
+        """Keep the running router when its routing section and store are unchanged, else build one."""
+        current = self.routes.get(model)
+        if current is not None and current.routing == pool.routing and config.state == self.config.state:
+            return current.router
+        policy = build_policy(pool.routing.policy, pool.routing.params, f"pools.{model}.routing")
+        return Router(policy, pool.routing.prefix, build_index(config.state), self._routing_metrics, pool=model)

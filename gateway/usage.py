@@ -1,0 +1,69 @@
+"""Token counts read from answers on their way through, without touching or delaying the bytes.
+
+Non-streamed: the JSON body's `usage`. Streamed: the SSE event that carries a non-null `usage`
+(the last one with `stream_options.include_usage`); chunks are scanned after they were written.
+`cached_tokens` is `usage.prompt_tokens_details.cached_tokens` (vLLM: --enable-prompt-tokens-details).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+_MAX_TAIL_BYTES = 1 << 20  # an SSE event larger than this is not scanned
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+    def update(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        self.prompt_tokens = _int(usage.get("prompt_tokens"), self.prompt_tokens)
+        self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            self.cached_tokens = _int(details.get("cached_tokens"), self.cached_tokens)
+
+    def read_body(self, body: bytes) -> None:
+        if b'"usage"' not in body:
+            return
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(data, dict):
+            self.update(data.get("usage"))
+
+
+class SSEUsageScanner:
+    """Feed it every relayed chunk; it keeps only the unfinished last event between chunks."""
+
+    def __init__(self, usage: Usage) -> None:
+        self.usage = usage
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._tail + chunk if self._tail else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._tail = data if len(data) <= _MAX_TAIL_BYTES else b""
+            return
+        self._tail = data[end + 2:]
+        complete = data[:end]
+        if b'"usage"' not in complete:
+            return
+        for event in complete.split(b"\n\n"):
+            if b'"usage"' in event and b'"usage":null' not in event:
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data:"):
+                        self.usage.read_body(line[5:].strip())
+
+
+def _int(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

@@ -1,0 +1,109 @@
+"""`replica-stub [serve] --port P --model NAME ...`: parse flags, build the config, run the app.
+
+The first positional argument selects a subcommand; `serve` is the default, so
+`replica-stub --port 8001` works. (A `calibrate` subcommand for the real engine will join it.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+from aiohttp import web
+
+from gateway.log import setup_logging
+
+from replica_stub.config import StubConfig, load_config
+from replica_stub.engine.registry import ENGINES
+from replica_stub.engine.timing import TimingModel
+
+SUBCOMMANDS = ("serve",)
+_TIMING_HELP = {
+    "prefill_base_ms": "fixed cost of a step that prefills",
+    "prefill_token_ms": "prefill cost per uncached prompt token",
+    "prefill_attention_ms": "prefill attention cost: ms per n*(c+n/2)/1000",
+    "decode_base_ms": "fixed cost of a decode-only step",
+    "decode_context_ms": "decode cost per 1000 context tokens of each sequence",
+    "decode_seq_ms": "extra cost per additional sequence in a decode batch",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replica-stub",
+                                     description="A vLLM-compatible replica for tests and benchmarks.",
+                                     epilog="`serve` is the default subcommand; see `replica-stub serve --help`.")
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="run the replica server (default)")
+    serve.add_argument("--config", help="YAML file with settings (flags override it)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8000)")
+    serve.add_argument("--model", help="served model name (default stub-model)")
+    serve.add_argument("--replica-id", help="X-Replica-Id value (default replica-<port>)")
+    serve.add_argument("--engine", choices=ENGINES, help="engine implementation (default sim)")
+    serve.add_argument("--speedup", type=float, help="run simulated time this many times faster (default 1)")
+    serve.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
+    serve.add_argument("--num-gpu-blocks", type=int, help="KV capacity in blocks (default 4096)")
+    serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 256)")
+    serve.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048)")
+    serve.add_argument("--max-model-len", type=int, help="max prompt+output tokens (default min(8192, KV capacity))")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    for field in dataclasses.fields(TimingModel):
+        flag = "--" + field.name.replace("_", "-")
+        serve.add_argument(flag, type=float, help=f"{_TIMING_HELP[field.name]} (default {field.default})")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    argv = list(argv)
+    if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "serve")
+    return build_parser().parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config") and v is not None}
+    try:
+        config = load_config(args.config, overrides)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"replica-stub: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))
+    return 0
+
+
+async def serve(config: StubConfig) -> None:
+    from replica_stub.server import make_app
+
+    runner = web.AppRunner(make_app(config), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    # Streams allocate many short-lived acyclic objects: collect young objects less often, and
+    # keep the long-lived block pool and imports out of full passes (each costs tens of ms).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    await web.TCPSite(runner, config.host, config.port, backlog=4096).start()
+    structlog.get_logger("replica_stub").info(
+        "replica_started", replica_id=config.replica_id, host=config.host, port=config.port, model=config.model,
+        engine=config.engine, speedup=config.speedup, block_size=config.block_size,
+        num_gpu_blocks=config.num_gpu_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

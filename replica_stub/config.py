@@ -1,0 +1,80 @@
+"""The replica's settings: defaults, overlaid by an optional YAML file, overlaid by CLI flags.
+
+The YAML file uses the flags' names in snake_case (`max_num_seqs: 64`), with the timing
+model under `timing:` (`timing: {decode_base_ms: 20}`); unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from replica_stub.engine.timing import TimingModel
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True)
+class StubConfig:
+    model: str = "stub-model"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replica_id: str = ""  # "" -> "replica-<port>"
+    engine: str = "sim"
+    speedup: float = 1.0
+    block_size: int = 16
+    num_gpu_blocks: int = 4096
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 0  # 0 -> min(8192, KV capacity in tokens)
+    sim_output_len: tuple[int, int] = (16, 256)
+    log_level: str = "info"
+    timing: TimingModel = field(default_factory=TimingModel)
+
+    def resolved(self) -> StubConfig:
+        """Fill derived defaults and check ranges; raises ValueError naming the setting."""
+        capacity = self.block_size * self.num_gpu_blocks
+        config = dataclasses.replace(
+            self,
+            replica_id=self.replica_id or f"replica-{self.port}",
+            max_model_len=self.max_model_len or min(DEFAULT_MAX_MODEL_LEN, capacity),
+        )
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(config, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if config.speedup <= 0:
+            raise ValueError("speedup must be > 0")
+        if config.max_model_len > capacity:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the KV capacity "
+                             f"({config.num_gpu_blocks} blocks x {config.block_size} = {capacity} tokens)")
+        low, high = config.sim_output_len
+        if not 1 <= low <= high:
+            raise ValueError("sim_output_len must be [min, max] with 1 <= min <= max")
+        config.timing.validate()
+        return config
+
+
+def load_config(path: str | None, overrides: Mapping[str, Any]) -> StubConfig:
+    """Defaults <- YAML file <- `overrides` (CLI flags that were given; timing keys flat)."""
+    data: dict[str, Any] = {}
+    if path:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        data.update(loaded)
+    timing_data = dict(data.pop("timing", None) or {})
+    timing_fields = {f.name for f in dataclasses.fields(TimingModel)}
+    for key, value in overrides.items():
+        (timing_data if key in timing_fields else data)[key] = value
+    known = {f.name for f in dataclasses.fields(StubConfig)} - {"timing"}
+    unknown = [k for k in data if k not in known] + [f"timing.{k}" for k in timing_data if k not in timing_fields]
+    if unknown:
+        raise ValueError(f"{path or 'flags'}: unknown setting(s) {', '.join(unknown)}")
+    if "sim_output_len" in data:
+        data["sim_output_len"] = tuple(data["sim_output_len"])
+    return StubConfig(**data, timing=TimingModel(**timing_data)).resolved()

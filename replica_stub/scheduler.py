@@ -1,0 +1,185 @@
+"""Continuous batching as a synchronous state machine (vLLM v1 style).
+
+`schedule()` decides what the next engine step computes; `update_from_output()` applies the
+sampled tokens and reports new tokens and finished requests. There is no separate prefill or
+decode phase: each scheduled request computes `num_tokens - num_computed_tokens` tokens (its
+uncached prompt when admitted, then one token per step) under a per-step token budget, so a
+long prompt is prefilled in chunks. Running requests go first; waiting ones are admitted
+FCFS while a sequence slot and KV blocks are free. If a running request cannot get a block,
+the most recently admitted one is preempted (blocks released, recomputed later, usually
+from the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from replica_stub.kv_cache import KVCacheManager
+from replica_stub.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request's share of a step. The engine reads `request` but never mutates it."""
+
+    request: Request
+    num_new_tokens: int
+    block_ids: list[int]
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.request.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """This step completes the request's known tokens, so a new token is sampled."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    finished_request_ids: set[str] = field(default_factory=set)  # since the previous step
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None  # "stop" | "length" | None
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._finished_ids: set[str] = set()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Abort (client gone) or stop (stop string) requests wherever they are; frees their blocks."""
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = set()
+        budget = self.max_num_batched_tokens
+        preemptions_before = self.num_preemptions
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, num_new):
+                continue  # `request` itself was preempted; running shrank
+            out.scheduled.append(ScheduledRequest(request, num_new, self.kv.block_ids(request)))
+            budget -= num_new
+            index += 1
+        if index < len(self.running) or self.num_preemptions > preemptions_before:
+            return out  # under pressure: admit nothing new this step
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
+            request = self.waiting[0]
+            hits, num_cached = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not self.kv.allocate_slots(request, num_new, hits):
+                break
+            self.waiting.popleft()
+            request.num_computed_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_cached
+                out.admitted.append(request)
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new, self.kv.block_ids(request)))
+            budget -= num_new
+        return out
+
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
+        """Grow `request`, preempting the newest running requests until it fits. Running
+        requests are visited in order, so the ones preempted here were not scheduled yet;
+        False if `request` itself had to go."""
+        while not self.kv.allocate_slots(request, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
+        """Advance each scheduled request; append its sampled token; finish on EOS or length."""
+        outputs = []
+        for item in out.scheduled:
+            request = item.request
+            if request.is_finished or request.status is not RequestStatus.RUNNING:
+                continue  # aborted (or preempted) while the step ran
+            samples = item.samples
+            request.num_computed_tokens += item.num_new_tokens
+            token_id = sampled.get(request.request_id)
+            if not samples or token_id is None:
+                continue
+            request.append_output_token(token_id)
+            status = self._stop_status(request, token_id)
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+            outputs.append(RequestOutput(request.request_id, [token_id],
+                                         status.value if status is not None else None))
+        return outputs
+
+    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
+        if token_id == request.eos_token_id and not request.sampling.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if len(request.output_token_ids) >= request.sampling.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.add(request.request_id)

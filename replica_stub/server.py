@@ -1,0 +1,275 @@
+"""The aiohttp app: vLLM's routes and shapes over the engine loop.
+
+A generation handler reads as the request's story: parse and validate, tokenize, check the
+context length, submit to the loop, then either stream SSE chunks as deltas arrive or
+return one JSON body. Whatever way the handler ends early (client gone -> cancellation,
+failed write), `finally` aborts the request so its slot and KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from gateway.errors import BadRequestError, GatewayError, error_body
+from replica_stub import __version__
+from replica_stub.block_pool import BlockPool
+from replica_stub.config import StubConfig
+from replica_stub.engine.registry import build_engine
+from replica_stub.engine.base import Engine
+from replica_stub.gate import ArrivalGate
+from replica_stub.kv_cache import KVCacheManager
+from replica_stub.loop import EngineLoop, probe_loop_lag
+from replica_stub.metrics import StubMetrics
+from replica_stub.output import RequestStream
+from replica_stub.protocol import (SSE_DONE, GenerateRequest, Kind, ResponseFormatter, check_model, parse_body,
+                                   parse_chat, parse_completion, usage)
+from replica_stub.request import Request, SamplingParams
+from replica_stub.scheduler import Scheduler
+
+log = structlog.get_logger("replica_stub.server")
+
+CONFIG = web.AppKey("config", StubConfig)
+ENGINE = web.AppKey("engine", Engine)
+ENGINE_LOOP = web.AppKey("engine_loop", EngineLoop)
+ARRIVALS = web.AppKey("arrivals", ArrivalGate)
+METRICS = web.AppKey("metrics", StubMetrics)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class UnsupportedMediaError(GatewayError):
+    """415, as vLLM answers a body that is not application/json."""
+
+    status, type = 415, "UnsupportedMediaTypeError"
+
+
+_ids = itertools.count()
+
+
+def make_app(config: StubConfig) -> web.Application:
+    engine = build_engine(config)
+    pool = BlockPool(config.num_gpu_blocks, config.block_size)
+    scheduler = Scheduler(KVCacheManager(pool), max_num_seqs=config.max_num_seqs,
+                          max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len)
+    metrics = StubMetrics(config, scheduler)
+    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app[CONFIG], app[ENGINE], app[METRICS] = config, engine, metrics
+    app[ENGINE_LOOP] = EngineLoop(scheduler, engine, metrics)
+    app[ARRIVALS] = ArrivalGate()
+    app.on_response_prepare.append(add_replica_headers)
+    app.cleanup_ctx.append(background_tasks)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/version", version)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    return app
+
+
+async def background_tasks(app: web.Application) -> AsyncIterator[None]:
+    """The engine loop and the lag probe live exactly as long as the app."""
+    tasks = [asyncio.create_task(app[ENGINE_LOOP].run(), name="engine-loop"),
+             asyncio.create_task(probe_loop_lag(app[METRICS], app[ENGINE_LOOP].scheduler), name="loop-lag-probe")]
+    yield
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await app[ENGINE].close()
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return _error_response(exc.body(), exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        type_ = "NotFoundError" if exc.status == 404 else "BadRequestError"
+        return _error_response(error_body(exc.reason, type_, exc.status), exc.status)
+    except ConnectionResetError:
+        raise
+    except Exception:
+        log.exception("internal_error", path=request.path)
+        return _error_response(error_body("Internal server error", "InternalServerError", 500), 500)
+
+
+def _error_response(body: bytes, status: int) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def add_replica_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["X-Replica-Id"] = request.app[CONFIG].replica_id
+    request_id = request.headers.get("X-Request-Id")
+    if request_id:
+        response.headers["X-Request-Id"] = request_id
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    if "Content-Type" in request.headers and request.content_type != "application/json":
+        raise UnsupportedMediaError(f"Unsupported Media Type: Only 'application/json' is allowed, "
+                                    f"got {request.content_type!r}")
+    return parse_body(await request.read())
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+async def _generate(http: web.Request, kind: Kind) -> web.StreamResponse:
+    config, engine_loop = http.app[CONFIG], http.app[ENGINE_LOOP]
+    await http.app[ARRIVALS].enter()
+    body = await _json_body(http)
+    check_model(body, config.model)
+    gen = parse_chat(body) if kind == "chat" else parse_completion(body)
+    tokenizer = http.app[ENGINE].tokenizer
+    if gen.prompt_token_ids is not None:
+        prompt_ids = gen.prompt_token_ids
+    elif gen.messages is not None:
+        prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages))
+    else:
+        prompt_ids = tokenizer.encode(gen.prompt_text or "")
+    max_tokens = _check_length(len(prompt_ids), gen.max_tokens, config.max_model_len)
+    client_id = http.headers.get("X-Request-Id")
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
+                              stop=gen.stop, ignore_eos=gen.ignore_eos)
+    request = Request(f"{client_id or uuid.uuid4().hex}#{next(_ids)}", prompt_ids, sampling, config.block_size,
+                      eos_token_id=tokenizer.eos_token_id)
+    fmt = ResponseFormatter(kind, config.model, client_id)
+    try:
+        stream = engine_loop.submit(request, gen.stop)
+    except RuntimeError as exc:
+        raise GatewayError(str(exc)) from None
+    try:
+        if gen.stream:
+            return await _stream_response(http, stream, fmt, gen)
+        return await _full_response(stream, fmt)
+    finally:
+        if not stream.finished:
+            engine_loop.abort(request.request_id)
+
+
+def _check_length(num_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
+    if num_prompt == 0:
+        raise BadRequestError("The prompt is empty", param="prompt")
+    wanted = num_prompt + (max_tokens or 0)
+    if num_prompt >= max_model_len or wanted > max_model_len:
+        raise BadRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{wanted} tokens ({num_prompt} in the messages, {max_tokens or 0} in the completion). "
+            "Please reduce the length of the messages or completion.", param="messages")
+    return max_tokens if max_tokens is not None else max_model_len - num_prompt
+
+
+def _usage(stream: RequestStream) -> dict[str, Any]:
+    request = stream.request
+    return usage(request.num_prompt_tokens, stream.num_output_tokens, request.num_cached_tokens or 0)
+
+
+async def _full_response(stream: RequestStream, fmt: ResponseFormatter) -> web.Response:
+    text = "".join([delta.text async for batch in stream.batches() for delta in batch])
+    if stream.finish_reason == "abort":
+        raise GatewayError("The engine failed while generating")
+    return _json(fmt.full(text, stream.finish_reason, stream.stop_reason, _usage(stream)))
+
+
+async def _stream_response(http: web.Request, stream: RequestStream, fmt: ResponseFormatter,
+                           gen: GenerateRequest) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(http)
+    usage_null = gen.include_usage
+    parts = [fmt.chunk("", first=True, include_usage=usage_null)] if fmt.kind == "chat" else []
+    try:
+        async for batch in stream.batches():
+            for delta in batch:
+                if delta.finish_reason == "abort":
+                    parts.append(b"data: " + error_body("The engine failed", "InternalServerError", 500) + b"\n\n")
+                elif delta.finish_reason is not None:
+                    parts.append(fmt.chunk(delta.text, delta.finish_reason, delta.stop_reason,
+                                           include_usage=usage_null))
+                elif delta.text:
+                    parts.append(fmt.content_chunk(delta.text, include_usage=usage_null))
+            if stream.finished:
+                break
+            await response.write(b"".join(parts))
+            parts = []
+        if gen.include_usage and stream.finish_reason != "abort":
+            parts.append(fmt.usage_chunk(_usage(stream)))
+        parts.append(SSE_DONE)
+        await response.write(b"".join(parts))
+        await response.write_eof()
+    except ConnectionResetError:
+        log.info("client_disconnected", request_id=stream.request.request_id)
+    return response
+
+
+async def models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG]
+    card = {"id": config.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+            "root": config.model, "parent": None, "max_model_len": config.max_model_len}
+    return _json({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=503 if request.app[ENGINE_LOOP].dead is not None else 200)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def version(request: web.Request) -> web.Response:
+    return _json({"version": __version__})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    config, tokenizer = request.app[CONFIG], request.app[ENGINE].tokenizer
+    check_model(body, config.model)
+    if isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    elif isinstance(body.get("messages"), list):
+        parse_chat(body)  # same validation as a chat request
+        generation_prompt = bool(body.get("add_generation_prompt", True))
+        text = tokenizer.apply_chat_template(body["messages"], add_generation_prompt=generation_prompt)
+    else:
+        raise BadRequestError("Either `prompt` (string) or `messages` (list) is required", param="prompt")
+    ids = tokenizer.encode(text)
+    return _json({"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids, "token_strs": None})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    check_model(body, request.app[CONFIG].model)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequestError("`tokens` must be a list of integers", param="tokens")
+    tokenizer = request.app[ENGINE].tokenizer
+    unknown = [t for t in tokens if not tokenizer.is_known(t)]
+    if unknown:
+        raise BadRequestError(f"Unknown token ids: {unknown[:5]}", param="tokens")
+    return _json({"prompt": tokenizer.decode(tokens, skip_special_tokens=False)})
+

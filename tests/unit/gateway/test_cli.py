@@ -1,0 +1,32 @@
+"""CLI argument handling and the `up` cluster's generated config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.cluster import ClusterSpec, build_config
+from gateway.config import parse_config
+
+
+def test_serve_with_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("pools: {m: {replicas: [{url: 'http://h:1', wieght: 2}]}}\n")
+    assert main(["serve", "--config", str(path)]) == 2
+    assert f"{path}:pools.m.replicas[0].wieght: unknown key" in capsys.readouterr().err
+
+
+def test_subcommand_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([])
+    assert "serve" in capsys.readouterr().err
+
+
+def test_up_generates_a_valid_config() -> None:
+    data = build_config(ClusterSpec(replicas=2, port=8123, policy="least_loaded"), [9001, 9002])
+    config = parse_config(data)
+    pool = config.pools["stub-model"]
+    assert [r.url for r in pool.replicas] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    assert pool.routing.policy == "least_loaded" and config.listen.port == 8123

@@ -1,0 +1,78 @@
+"""Config loading: defaults, validation errors naming file and dotted key, env overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config import load_config
+from gateway.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+MINIMAL = {"pools": {"m": {"replicas": [{"url": "http://127.0.0.1:9001"}]}}}
+
+
+def write(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "gw.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+def test_example_config_loads() -> None:
+    config = load_config(ROOT / "config.example.yaml")
+    assert config.pools["stub-model"].replicas[2].weight == 2.0
+    assert config.state.store == "memory"
+
+
+def test_defaults_and_replica_id(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.listen.port == 8000 and config.limits.max_retries == 1
+    assert config.pools["m"].replicas[0].replica_id == "127.0.0.1:9001"
+    assert config.pools["m"].routing.policy == "round_robin"
+
+
+def pool(**changes: Any) -> dict[str, Any]:
+    return {"pools": {"m": {"replicas": [{"url": "http://h:1"}], **changes}}}
+
+
+@pytest.mark.parametrize(("data", "key", "words"), [
+    ({**MINIMAL, "listen": {"port": "80"}}, "listen.port", "integer"),
+    ({**MINIMAL, "listen": {"port": 70000}}, "listen.port", "65535"),
+    ({**MINIMAL, "lsiten": {}}, "lsiten", "unknown key"),
+    ({"pools": {}}, "pools", "at least one"),
+    ({"pools": {"m": {"replicas": [{"url": "h:1"}]}}}, "pools.m.replicas[0].url", "http"),
+    ({"pools": {"m": {"replicas": [{"url": "http://h:1", "weight": 0}]}}}, "pools.m.replicas[0].weight", "> 0"),
+    ({"pools": {"m": {"replicas": [{"url": "http://h:1"}, {"url": "http://h:1"}]}}}, "pools.m.replicas[1]",
+     "duplicate"),
+    ({"pools": {"m": {"replicas": []}}}, "pools.m.replicas", "at least one"),
+    (pool(routing={"policy": "fastest"}), "pools.m.routing.policy", "unknown policy"),
+    (pool(routing={"policy": "random", "params": {"seed": 1.5}}), "pools.m.routing.params.seed", "integer"),
+    ({**MINIMAL, "health": {"interval_s": 0}}, "health.interval_s", "> 0"),
+    ({**MINIMAL, "logging": {"level": "loud"}}, "logging.level", "one of"),
+    ({**MINIMAL, "state": {"store": "mysql://x"}}, "state.store", "redis"),
+    ({**MINIMAL, "limits": {"max_retries": -1}}, "limits.max_retries", ">= 0"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_errors_name_file_and_key(tmp_path: Path, data: Any, key: str, words: str) -> None:
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key and info.value.file == str(path)
+    assert words in str(info.value) and str(info.value).startswith(f"{path}:{key}: ")
+
+
+def test_yaml_syntax_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(write(tmp_path, "pools: [unclosed"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_env_overrides(tmp_path: Path) -> None:
+    env = {"AFFINITY_GATEWAY_HOST": "127.0.0.2", "AFFINITY_GATEWAY_PORT": "9100", "AFFINITY_GATEWAY_LOG_LEVEL": "DEBUG"}
+    config = load_config(write(tmp_path, MINIMAL), env)
+    assert (config.listen.host, config.listen.port, config.logging.level) == ("127.0.0.2", 9100, "debug")
+    with pytest.raises(ConfigError, match="AFFINITY_GATEWAY_PORT"):
+        load_config(write(tmp_path, MINIMAL), {"AFFINITY_GATEWAY_PORT": "http"})

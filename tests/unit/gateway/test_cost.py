@@ -1,0 +1,115 @@
+"""Predicted-TTFT model: virtual prefill queue, scraped queue, online calibration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway import schema
+from gateway.cost import CostModel, CostParams
+from gateway.errors import ConfigError
+from gateway.policies.base import Candidate
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model(**kw: Any) -> tuple[CostModel, Clock]:
+    clock = Clock()
+    return CostModel(CostParams(**kw), clock), clock  # type: ignore[arg-type]
+
+
+def test_idle_replica_predicts_prefill_of_uncached_tokens() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0)
+    wait, ttft = cost.predict(Candidate("a", cached_tokens=300), 1000, clock.now)
+    assert wait == 0 and ttft == pytest.approx(0.7)
+
+
+def test_dispatch_queues_prefill_that_drains_in_real_time() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0)
+    cost.dispatched("a", 1000)
+    cost.dispatched("a", 500)
+    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(1.5)
+    assert cost.wait_s(Candidate("b"), clock.now) == 0
+    clock.now += 1.0
+    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
+    clock.now += 5.0
+    assert cost.wait_s(Candidate("a"), clock.now) == 0
+    cost.dispatched("a", 100)  # an idle replica starts from now, not from its old drain time
+    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.1)
+
+
+def test_load_and_scraped_queue_add_wait() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.01, min_learn_tokens=64)
+    assert cost.wait_s(Candidate("a", in_flight=3), clock.now) == pytest.approx(0.03)
+    # Other clients' queued requests, costed at the mean prefill (starts at min_learn_tokens' worth).
+    assert cost.wait_s(Candidate("a", waiting=10, running=0), clock.now) == pytest.approx(10 * 0.064 + 0.1)
+
+
+@pytest.mark.parametrize("calibrate", ["pool", "replica"])
+def test_learns_prefill_cost_from_observed_ttft(calibrate: str) -> None:
+    cost, _ = model(prefill_s_per_token=0.001, learn_alpha=0.2, calibrate=calibrate)
+    for _ in range(60):
+        cost.observe("a", ttft_s=0.1 + 1000 * 0.0004, uncached_tokens=1000, predicted_wait_s=0.1)
+    assert cost.prefill_s_per_token("a") == pytest.approx(0.0004, rel=0.01)
+    # The pool's replicas share what was learned; per-replica calibration keeps them apart.
+    assert cost.prefill_s_per_token("b") == (0.001 if calibrate == "replica" else cost.prefill_s_per_token("a"))
+
+
+def test_learning_skips_tiny_prefills_and_clamps_outliers() -> None:
+    cost, _ = model(prefill_s_per_token=0.001, learn_alpha=1.0, min_learn_tokens=64, calibrate="replica")
+    cost.observe("a", ttft_s=5.0, uncached_tokens=10, predicted_wait_s=0)
+    assert cost.prefill_s_per_token("a") == 0.001
+    cost.observe("a", ttft_s=1000.0, uncached_tokens=100, predicted_wait_s=0)
+    assert cost.prefill_s_per_token("a") == pytest.approx(0.001 * CostModel.CLAMP)
+    cost.forget("a")
+    assert cost.prefill_s_per_token("a") == 0.001
+
+
+def test_learning_can_be_disabled() -> None:
+    cost, _ = model(learn_alpha=0.0)
+    cost.observe("a", ttft_s=9.0, uncached_tokens=1000, predicted_wait_s=0)
+    assert cost.prefill_s_per_token("a") == CostParams().prefill_s_per_token
+
+
+@pytest.mark.parametrize("data,key", [({"prefill_s_per_token": 0}, "c.prefill_s_per_token"),
+                                      ({"learn_alpha": 2}, "c.learn_alpha"),
+                                      ({"per_request_s": -1}, "c.per_request_s")], ids=["prefill", "alpha", "req"])
+def test_params_validation(data: dict[str, float], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        schema.build(CostParams, data, "c")
+    assert err.value.key == key
+
+
+def test_finished_request_releases_its_queued_prefill() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0)
+    first = cost.dispatched("a", 1000)
+    cost.dispatched("a", 500)
+    clock.now += 0.2
+    cost.finished("a", first)  # done 0.8 s sooner than predicted: the second moves up
+    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
+    cost.finished("a", clock.now - 1.0)  # finishing late changes nothing
+    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
+
+
+def test_first_samples_correct_a_far_off_default_at_once() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, learn_alpha=0.05)
+    cost.observe("a", ttft_s=0.02 + 1000 * 0.00002, uncached_tokens=1000, predicted_wait_s=0.02)
+    assert cost.prefill_s_per_token("a") == pytest.approx(0.00002)
+
+
+def test_short_prefills_teach_the_fixed_part() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0, learn_alpha=0.1, min_learn_tokens=64)
+    for _ in range(5):
+        cost.observe("a", ttft_s=0.03, uncached_tokens=10, predicted_wait_s=0.0)
+    assert cost.prefill_s_per_token("a") == 0.001
+    cost.observe("a", ttft_s=0.03 + 500 * 0.0001, uncached_tokens=500, predicted_wait_s=0.0)
+    assert cost.prefill_s_per_token("a") == pytest.approx(0.0001)  # the fixed 30 ms is not per-token cost
+    wait, ttft = cost.predict(Candidate("a"), 100, clock.now)
+    assert ttft == pytest.approx(0.03 + 100 * 0.0001)

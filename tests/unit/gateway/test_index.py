@@ -1,0 +1,195 @@
+"""Warm-prefix index: both stores pass one suite; Redis-only tests use a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.index import IndexParams, MemoryIndex, WarmIndex, build_index
+from gateway.index.redis_store import RedisIndex
+from tests.helpers import Proc, free_port, redis_server_binary
+
+_prefixes = itertools.count()
+
+
+def chain(tag: int, n: int) -> list[int]:
+    return [tag * 1_000_003 + i for i in range(n)]
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def index(request: pytest.FixtureRequest) -> AsyncIterator[WarmIndex]:
+    if request.param == "memory":
+        store = "memory"
+    else:
+        store = request.getfixturevalue("redis_url")
+    idx = build_index(IndexParams(store=store, key_prefix=f"test{next(_prefixes)}:", capacity_blocks=1000))
+    yield idx
+    await idx.close()
+
+
+async def test_unknown_replicas_match_nothing(index: WarmIndex) -> None:
+    assert await index.match(chain(1, 5), ["a", "b"]) == {"a": 0, "b": 0}
+    assert await index.match([], ["a"]) == {"a": 0}
+
+
+async def test_record_then_match_leading_blocks(index: WarmIndex) -> None:
+    await index.record("a", chain(1, 10))
+    await index.record("b", chain(1, 4))
+    await index.flush()
+    # A request that shares 6 blocks of the chain, then diverges.
+    request = chain(1, 6) + chain(2, 4)
+    assert await index.match(request, ["a", "b", "c"]) == {"a": 6, "b": 4, "c": 0}
+
+
+async def test_branches_share_their_common_prefix(index: WarmIndex) -> None:
+    trunk = chain(3, 3)
+    await index.record("a", trunk + chain(31, 5))
+    await index.record("a", trunk + chain(32, 2))
+    await index.flush()
+    got = [(await index.match(trunk + chain(tag, 6), ["a"]))["a"] for tag in (31, 32, 33)]
+    assert got == [8, 5, 3]
+
+
+async def test_long_chains_match_in_full(index: WarmIndex) -> None:
+    await index.record("a", chain(4, 700))
+    await index.flush()
+    assert (await index.match(chain(4, 700) + [1], ["a"]))["a"] == 700
+
+
+async def test_capacity_trims_tails_first(index: WarmIndex) -> None:
+    index.set_capacity("a", 4)
+    await index.record("a", chain(5, 8))
+    await index.flush()
+    assert (await index.match(chain(5, 8), ["a"]))["a"] == 4
+
+
+async def test_lru_evicts_least_recently_used_prefix(index: WarmIndex) -> None:
+    index.set_capacity("a", 8)
+    await index.record("a", chain(6, 4))
+    await index.record("a", chain(7, 4))
+    await index.record("a", chain(6, 4))  # touch: chain 6 is now the most recent
+    await index.record("a", chain(8, 2))  # evicts the two tail blocks of chain 7
+    await index.flush()
+    got = await index.match(chain(6, 4), ["a"]), await index.match(chain(7, 4), ["a"]), \
+        await index.match(chain(8, 2), ["a"])
+    assert [g["a"] for g in got] == [4, 2, 2]
+
+
+async def test_forget_drops_a_replica(index: WarmIndex) -> None:
+    await index.record("a", chain(9, 3))
+    await index.record("b", chain(9, 3))
+    await index.forget("a")
+    await index.flush()
+    assert await index.match(chain(9, 3), ["a", "b"]) == {"a": 0, "b": 3}
+
+
+async def test_memory_set_capacity_trims_now() -> None:
+    idx = MemoryIndex(100)
+    await idx.record("a", chain(1, 10))
+    idx.set_capacity("a", 3)
+    assert idx.size("a") == 3 and idx.match_now(chain(1, 10), ["a"]) == {"a": 3}
+
+
+# --- Redis only -------------------------------------------------------------------------------
+
+def redis_index(url: str, **kw: object) -> RedisIndex:
+    params = IndexParams(store=url, key_prefix=f"test{next(_prefixes)}:", **kw)  # type: ignore[arg-type]
+    index = build_index(params)
+    assert isinstance(index, RedisIndex)
+    return index
+
+
+@pytest.mark.redis
+async def test_two_gateways_share_tables(redis_url: str) -> None:
+    one = redis_index(redis_url)
+    two = RedisIndex(one.params)
+    try:
+        await one.record("a", chain(10, 5))
+        await one.flush()
+        assert (await two.match(chain(10, 5), ["a", "b"])) == {"a": 5, "b": 0}
+    finally:
+        await one.close()
+        await two.close()
+
+
+@pytest.mark.redis
+async def test_redis_keys_are_namespaced_bounded_and_expire(redis_url: str) -> None:
+    index = redis_index(redis_url, ttl_s=30.0)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        index.set_capacity("a", 5)
+        await index.record("a", chain(11, 9))
+        await index.flush()
+        key = index.key("a")
+        assert key.startswith(index.params.key_prefix)
+        assert await client.zcard(key) == 5
+        assert 0 < await client.ttl(key) <= 30
+        assert await client.keys(f"{index.params.key_prefix}*") == [key.encode()]
+    finally:
+        await client.aclose()
+        await index.close()
+
+
+@pytest.mark.redis
+async def test_background_flush_needs_no_explicit_call(redis_url: str) -> None:
+    one = redis_index(redis_url)
+    two = RedisIndex(one.params)
+    try:
+        await one.record("a", chain(12, 3))
+        for _ in range(200):
+            if (await two.match(chain(12, 3), ["a"]))["a"] == 3:
+                break
+            await asyncio.sleep(0.005)
+        assert (await two.match(chain(12, 3), ["a"]))["a"] == 3
+    finally:
+        await one.close()
+        await two.close()
+
+
+@pytest.mark.redis
+async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> None:
+    binary = redis_server_binary()
+    assert binary is not None  # redis_url already failed or skipped otherwise
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    index = redis_index(url, timeout_s=0.2, reconnect_max_s=0.1)
+    proc: Proc | None = None
+    try:
+        await index.record("a", chain(13, 4))
+        # Nothing listens on the port: lookups answer from the local table and count the failure.
+        assert await index.match(chain(13, 4), ["a", "b"]) == {"a": 4, "b": 0}
+        for _ in range(100):
+            if index.degraded:
+                break
+            await asyncio.sleep(0.01)
+        assert index.degraded and index.errors > 0
+        await index.record("b", chain(13, 2))
+        proc = Proc([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        for _ in range(500):
+            if not index.degraded and not index._pending:
+                break
+            await asyncio.sleep(0.02)
+        assert not index.degraded
+        fresh = RedisIndex(index.params)  # another gateway sees what was written during the outage
+        try:
+            assert await fresh.match(chain(13, 4), ["a", "b"]) == {"a": 4, "b": 2}
+        finally:
+            await fresh.close()
+    finally:
+        await index.close()
+        if proc is not None:
+            proc.stop()
+
+
+async def test_write_queue_is_bounded_during_outage() -> None:
+    index = redis_index(f"redis://127.0.0.1:{free_port()}/0", max_pending_writes=3, timeout_s=0.05)
+    try:
+        for i in range(10):
+            await index.record("a", chain(14 + i, 1))
+        assert len(index._pending) <= 3 and index.dropped_writes >= 7
+    finally:
+        await index.close()

@@ -1,0 +1,256 @@
+"""prefix_affinity, session_affinity and consistent_hash: the hot-spot and herding cases."""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from gateway.errors import ConfigError
+from gateway.policies import Candidate, Outcome, Policy, Score, build_policy
+from gateway.policies.bound import has_room
+from gateway.policies.prefix_affinity import PrefixAffinityPolicy
+from gateway.policies.session_affinity import home_replica
+from gateway.view import RequestView
+
+IDS = ("a", "b", "c", "d")
+_ids = iter(range(10**9))
+
+
+def make_view(prompt_tokens: int = 2100, session: str | None = None, hashes: tuple[int, ...] = ()) -> RequestView:
+    return RequestView(f"req-{next(_ids)}", "chat", "m", False, {}, b"", session_key=session,
+                       prompt_tokens_estimate=prompt_tokens, block_hashes=hashes)
+
+
+def make_candidates(**kw: Sequence[Any]) -> list[Candidate]:
+    """make_candidates(cached_tokens=[...], in_flight=[...]) for replicas a, b, c, d."""
+    n = len(next(iter(kw.values()))) if kw else len(IDS)
+    return [Candidate(IDS[i], **{k: v[i] for k, v in kw.items()}) for i in range(n)]
+
+
+def prefix_policy(**params: Any) -> PrefixAffinityPolicy:
+    """The policy with the bound's floor at 2 requests, so small test fleets exercise it."""
+    policy = build_policy("prefix_affinity", {"seed": 7, "min_bound_requests": 2, **params}, "routing")
+    assert isinstance(policy, PrefixAffinityPolicy)
+    return policy
+
+
+def dispatch(policy: Policy, view: RequestView, candidates: list[Candidate]) -> str:
+    decision = policy.choose(view, candidates)
+    policy.on_dispatched(view, decision.replica_id)
+    return decision.replica_id
+
+
+# --- prefix_affinity ----------------------------------------------------------------------------
+
+def test_distinct_warm_prefix_wins_at_equal_load() -> None:
+    decision = prefix_policy().choose(make_view(), make_candidates(cached_tokens=[0, 1500, 0, 300]))
+    assert decision.replica_id == "b" and decision.reason == "prefix_hit"
+    row = {s.replica_id: s for s in decision.scores}["b"]
+    assert row.cached_tokens == 1500 and row.score == pytest.approx(600 * 0.0002)
+
+
+def test_overlap_every_candidate_holds_gives_no_preference() -> None:
+    policy = prefix_policy()
+    counts = collections.Counter(
+        policy.choose(make_view(), make_candidates(cached_tokens=[2000] * 4)).replica_id for _ in range(400))
+    assert set(counts) == set(IDS) and min(counts.values()) > 60
+    # ...so the least loaded replica takes it, exactly as with no shared prefix at all.
+    decision = policy.choose(make_view(), make_candidates(cached_tokens=[2000] * 4, in_flight=[3, 3, 2, 3]))
+    assert decision.replica_id == "c" and decision.reason == "least_wait"
+
+
+def test_one_overloaded_replica_does_not_switch_off_affinity_for_others() -> None:
+    decision = prefix_policy().choose(
+        make_view(), make_candidates(cached_tokens=[0, 1800, 0, 0], in_flight=[2, 2, 2, 40]))
+    assert decision.replica_id == "b" and decision.reason == "prefix_hit"
+
+
+def test_hot_shared_prefix_spreads_beyond_its_first_holder() -> None:
+    """A hot 2000-token prefix starts on `a`; requests keep coming (none finish)."""
+    policy = prefix_policy()
+    in_flight = dict.fromkeys(IDS, 0)
+    warm = {"a"}
+    for _ in range(24):
+        candidates = [Candidate(r, in_flight=in_flight[r], cached_tokens=2000 if r in warm else 0) for r in IDS]
+        chosen = dispatch(policy, make_view(), candidates)
+        assert has_room(candidates, 0.25, policy.params.min_bound_requests)[IDS.index(chosen)]
+        in_flight[chosen] += 1
+        warm.add(chosen)
+    assert warm == set(IDS)
+    assert max(in_flight.values()) <= math.ceil(1.25 * 24 / 4)
+
+
+def test_queue_growth_outweighs_cache_benefit() -> None:
+    """The wait term dominates once the holder's queue is longer than the prefill it saves."""
+    policy = prefix_policy(load_epsilon=100.0)  # bound out of the way: only the cost decides
+    chosen = [dispatch(policy, make_view(), make_candidates(cached_tokens=[2000, 0, 0, 0])) for _ in range(3)]
+    assert chosen[0] == "a"
+    candidates = make_candidates(cached_tokens=[2000, 0, 0, 0], in_flight=[60, 0, 0, 0])
+    assert policy.choose(make_view(), candidates).replica_id != "a"
+
+
+@pytest.mark.parametrize("update_load", [True, False], ids=["in_flight_updated", "stale_load"])
+def test_burst_of_identical_cold_requests_does_not_herd(update_load: bool) -> None:
+    policy = prefix_policy()
+    in_flight = dict.fromkeys(IDS, 0)
+    for _ in range(8):
+        candidates = [Candidate(r, in_flight=in_flight[r] if update_load else 0) for r in IDS]
+        in_flight[dispatch(policy, make_view(), candidates)] += 1
+    assert sorted(in_flight.values()) == [2, 2, 2, 2]
+
+
+def test_burst_of_identical_warm_requests_spreads_by_the_bound() -> None:
+    policy = prefix_policy()
+    in_flight = dict.fromkeys(IDS, 0)
+    for _ in range(12):
+        candidates = [Candidate(r, in_flight=in_flight[r], cached_tokens=2000 if r == "a" else 0) for r in IDS]
+        in_flight[dispatch(policy, make_view(), candidates)] += 1
+    assert in_flight["a"] >= 3 and max(in_flight.values()) <= math.ceil(1.25 * 12 / 4)
+    assert sum(1 for v in in_flight.values() if v) >= 2
+
+
+def test_load_bound_holds_for_random_fleets() -> None:
+    rng = random.Random(1)
+    policy = prefix_policy()
+    for _ in range(500):
+        n = rng.randint(1, 6)
+        candidates = [Candidate(f"r{i}", in_flight=rng.randint(0, 12), weight=rng.choice([1.0, 2.0]),
+                                cached_tokens=rng.choice([0, 500, 2000])) for i in range(n)]
+        decision = policy.choose(make_view(), candidates)
+        room = has_room(candidates, 0.25, policy.params.min_bound_requests)
+        chosen = [c.replica_id for c in candidates].index(decision.replica_id)
+        assert room[chosen] or not any(room)
+
+
+def test_near_ties_go_to_the_less_loaded() -> None:
+    policy = prefix_policy(per_request_s=0.0)
+    # a saves 10 tokens (2 ms, inside tie_s) but is busier: b wins.
+    decision = policy.choose(make_view(), make_candidates(cached_tokens=[10, 0], in_flight=[1, 0]))
+    assert decision.replica_id == "b"
+
+
+def test_load_bound_reason() -> None:
+    candidates = make_candidates(cached_tokens=[2000, 0, 0, 0], in_flight=[4, 0, 0, 0])
+    decision = prefix_policy(per_request_s=0.0).choose(make_view(), candidates)
+    assert decision.replica_id != "a" and decision.reason == "load_bound"
+
+
+def test_learns_from_finished_requests() -> None:
+    policy = prefix_policy(learn_alpha=1.0)
+    view = make_view(prompt_tokens=1000)
+    chosen = dispatch(policy, view, make_candidates(cached_tokens=[0, 0, 0, 0]))
+    predicted = Score(chosen, 0.2, cached_tokens=0, wait_s=0.0)
+    policy.on_finished(view, chosen, Outcome(ok=True, ttft_s=0.5, prompt_tokens=1000, cached_tokens=0,
+                                             predicted=predicted))
+    assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
+    policy.on_finished(view, chosen, Outcome(ok=False, ttft_s=9.0, predicted=predicted))
+    assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
+
+
+def test_prefix_params_validation() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_policy("prefix_affinity", {"load_epsilon": -1}, "pools.m.routing")
+    assert err.value.key == "pools.m.routing.params.load_epsilon"
+
+
+# --- session_affinity ---------------------------------------------------------------------------
+
+def test_session_goes_home_across_policy_instances() -> None:
+    home = home_replica("conv-42", IDS)
+    for seed in range(3):
+        policy = build_policy("session_affinity", {"seed": seed}, "r")
+        decision = policy.choose(make_view(session="conv-42"), make_candidates(in_flight=[1, 1, 1, 1]))
+        assert decision.replica_id == home and decision.reason == "session_home"
+
+
+def test_busy_home_loses_the_session_softly() -> None:
+    policy = build_policy("session_affinity", {"bonus_requests": 2}, "r")
+    home = home_replica("s", IDS)
+    in_flight = [6 if r == home else 1 for r in IDS]
+    decision = policy.choose(make_view(session="s"), make_candidates(in_flight=in_flight))
+    assert decision.replica_id != home
+
+
+def test_no_session_is_least_loaded() -> None:
+    policy = build_policy("session_affinity", {}, "r")
+    decision = policy.choose(make_view(), make_candidates(in_flight=[3, 1, 2, 3]))
+    assert decision.replica_id == "b" and decision.reason == "no_session"
+
+
+def test_sessions_spread_evenly_over_homes() -> None:
+    counts = collections.Counter(home_replica(f"s{i}", IDS) for i in range(8000))
+    assert max(counts.values()) < 1.1 * 2000
+
+
+# --- consistent_hash ----------------------------------------------------------------------------
+
+def test_ring_is_balanced_and_stable() -> None:
+    policy = build_policy("consistent_hash", {}, "r")
+    counts = collections.Counter(
+        policy.choose(make_view(session=f"k{i}"), make_candidates(in_flight=[0] * 4)).replica_id
+        for i in range(8000))
+    assert max(counts.values()) < 1.2 * 2000 and min(counts.values()) > 0.8 * 2000
+    other = build_policy("consistent_hash", {}, "r")
+    same = other.choose(make_view(session="k1"), make_candidates(in_flight=[0] * 4)).replica_id
+    assert same == policy.choose(make_view(session="k1"), make_candidates(in_flight=[0] * 4)).replica_id
+
+
+def test_ring_falls_back_to_the_first_block_then_skips_full_replicas() -> None:
+    policy = build_policy("consistent_hash", {}, "r")
+    view = make_view(hashes=(123456789, 1))
+    owner = policy.choose(view, make_candidates(in_flight=[0] * 4))
+    assert owner.reason == "ring_owner"
+    loads = [5 if r == owner.replica_id else 1 for r in IDS]
+    moved = policy.choose(view, make_candidates(in_flight=loads))
+    assert moved.replica_id != owner.replica_id and moved.reason == "load_bound"
+
+
+def test_removing_a_replica_moves_only_its_keys() -> None:
+    policy = build_policy("consistent_hash", {}, "r")
+    full, less = make_candidates(in_flight=[0] * 4), make_candidates(in_flight=[0] * 3)
+    moved = 0
+    for i in range(2000):
+        before = policy.choose(make_view(session=f"k{i}"), full).replica_id
+        after = policy.choose(make_view(session=f"k{i}"), less).replica_id
+        moved += before != after
+        assert before == "d" or before == after
+    assert 0 < moved < 0.35 * 2000
+
+
+# --- the shared preamble -----------------------------------------------------------------------
+
+def preamble_view(preamble: int = 500, prompt: int = 2000) -> RequestView:
+    view = make_view(prompt_tokens=prompt)
+    view.preamble_tokens = preamble
+    return view
+
+
+def test_warm_preamble_does_not_pin_new_conversations() -> None:
+    """`a` alone holds the system prompt: with equal waits, a and b tie for a new conversation."""
+    picks = collections.Counter(
+        prefix_policy(seed=seed).choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id
+        for seed in range(40))
+    assert picks["a"] > 5 and picks["b"] > 5
+    decision = prefix_policy().choose(preamble_view(), make_candidates(cached_tokens=[500, 0]))
+    assert decision.reason == "least_wait"
+    # Spreading follows: each dispatch queues its prefill, so the next one goes to the other replica.
+    policy = prefix_policy()
+    chosen = [dispatch(policy, preamble_view(), make_candidates(cached_tokens=[500, 0])) for _ in range(2)]
+    assert sorted(chosen) == ["a", "b"]
+
+
+def test_preamble_weight_one_counts_it_like_any_overlap() -> None:
+    for seed in range(10):
+        policy = prefix_policy(preamble_weight=1.0, seed=seed)
+        assert policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id == "a"
+
+
+def test_history_beyond_the_preamble_attracts() -> None:
+    policy = prefix_policy()
+    decision = policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 1500, 500, 0]))
+    assert decision.replica_id == "b" and decision.reason == "prefix_hit"

@@ -1,0 +1,71 @@
+"""Proxy lifecycles: client disconnect before the first byte and mid-stream; in-flight counts exact."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from gateway.config import parse_config
+from gateway.replicas import Replica
+from gateway.server import STATE, make_app
+from tests.upstream import FakeReplica, until
+
+CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def _serve(fake: FakeReplica) -> AsyncIterator[tuple[str, Replica]]:
+    upstream = TestServer(fake.app, handler_cancellation=True)
+    await upstream.start_server()
+    config = parse_config({"pools": {"m1": {"replicas": [{"url": str(upstream.make_url("")).rstrip("/"),
+                                                          "name": "r0"}]}}})
+    app = make_app(config)
+    gateway = TestServer(app, handler_cancellation=True)
+    await gateway.start_server()
+    replica = app[STATE].routes["m1"].pool.get("r0")
+    assert replica is not None
+    try:
+        yield str(gateway.make_url("")).rstrip("/"), replica
+    finally:
+        await gateway.close()
+        await upstream.close()
+
+
+@pytest.fixture
+def fake() -> FakeReplica:
+    return FakeReplica("r0")
+
+
+@pytest.fixture
+async def served(fake: FakeReplica) -> AsyncIterator[tuple[str, Replica]]:
+    async for item in _serve(fake):
+        yield item
+
+
+async def test_disconnect_while_waiting_for_first_byte_cancels_upstream(
+        fake: FakeReplica, served: tuple[str, Replica]) -> None:
+    fake.stall_s = 30
+    url, replica = served
+    async with aiohttp.ClientSession() as session:
+        task = asyncio.create_task(session.post(url + "/v1/chat/completions", json=CHAT))
+        await until(lambda: fake.active == 1 and replica.in_flight == 1)
+        task.cancel()
+        await until(lambda: fake.cancelled == 1 and replica.in_flight == 0)
+
+
+async def test_disconnect_mid_stream_cancels_upstream(fake: FakeReplica, served: tuple[str, Replica]) -> None:
+    fake.hold, fake.chunks = threading.Event(), 5
+    url, replica = served
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        first = await resp.content.readuntil(b"\n\n")
+        assert first.startswith(b"data: ")
+        assert replica.in_flight == 1
+        resp.close()
+    await until(lambda: fake.cancelled == 1 and replica.in_flight == 0)
+    fake.hold.set()
+

@@ -1,0 +1,224 @@
+"""Router: hash once, one index lookup, record on dispatch, explain, learn and measure on finish."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway import prefix
+from gateway.index import IndexParams, MemoryIndex, build_index
+from gateway.policies import Candidate, Outcome, build_policy
+from gateway.prefix import PrefixParams
+from gateway.routing import Router
+from gateway.routing_metrics import RoutingMetrics
+from gateway.view import RequestView
+from tests.helpers import free_port
+
+IDS = ("a", "b", "c", "d")
+SYSTEM = "You are a helpful assistant for the ACME support desk. Be brief. " * 10
+_ids = itertools.count()
+
+
+def chat_view(messages: list[dict[str, Any]], session: str | None = None) -> RequestView:
+    return RequestView(f"req-{next(_ids)}", "chat", "m", True, {"messages": messages}, b"", session_key=session)
+
+
+def conversation(turns: int, tag: str) -> list[dict[str, Any]]:
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"[{tag}] question {i} " + "tell me more about it. " * 12})
+        msgs.append({"role": "assistant", "content": f"[{tag}] answer {i} " + "here is more detail. " * 20})
+    msgs.append({"role": "user", "content": f"[{tag}] next question"})
+    return msgs
+
+
+def candidates(loads: Sequence[int] = (0, 0, 0, 0)) -> list[Candidate]:
+    return [Candidate(r, in_flight=n) for r, n in zip(IDS, loads)]
+
+
+def make_router(policy: str = "prefix_affinity", index: Any = None, **params: Any) -> Router:
+    return Router(build_policy(policy, params, "routing"), PrefixParams(), index or MemoryIndex(10_000),
+                  RoutingMetrics(CollectorRegistry()))
+
+
+def sample(router: Router, name: str, **labels: str) -> float:
+    assert router.metrics is not None
+    for metric in [router.metrics.decisions, router.metrics.matched_tokens, router.metrics.cached_error,
+                   router.metrics.ttft_error, router.metrics.index_fallbacks]:
+        for family in metric.collect():
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+    return 0.0
+
+
+async def turn_done(router: Router, view: RequestView, candidates_: list[Candidate]) -> str:
+    """Route a request and let it finish (the next turn only comes after the answer)."""
+    decision = await router.route(view, candidates_)
+    router.finished(view, decision.replica_id, Outcome(ok=True))
+    return decision.replica_id
+
+
+async def test_next_turn_goes_where_the_conversation_is_warm() -> None:
+    router = make_router(seed=3)
+    first = await router.route(view1 := chat_view(conversation(1, "x")), candidates())
+    router.finished(view1, first.replica_id, Outcome(ok=True))
+    second = await router.route(chat_view(conversation(2, "x")), candidates((1, 1, 1, 1)))
+    assert second.replica_id == first.replica_id and second.reason == "prefix_hit"
+    row = {s.replica_id: s for s in second.scores}
+    assert row[first.replica_id].cached_tokens > 0
+    assert all(row[r].cached_tokens == row[IDS[0] if first.replica_id != IDS[0] else IDS[1]].cached_tokens
+               for r in IDS if r != first.replica_id)  # others hold only the shared system prompt, or nothing
+    await router.close()
+
+
+async def test_conversations_spread_while_their_turns_stick() -> None:
+    router = make_router(seed=5)
+    in_flight = dict.fromkeys(IDS, 0)
+    homes: dict[str, str] = {}
+    views: list[tuple[RequestView, str]] = []
+    for turn in range(1, 4):
+        for conv in range(8):
+            view = chat_view(conversation(turn, f"c{conv}"))
+            decision = await router.route(view, [Candidate(r, in_flight=in_flight[r]) for r in IDS])
+            in_flight[decision.replica_id] += 1
+            views.append((view, decision.replica_id))
+            if turn > 1:
+                assert decision.replica_id == homes[f"c{conv}"]
+            homes[f"c{conv}"] = decision.replica_id
+        for view, replica_id in views:  # the turn's requests finish
+            router.finished(view, replica_id, Outcome(ok=True))
+            in_flight[replica_id] -= 1
+        views.clear()
+    assert len(set(homes.values())) == 4
+
+
+async def test_prompt_is_hashed_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = prefix.compute
+    monkeypatch.setattr(prefix, "compute", lambda v, p: calls.append(v.request_id) or real(v, p))
+    router = make_router()
+    view = chat_view(conversation(1, "y"))
+    await router.route(view, candidates())
+    assert view.block_hashes and view.prompt_tokens_estimate > 0
+    await router.route(view, candidates()[1:])  # a retry on the remaining replicas
+    assert calls == [view.request_id]
+
+
+async def test_dispatch_records_the_request_blocks() -> None:
+    index = MemoryIndex(10_000)
+    router = make_router(index=index)
+    view = chat_view(conversation(1, "z"))
+    decision = await router.route(view, candidates())
+    matched = await index.match(view.block_hashes, IDS)
+    assert matched[decision.replica_id] == len(view.block_hashes)
+    assert sum(1 for r in IDS if matched[r]) == 1
+
+
+async def test_explain_is_a_dry_run() -> None:
+    index = MemoryIndex(10_000)
+    router = make_router(index=index)
+    warm = await router.route(view1 := chat_view(conversation(1, "e")), candidates())
+    router.finished(view1, warm.replica_id, Outcome(ok=True))
+    view = chat_view(conversation(2, "e"))
+    report = await router.explain(view, candidates())
+    assert report["replica"] == warm.replica_id and report["policy"] == "prefix_affinity"
+    assert report["prefix_blocks"] == len(view.block_hashes) and report["index_degraded"] is False
+    rows = {row["replica"]: row for row in report["candidates"]}
+    assert set(rows) == set(IDS)
+    assert rows[warm.replica_id]["cached_tokens"] > max(rows[r]["cached_tokens"] for r in IDS if r != warm.replica_id)
+    assert all({"score", "wait_s", "load"} <= set(row) for row in rows.values())
+    assert (await index.match(view.block_hashes, IDS))[warm.replica_id] < len(view.block_hashes)  # nothing recorded
+    assert not router._predicted or view.request_id not in router._predicted
+
+
+async def test_finished_measures_prediction_and_forgets_the_request() -> None:
+    router = make_router(learn_alpha=1.0)
+    await turn_done(router, chat_view(conversation(1, "f")), candidates())
+    view = chat_view(conversation(2, "f"))
+    decision = await router.route(view, candidates())
+    predicted = {s.replica_id: s for s in decision.scores}[decision.replica_id]
+    router.finished(view, decision.replica_id,
+                    Outcome(ok=True, ttft_s=0.3, prompt_tokens=view.prompt_tokens_estimate, cached_tokens=0))
+    assert view.request_id not in router._predicted
+    assert 128 < predicted.cached_tokens <= 512  # the replica reported 0 cached: error = the prediction
+    error = "affinity_gateway_route_cached_tokens_error_tokens_bucket"
+    assert sample(router, error, le="128.0") == 0 and sample(router, error, le="512.0") == 1
+    assert sample(router, "affinity_gateway_route_ttft_error_seconds_count") == 1
+    assert sample(router, "affinity_gateway_route_decisions_total", reason="prefix_hit") == 1
+    assert sample(router, "affinity_gateway_route_matched_prefix_tokens_count") == 2
+    policy = router.policy
+    assert policy.cost.prefill_s_per_token(decision.replica_id) != 0.0002  # type: ignore[attr-defined]
+
+
+async def test_finished_without_route_or_after_failure_is_harmless() -> None:
+    router = make_router()
+    view = chat_view(conversation(1, "g"))
+    router.finished(view, "a", Outcome(ok=False))
+    decision = await router.route(view, candidates())
+    router.finished(view, decision.replica_id, Outcome(ok=False))
+    assert not router._predicted
+
+
+async def test_retried_request_learns_from_the_replica_that_answered() -> None:
+    router = make_router(learn_alpha=1.0)
+    view = chat_view(conversation(3, "retry"))
+    first = await router.route(view, candidates())
+    rest = [c for c in candidates() if c.replica_id != first.replica_id]
+    second = await router.route(view, rest)
+    # The server reports the failed attempt, then the one that answered.
+    router.finished(view, first.replica_id, Outcome(ok=False))
+    assert view.request_id in router._predicted
+    router.finished(view, second.replica_id, Outcome(ok=True, ttft_s=2.0, prompt_tokens=1000, cached_tokens=0))
+    assert not router._predicted and not router.policy._done_at  # type: ignore[attr-defined]
+    assert sample(router, "affinity_gateway_route_ttft_error_seconds_count") == 1
+    assert router.policy.cost.prefill_s_per_token(second.replica_id) != 0.0002  # type: ignore[attr-defined]
+
+
+async def test_policies_without_prefix_skip_hashing() -> None:
+    router = make_router("least_loaded")
+    view = chat_view(conversation(1, "h"))
+    decision = await router.route(view, candidates((2, 0, 1, 1)))
+    assert decision.replica_id == "b" and view.block_hashes == ()
+
+
+async def test_consistent_hash_hashes_but_needs_no_index() -> None:
+    index = MemoryIndex(10_000)
+    router = make_router("consistent_hash", index=index)
+    view = chat_view(conversation(1, "i"))
+    await router.route(view, candidates())
+    assert view.block_hashes and index.size("a") + index.size("b") + index.size("c") + index.size("d") == 0
+
+
+@pytest.mark.redis
+async def test_two_gateways_sharing_redis_keep_a_conversation_together(redis_url: str) -> None:
+    params = IndexParams(store=redis_url, key_prefix=f"router-test-{next(_ids)}:")
+    one, two = make_router(index=build_index(params), seed=1), make_router(index=build_index(params), seed=2)
+    try:
+        replicas = set()
+        for turn in range(1, 5):
+            router = one if turn % 2 else two
+            replicas.add(await turn_done(router, chat_view(conversation(turn, "shared")), candidates()))
+            await router.index.flush()
+        assert len(replicas) == 1
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_routing_continues_when_redis_is_unreachable() -> None:
+    params = IndexParams(store=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.05, reconnect_max_s=0.05)
+    router = make_router(index=build_index(params))
+    try:
+        first = await turn_done(router, chat_view(conversation(1, "down")), candidates())
+        second = await router.route(chat_view(conversation(2, "down")), candidates())
+        assert second.replica_id == first  # the local table still knows the conversation
+        assert router.index.degraded
+        assert sample(router, "affinity_gateway_index_fallback_total") >= 1
+        assert (await router.explain(chat_view(conversation(2, "down")), candidates()))["index_degraded"] is True
+    finally:
+        await router.close()

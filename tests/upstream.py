@@ -1,0 +1,164 @@
+"""A scriptable in-test upstream replica (aiohttp), for behaviours the real stub should not need.
+
+Usage (same event loop):
+    fake = FakeReplica("r1")
+    server = TestServer(fake.app); await server.start_server()
+Usage (a thread with its own loop, e.g. behind a gateway subprocess):
+    with ThreadServer(FakeReplica("r1", hold=threading.Event()).app) as url: ...
+
+Knobs: `status` (answer code), `chunks` (stream length), `hold` (a threading.Event awaited before
+every chunk after the first: proves the gateway does not buffer), `stall_s` (sleep before headers),
+`partial` (half a body, then stall or close),
+`healthy` (for /health), `metrics_text`. Every request's headers and body are kept in `seen`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: CIMultiDict[str]
+    body: bytes
+
+
+@dataclass
+class FakeReplica:
+    replica_id: str
+    status: int = 200
+    chunks: int = 3
+    hold: threading.Event | None = None
+    stall_s: float = 0.0
+    healthy: bool = True
+    partial: str | None = None  # "stall" or "close": send headers and half a JSON body, then do that
+    metrics_text: str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
+    seen: list[Seen] = field(default_factory=list)
+    cancelled: int = 0  # requests whose handler was cancelled (client gone)
+    active: int = 0
+
+    @property
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/embeddings", self._complete)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text)
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        self.seen.append(Seen(request.path, CIMultiDict(request.headers), raw))
+        self.active += 1
+        try:
+            if self.stall_s:
+                await asyncio.sleep(self.stall_s)
+            if self.status != 200:
+                body = orjson.dumps({"error": {"message": "boom", "type": "InternalServerError", "code": self.status}})
+                return web.Response(status=self.status, body=body, content_type="application/json")
+            body = orjson.loads(raw)
+            if self.partial is not None:
+                return await self._partial(request)
+            if body.get("stream"):
+                return await self._stream(request, body)
+            answer = orjson.dumps(_completion(self.replica_id, body, 0))
+            return web.Response(body=answer, content_type="application/json",
+                                headers={"X-Replica-Id": self.replica_id, "X-Custom": "kept"})
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _partial(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "100"})
+        await response.prepare(request)
+        await response.write(b'{"id": "half')
+        if self.partial == "stall":
+            await asyncio.sleep(30)
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async def _stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Replica-Id": self.replica_id})
+        await response.prepare(request)
+        for i in range(self.chunks):
+            if i and self.hold is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self.hold.wait, 10)
+                self.hold.clear()
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": body.get("model"),
+                     "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}], "usage": None}
+            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        final = _completion(self.replica_id, body, 2)
+        final["choices"] = []
+        await response.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
+        return response
+
+
+def _completion(replica_id: str, body: dict[str, Any], cached: int) -> dict[str, Any]:
+    return {
+        "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"hello from {replica_id}"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                  "prompt_tokens_details": {"cached_tokens": cached}},
+    }
+
+
+class ThreadServer:
+    """Serve an aiohttp app on a loopback port from a background thread (its own event loop)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        runner = web.AppRunner(self.app, handler_cancellation=True)
+        self._loop.run_until_complete(runner.setup())
+        self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self._runner = runner
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        self._ready.wait(10)
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll a condition on the running loop (state changed by background tasks), failing after a timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)

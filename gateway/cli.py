@@ -1,7 +1,7 @@
 """`affinity-gateway` commands: parse arguments, call the app code, nothing else.
 
     affinity-gateway serve --config config.yaml [--host H] [--port P] [--log-level L]
-    affinity-gateway up [--replicas 3] [--port 8000] [--policy round_robin] [--engine sim] [--speedup 1]
+    affinity-gateway up [--replicas 3] [--port 8000] [--policy prefix_affinity] [--engine sim] [--speedup 1]
 
 More subcommands (`bench`, `simulate`) register themselves the same way: one `_add_<name>` function.
 """
@@ -61,7 +61,7 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--replicas", type=int, default=3, help="number of replica stubs")
     p.add_argument("--port", type=int, default=8000, help="gateway port")
     p.add_argument("--host", default="127.0.0.1", help="gateway listen host")
-    p.add_argument("--policy", default="round_robin", help="routing policy of the pool")
+    p.add_argument("--policy", default="prefix_affinity", help="routing policy of the pool")
     p.add_argument("--model", default="stub-model", help="model name the replicas serve")
     p.add_argument("--engine", default="sim", help="replica engine (sim = calibrated simulator)")
     p.add_argument("--speedup", type=float, default=1.0, help="simulated engine speed factor")

@@ -27,7 +27,7 @@ class ClusterSpec:
     replicas: int = 3
     port: int = 8000
     host: str = "127.0.0.1"
-    policy: str = "round_robin"
+    policy: str = "prefix_affinity"
     model: str = "stub-model"
     engine: str = "sim"
     speedup: float = 1.0

@@ -61,16 +61,39 @@ class RoutingConfig:
     policy: str = "round_robin"
     params: dict[str, Any] = field(default_factory=dict)
     prefix: PrefixParams = field(default_factory=PrefixParams)  # how prompts are hashed, for prefix policies
+    explain_header: bool = False  # add X-Gateway-Route (each candidate's score) to every response
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """YAML `pools.<model>.discovery`: replicas from a DNS name's A/AAAA records (a headless Service).
+
+    Every address becomes replica `<address>:<port>`; the set is re-resolved every `interval_s`.
+    """
+
+    dns: str
+    port: int = 8000
+    interval_s: float = 5.0
+    scheme: Literal["http", "https"] = "http"
+    weight: float = 1.0
+
+    def validate(self, key: str) -> None:
+        if not self.dns or "/" in self.dns or ":" in self.dns:
+            raise ConfigError(f"expected a host name like replicas.default.svc, got {self.dns!r}", key=f"{key}.dns")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"port must be 1..65535, got {self.port}", key=f"{key}.port")
+        _positive(self, key, "interval_s", "weight")
 
 
 @dataclass(frozen=True)
 class PoolConfig:
-    replicas: tuple[ReplicaConfig, ...]
+    replicas: tuple[ReplicaConfig, ...] = ()
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    discovery: DiscoveryConfig | None = None  # adds the replicas a DNS name resolves to
 
     def validate(self, key: str) -> None:
-        if not self.replicas:
-            raise ConfigError("a pool needs at least one replica", key=f"{key}.replicas")
+        if not self.replicas and self.discovery is None:
+            raise ConfigError("a pool needs at least one replica (or `discovery`)", key=f"{key}.replicas")
         seen: set[str] = set()
         for i, replica in enumerate(self.replicas):
             if replica.replica_id in seen:
@@ -209,6 +232,6 @@ def _positive(obj: Any, key: str, *names: str) -> None:
             raise ConfigError(f"must be > 0, got {getattr(obj, name)}", key=f"{key}.{name}")
 
 
-__all__ = ["Config", "ConfigError", "HealthConfig", "LimitsConfig", "ListenConfig", "LoadConfig", "LoggingConfig",
-           "PoolConfig", "ReplicaConfig", "RoutingConfig", "TimeoutsConfig", "load_config",
+__all__ = ["Config", "ConfigError", "DiscoveryConfig", "HealthConfig", "LimitsConfig", "ListenConfig", "LoadConfig",
+           "LoggingConfig", "PoolConfig", "ReplicaConfig", "RoutingConfig", "TimeoutsConfig", "load_config",
            "parse_config"]

@@ -1,13 +1,13 @@
 """Predicted time to first token, in seconds, and its online calibration.
 
     predicted_ttft(r) = wait(r) + base_s + prefill_s_per_token(r) × (prompt_tokens − cached_tokens(r))
-    wait(r)           = queued_prefill_s(r) + per_request_s × load(r)
+    wait(r)           = queued_prefill_s(r) + per_request_tokens × prefill_s_per_token × load(r)
 
 `queued_prefill_s` is a virtual queue of the uncached prefill this gateway has sent to `r`:
 each dispatch pushes its drain time forward by its own prefill, and it drains in real time.
 It reacts at dispatch, before any scrape, so a burst of identical requests sees the work
 the first ones already queued. Work from other clients shows up in the scraped `waiting`
-count, costed at the mean prefill of recent requests. `per_request_s` prices each running
+count, costed at the mean prefill of recent requests. `per_request_tokens` prices each running
 request's share of every batched step (decode interference).
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
@@ -31,15 +31,15 @@ from gateway.policies.base import Candidate
 class CostParams:
     prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
     calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
-    per_request_s: float = 0.01  # TTFT each running or queued request adds
+    per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens (scales with speed)
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
     min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
 
     def validate(self, key: str) -> None:
         if self.prefill_s_per_token <= 0:
             raise ConfigError("must be > 0", key=f"{key}.prefill_s_per_token")
-        if self.per_request_s < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.per_request_s")
+        if self.per_request_tokens < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.per_request_tokens")
         if not 0 <= self.learn_alpha <= 1:
             raise ConfigError("must be between 0 and 1", key=f"{key}.learn_alpha")
 
@@ -72,7 +72,8 @@ class CostModel:
     def wait_s(self, candidate: Candidate, now: float) -> float:
         own = max(0.0, self._drain_at.get(candidate.replica_id, now) - now)
         scraped = candidate.waiting * self._mean_prefill_s
-        return max(own, scraped) + self.params.per_request_s * candidate.load
+        per_request_s = self.params.per_request_tokens * self.prefill_s_per_token(candidate.replica_id)
+        return max(own, scraped) + per_request_s * candidate.load
 
     def predict(self, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:
         """(wait_s, predicted_ttft_s) of sending a `prompt_tokens` prompt to `candidate`."""

@@ -16,6 +16,7 @@ RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 REQUEST_ID = "X-Request-Id"
 REPLICA_ID = "X-Replica-Id"
 ROUTE_REASON = "X-Affinity-Reason"
+ROUTE_EXPLAIN = "X-Gateway-Route"  # opt-in: routing.explain_header
 
 
 def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:

@@ -2,7 +2,8 @@
 
     forward       retry loop: pick a replica, hold its in-flight count, never the same replica twice
     _send_once    one upstream request up to its response headers; maps aiohttp errors once
-    _relay        body back to the client: streams chunk by chunk as received, others in one piece
+    _relay        body back to the client: streams chunk by chunk as received (_relay_stream),
+                  others in one piece (_relay_whole)
 
 Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
 never sees a stream restart. Client disconnect (handler cancellation, or a failed write) closes the
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway import headers as h
 from gateway.config import Config
@@ -125,19 +127,30 @@ class Proxy:
         back.setdefault(h.REPLICA_ID, replica.replica_id)
         if exchange.decision is not None:
             back[h.ROUTE_REASON] = exchange.decision.reason
-        if not upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-            try:
-                body = await upstream.read()
-            except TimeoutError as exc:
-                self._upstream_failed(replica, "timeout", "body not finished in time", config)
-                raise UpstreamTimeoutError(f"replica {replica.replica_id} did not finish its answer in time") from exc
-            except aiohttp.ClientError as exc:
-                self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
-                raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
-            exchange.ttft_s = time.perf_counter() - exchange.started
-            exchange.usage.read_body(body)
-            return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
+            if config.pools[view.model].routing.explain_header:
+                back[h.ROUTE_EXPLAIN] = exchange.decision.header_value()
+        if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return await self._relay_stream(request, upstream, back, replica, exchange, config)
+        return await self._relay_whole(upstream, back, replica, exchange, config)
 
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
+                           exchange: Exchange, config: Config) -> web.StreamResponse:
+        """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error."""
+        exchange.ttft_s = time.perf_counter() - exchange.started
+        try:
+            body = await upstream.read()
+        except TimeoutError as exc:
+            self._upstream_failed(replica, "timeout", "body not finished in time", config)
+            raise UpstreamTimeoutError(f"replica {replica.replica_id} did not finish its answer in time") from exc
+        except aiohttp.ClientError as exc:
+            self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
+            raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
+        exchange.usage.read_body(body)
+        return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
+
+    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
+                            replica: Replica, exchange: Exchange, config: Config) -> web.StreamResponse:
+        """Each chunk is written as it arrives; usage is scanned after the write, never delaying it."""
         exchange.streamed = True
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)

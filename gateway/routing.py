@@ -75,6 +75,7 @@ class Router:
             "policy": self.policy.type,
             "prompt_tokens_estimate": view.prompt_tokens_estimate,
             "prefix_blocks": len(view.block_hashes),
+            "preamble_tokens": view.preamble_tokens,
             "index_degraded": self.index.degraded,
             **decision.explain(),
         }

@@ -8,6 +8,7 @@ Usage:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 import uuid
@@ -22,8 +23,8 @@ from aiohttp import web
 
 from gateway import headers as h
 from gateway.config import Config
-from gateway.errors import (BadRequestError, ConfigError, GatewayError, NotFoundError, PayloadTooLargeError,
-                            error_body)
+from gateway.errors import (BadRequestError, ConfigError, GatewayError, NoReplicaError, NotFoundError,
+                            PayloadTooLargeError, error_body)
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
@@ -57,6 +58,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_post("/admin/reload", admin_reload)
+    app.router.add_post("/admin/route/explain", admin_explain)
     return app
 
 
@@ -181,6 +183,19 @@ async def admin_replicas(request: web.Request) -> web.Response:
                   for r in routes})
 
 
+async def admin_explain(request: web.Request) -> web.Response:
+    """Dry run: the decision a chat or completions body would get now, with every candidate's score."""
+    state = request.app[STATE]
+    view = await read_view(request, "chat", state.config.limits.max_body_bytes)
+    if "messages" not in view.body:
+        view = dataclasses.replace(view, endpoint="completions")
+    route = state.route_for(view.model)
+    candidates = route.pool.candidates(set())
+    if not candidates:
+        raise NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1.0)
+    return _json(await route.router.explain(view, candidates))
+
+
 async def admin_reload(request: web.Request) -> web.Response:
     error = await reload(request.app)
     if error is not None:
@@ -252,9 +267,17 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(reload(app)))
+    pending: set[asyncio.Task[ConfigError | None]] = set()  # the loop keeps only weak references to tasks
+
+    def on_sighup() -> None:
+        task = loop.create_task(reload(app))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     yield
     loop.remove_signal_handler(signal.SIGHUP)
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def serve(app: web.Application, config: Config) -> None:

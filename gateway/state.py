@@ -3,6 +3,7 @@
 A reload builds everything new *before* touching the running state, so a bad file changes nothing.
 Requests in flight keep the router they started with; pools keep their replicas' counts and health.
 A pool whose routing section is unchanged keeps its router, and with it its warm-prefix index.
+A pool with `discovery` also holds the replicas its DNS name resolves to (`gateway.discovery`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import structlog
 
-from gateway.config import Config, PoolConfig, RoutingConfig, load_config
+from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
+from gateway.discovery import Discovery, Resolver, resolve_dns
 from gateway.errors import NotFoundError
 from gateway.index import build_index
 from gateway.log import setup_logging
@@ -43,12 +45,20 @@ class GatewayState:
         self.config_path = str(config_path) if config_path is not None else None
         self.routes: dict[str, ModelRoute] = {}
         self._routing_metrics = routing_metrics
+        self.resolver: Resolver = resolve_dns  # DNS discovery's resolver; replaceable before start()
+        self._discovery: Discovery | None = None
+        self._found: dict[str, list[ReplicaConfig]] = {}  # per model: the replicas DNS gave last
 
     async def start(self) -> None:
-        """Build pools and routers inside the running loop (a Redis index needs one)."""
+        """Build pools and routers inside the running loop (a Redis index needs one), then discover."""
         self._install(self.config)
+        self._discovery = Discovery(self.resolver, self._discovered)
+        self._discovery.sync(_discovery_specs(self.config))
+        await self._discovery.resolved(timeout_s=5.0)
 
     async def close(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.close()
         await asyncio.gather(*(route.router.close() for route in self.routes.values()))
 
     def route_for(self, model: str) -> ModelRoute:
@@ -64,11 +74,10 @@ class GatewayState:
     def sync_capacity(self) -> None:
         """Size each replica's warm-prefix table like its KV cache, once the replica has told us."""
         for route in self.routes.values():
-            block_tokens = route.routing.prefix.block_tokens
             for replica in route.pool:
                 if replica.load.num_gpu_blocks and replica.load.block_size:
-                    blocks = replica.load.num_gpu_blocks * replica.load.block_size // block_tokens
-                    route.router.index.set_capacity(replica.replica_id, max(1, blocks))
+                    blocks = route.routing.prefix.index_blocks(replica.load.num_gpu_blocks, replica.load.block_size)
+                    route.router.index.set_capacity(replica.replica_id, blocks)
 
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""
@@ -82,6 +91,8 @@ class GatewayState:
             for replica_id in removed.get(route.model, ()):
                 await route.router.index.forget(replica_id)
         await asyncio.gather(*(router.close() for router in retired))
+        if self._discovery is not None:
+            self._discovery.sync(_discovery_specs(config))
         setup_logging(config.logging.level, config.logging.format)
         return config
 
@@ -91,14 +102,37 @@ class GatewayState:
         retired = [r.router for m, r in self.routes.items() if routers.get(m) is not r.router]
         routes: dict[str, ModelRoute] = {}
         removed: dict[str, set[str]] = {}
+        self._found = {m: found for m, found in self._found.items() if m in _discovery_specs(config)}
         for model, pool_config in config.pools.items():
-            replicas = [Replica.from_config(r) for r in pool_config.replicas]
+            replicas = [Replica.from_config(r) for r in self._members(model, pool_config)]
             pool = self.routes[model].pool if model in self.routes else ReplicaPool(model)
             removed[model] = {r.replica_id for r in pool} - {r.replica_id for r in replicas}
             pool.replace(replicas)
             routes[model] = ModelRoute(model, pool, routers[model], pool_config.routing)
         self.routes, self.config = routes, config
         return retired, removed
+
+    def _members(self, model: str, pool: PoolConfig) -> list[ReplicaConfig]:
+        """The static replicas, then the discovered ones (a static entry wins a name clash)."""
+        static = {r.replica_id for r in pool.replicas}
+        return [*pool.replicas, *(r for r in self._found.get(model, ()) if r.replica_id not in static)]
+
+    async def _discovered(self, model: str, found: list[ReplicaConfig]) -> None:
+        """DNS answered for `model`: add new replicas, remove gone ones and forget their warm prefixes."""
+        route, pool_config = self.routes.get(model), self.config.pools.get(model)
+        if route is None or pool_config is None or pool_config.discovery is None:
+            return
+        self._found[model] = found
+        wanted = self._members(model, pool_config)
+        before = {r.replica_id for r in route.pool}
+        route.pool.replace(Replica.from_config(r) for r in wanted)
+        added = {r.replica_id for r in wanted} - before
+        removed = before - {r.replica_id for r in wanted}
+        for replica_id in removed:
+            await route.router.index.forget(replica_id)
+        if added or removed:
+            log.info("discovery_changed", model=model, dns=pool_config.discovery.dns, added=sorted(added),
+                     removed=sorted(removed), replicas=len(route.pool))
 
     def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:
         """Keep the running router when its routing section and store are unchanged, else build one."""
@@ -107,3 +141,7 @@ class GatewayState:
             return current.router
         policy = build_policy(pool.routing.policy, pool.routing.params, f"pools.{model}.routing")
         return Router(policy, pool.routing.prefix, build_index(config.state), self._routing_metrics, pool=model)
+
+
+def _discovery_specs(config: Config) -> dict[str, DiscoveryConfig]:
+    return {model: pool.discovery for model, pool in config.pools.items() if pool.discovery is not None}

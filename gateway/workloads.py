@@ -3,16 +3,25 @@
 A workload is a list of `Session`s. Each session is one conversation (or one single-shot
 request): its turns run in order, each turn's prompt is the system prompt, the history so far
 (with the real answers the server gave) and the next user message. That is what makes the
-multi-turn shape honest: turn n+1 repeats turn n and its answer, as a chat client would send.
-Everything is generated from a seed, with no downloads.
+multi-turn and agent-loop shapes honest: turn n+1 repeats turn n and its answer, as a chat
+client or an agent framework would send. Everything is generated from a seed, with no downloads.
+Sizes are in words: one word is one token for the replica stub's tokenizer (and about one for
+BPE tokenizers on plain English words).
+
+    sessions = build("shared-prefix", {"groups": 8, "rate_per_s": 4}, seed=1)
 """
 
 from __future__ import annotations
 
+import inspect
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-# ~1 token per word for the stub's tokenizer and for BPE tokenizers on plain English words.
+import orjson
+
 _WORDS = (
     "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain forest ocean "
     "signal vector matrix kernel buffer socket thread engine router replica cache prefix block token "
@@ -23,7 +32,10 @@ _WORDS = (
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """One conversation: `user_turns` are sent one after another, each after `think_s`."""
+    """One conversation: `user_turns` are sent one after another, each `think_s` after the last answer.
+
+    `max_tokens` is the answer length of every turn (the bench sends `ignore_eos`, so it is exact).
+    """
 
     session_id: str
     start_s: float
@@ -37,6 +49,30 @@ def words(rng: random.Random, count: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(count))
 
 
+def _arrivals(rng: random.Random, count: int, rate_per_s: float) -> list[float]:
+    """Poisson arrival times (exponential gaps), the first at 0."""
+    times, now = [], 0.0
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate_per_s)
+    return times
+
+
+def shared_prefix(
+    *, groups: int = 64, prompts_per_group: int = 16, system_tokens: int = 2048, question_tokens: int = 128,
+    answer_tokens: int = 256, rate_per_s: float = 8.0, seed: int = 0,
+) -> list[Session]:
+    """G groups × P prompts: a long system prompt per group plus a short question (SGLang's
+    generated-shared-prefix shape), requests of all groups interleaved at random, Poisson arrivals."""
+    rng = random.Random(seed)
+    systems = [f"Group {g} instructions. " + words(rng, system_tokens) for g in range(groups)]
+    pairs = [(g, p) for g in range(groups) for p in range(prompts_per_group)]
+    rng.shuffle(pairs)
+    return [Session(f"g{g}-p{p}", start, systems[g], (f"Question {p}: " + words(rng, question_tokens),),
+                    answer_tokens)
+            for (g, p), start in zip(pairs, _arrivals(rng, len(pairs), rate_per_s))]
+
+
 def multi_turn(
     *, users: int = 16, rounds: int = 5, systems: int = 2, system_tokens: int = 300,
     question_tokens: int = 60, first_turn_tokens: int = 600, answer_tokens: int = 40,
@@ -45,7 +81,9 @@ def multi_turn(
     """U users, R rounds each, a few shared system prompts, a private history that grows per turn.
 
     The first user turn carries a long private document so that the conversation's own history
-    is most of its prompt (the shape where affinity pays off most).
+    is most of its prompt (the shape where affinity pays off most; production-stack's multi-round
+    QA is `system_tokens=1000 first_turn_tokens=2000 answer_tokens=100`). `rate_per_s` is the rate
+    at which users arrive; their later turns follow their own answers after `think_s`.
     """
     rng = random.Random(seed)
     system_prompts = [f"You are assistant {i}. " + words(rng, system_tokens) for i in range(systems)]
@@ -74,3 +112,90 @@ def hot_prefix(
                                 answer_tokens))
         start += rng.expovariate(rate_per_s)
     return sessions
+
+
+def agent_loop(
+    *, sessions: int = 32, min_hops: int = 3, max_hops: int = 8, tools_tokens: int = 800, task_tokens: int = 200,
+    tool_output_tokens: int = 300, answer_tokens: int = 60, tool_latency_s: float = 0.2, rate_per_s: float = 2.0,
+    seed: int = 0,
+) -> list[Session]:
+    """Agent sessions of 3–8 hops: each hop's prompt is the previous prompt, the model's answer (a
+    tool call) and the tool's output, so n hops are n requests and their TTFTs add up."""
+    rng = random.Random(seed)
+    tools = "You are an agent. Tools: " + words(rng, tools_tokens)
+    out = []
+    for i, start in enumerate(_arrivals(rng, sessions, rate_per_s)):
+        hops = rng.randint(min_hops, max_hops)
+        turns = [f"Task {i}: " + words(rng, task_tokens)]
+        turns += [f"Tool output {h}: " + words(rng, tool_output_tokens) for h in range(1, hops)]
+        out.append(Session(f"agent-{i}", start, tools, tuple(turns), answer_tokens, tool_latency_s))
+    return out
+
+
+def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: int = 512, seed: int = 0) -> list[Session]:
+    """Replay a Mooncake-format JSONL trace: one request per line with `timestamp` (ms),
+    `input_length`, `output_length` and `hash_ids` (one per `block_tokens`-token block).
+
+    Each hash id becomes the same deterministic block of words wherever it appears, so requests
+    share exactly the prefixes the trace says they share. `rate_per_s` > 0 rescales the
+    timestamps to that mean request rate; `limit` > 0 keeps the first that many lines.
+    """
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            rows.append(orjson.loads(line))
+            if limit and len(rows) >= limit:
+                break
+    if not rows:
+        return []
+    blocks: dict[int, list[str]] = {}
+    t0 = rows[0]["timestamp"] / 1000
+    span = rows[-1]["timestamp"] / 1000 - t0
+    scale = (len(rows) - 1) / span / rate_per_s if rate_per_s > 0 and span > 0 else 1.0
+    sessions = []
+    for i, row in enumerate(rows):
+        text: list[str] = []
+        for hash_id in row["hash_ids"]:
+            if hash_id not in blocks:
+                blocks[hash_id] = words(random.Random(f"{seed}:{hash_id}"), block_tokens).split(" ")
+            text += blocks[hash_id]
+        need = int(row["input_length"])
+        while len(text) < need:  # a trace line longer than its hash ids: private tail
+            text += words(random.Random(f"{seed}:tail:{i}"), need - len(text)).split(" ")
+        sessions.append(Session(f"trace-{i}", (row["timestamp"] / 1000 - t0) * scale, "",
+                                (" ".join(text[:max(1, need)]),), max(1, int(row["output_length"]))))
+    return sessions
+
+
+WORKLOADS: dict[str, Callable[..., list[Session]]] = {
+    "shared-prefix": shared_prefix, "multi-turn": multi_turn, "hot-prefix": hot_prefix,
+    "agent-loop": agent_loop, "trace": trace,
+}
+
+
+def parameters(name: str) -> dict[str, Any]:
+    """The workload's parameters and their defaults (`path` of `trace` has none: None)."""
+    params = inspect.signature(WORKLOADS[name]).parameters.values()
+    return {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in params}
+
+
+def build(name: str, params: Mapping[str, str | int | float], *, seed: int | None = None) -> list[Session]:
+    """Generate workload `name`; string values (from the command line) are converted to the
+    parameter's type. Raises ValueError naming an unknown workload or parameter."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    defaults = parameters(name)
+    kwargs: dict[str, Any] = {}
+    for key, value in params.items():
+        key = key.replace("-", "_")
+        if key not in defaults:
+            raise ValueError(f"workload {name!r} has no parameter {key!r} (has: {', '.join(defaults)})")
+        default = defaults[key]
+        kwargs[key] = type(default)(value) if isinstance(value, str) and default is not None else value
+    if seed is not None:
+        kwargs["seed"] = seed
+    return WORKLOADS[name](**kwargs)
+
+
+def num_requests(sessions: list[Session]) -> int:
+    return sum(len(s.user_turns) for s in sessions)

@@ -77,10 +77,14 @@ def parse_completion(body: Mapping[str, Any]) -> GenerateRequest:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return _common(body, "completion", _max_tokens(body, "max_tokens", default=16), text=prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
         return _common(body, "completion", _max_tokens(body, "max_tokens", default=16), ids=list(prompt))
     raise BadRequestError("`prompt` must be a string or a non-empty list of token ids (one prompt per request)",
                           param="prompt")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
 def _common(body: Mapping[str, Any], kind: Kind, max_tokens: int | None, *,

@@ -141,10 +141,11 @@ class ThreadServer:
         runner = web.AppRunner(self.app, handler_cancellation=True)
         self._loop.run_until_complete(runner.setup())
         self._loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self._runner = runner
         self._ready.set()
         self._loop.run_forever()
         self._loop.run_until_complete(runner.cleanup())
+        self._loop.run_until_complete(self._loop.shutdown_default_executor())
+        self._loop.close()
 
     def __enter__(self) -> str:
         self._thread.start()

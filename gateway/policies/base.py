@@ -61,6 +61,13 @@ class Decision:
             ],
         }
 
+    def header_value(self, most: int = 8) -> str:
+        """Compact one-line form for the opt-in X-Gateway-Route header: the best `most` candidates."""
+        best = sorted(self.scores, key=lambda s: s.score)[:most]
+        rows = ",".join(f"{s.replica_id}:ttft={s.score:.4f}:cached={s.cached_tokens}:wait={s.wait_s:.4f}"
+                        for s in best)
+        return f"replica={self.replica_id};reason={self.reason};candidates={rows}"
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:

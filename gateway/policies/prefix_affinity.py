@@ -20,7 +20,7 @@ virtual queue, so even a burst of identical requests arriving before any load up
 YAML:
     routing:
       policy: prefix_affinity
-      params: {prefill_s_per_token: 0.0002, per_request_s: 0.01, load_epsilon: 0.25}
+      params: {prefill_s_per_token: 0.0002, per_request_tokens: 50, load_epsilon: 0.25}
 """
 
 from __future__ import annotations

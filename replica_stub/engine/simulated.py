@@ -57,8 +57,7 @@ class SimEngine:
         for request_id in step.finished_request_ids:
             self._rngs.pop(request_id, None)
         await self._spend(self.step_ms(step))
-        return {s.request.request_id: self._sample(s.request.request_id, s.request)
-                for s in step.scheduled if s.samples}
+        return {s.request.request_id: self._sample(s.request) for s in step.scheduled if s.samples}
 
     def step_ms(self, step: SchedulerOutput) -> float:
         prefills, decodes = [], []
@@ -76,13 +75,13 @@ class SimEngine:
         self._deadline = max(self._deadline, now) + modelled_ms / 1000 / self.speedup
         await asyncio.sleep(self._deadline - now)
 
-    def _sample(self, request_id: str, request: Request) -> int:
-        state = self._rngs.get(request_id)
+    def _sample(self, request: Request) -> int:
+        state = self._rngs.get(request.request_id)
         if state is None:
             seed = xxhash.xxh3_64_intdigest(array("Q", request.prompt_token_ids).tobytes(),
                                             seed=request.sampling.seed or 0)
             rng = random.Random(seed)
-            state = self._rngs[request_id] = (rng, rng.randint(*self.output_len))
+            state = self._rngs[request.request_id] = (rng, rng.randint(*self.output_len))
         rng, natural_len = state
         if not request.sampling.ignore_eos and len(request.output_token_ids) + 1 >= natural_len:
             return self.tokenizer.eos_token_id

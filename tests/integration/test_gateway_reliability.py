@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import python_module
+from tests.helpers import free_port, python_module
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 
 COMPLETION = {"model": MODEL, "prompt": "x", "max_tokens": 1}
@@ -94,3 +94,20 @@ def test_serve_refuses_a_bad_config_naming_file_and_key(tmp_path: Path) -> None:
                           timeout=30)
     assert done.returncode == 2
     assert f"{path}:timeouts.read_s: must be > 0" in done.stderr
+
+
+def test_error_statuses_over_real_processes(tmp_path: Path) -> None:
+    with running() as track:
+        stub = track(start_stub("slow", speedup=1))
+        dead = f"http://127.0.0.1:{free_port()}"
+        gateway = track(start_gateway(tmp_path, {MODEL: pool(("slow", stub.url)), "dead-model": pool(("dead", dead))},
+                                      limits={"max_body_bytes": 2000}, timeouts={"connect_s": 1.0, "read_s": 0.3}))
+        with httpx.Client(base_url=gateway.url, timeout=10) as http:
+            too_big = http.post("/v1/completions", json={**COMPLETION, "prompt": "x" * 3000})
+            assert too_big.status_code == 413 and too_big.json()["error"]["code"] == 413
+            slow = http.post("/v1/completions", json={**COMPLETION, "max_tokens": 200})
+            assert slow.status_code == 504 and slow.json()["error"]["type"] == "GatewayTimeoutError"
+            eventually(lambda: not gateway.replicas("dead-model")["dead"]["available"])
+            down = http.post("/v1/completions", json={**COMPLETION, "model": "dead-model"})
+            assert down.status_code == 503 and down.headers["Retry-After"] == "1"
+            assert http.get("/ready").status_code == 503

@@ -26,13 +26,13 @@ def model(**kw: Any) -> tuple[CostModel, Clock]:
 
 
 def test_idle_replica_predicts_prefill_of_uncached_tokens() -> None:
-    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0)
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
     wait, ttft = cost.predict(Candidate("a", cached_tokens=300), 1000, clock.now)
     assert wait == 0 and ttft == pytest.approx(0.7)
 
 
 def test_dispatch_queues_prefill_that_drains_in_real_time() -> None:
-    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0)
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
     cost.dispatched("a", 1000)
     cost.dispatched("a", 500)
     assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(1.5)
@@ -46,7 +46,7 @@ def test_dispatch_queues_prefill_that_drains_in_real_time() -> None:
 
 
 def test_load_and_scraped_queue_add_wait() -> None:
-    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.01, min_learn_tokens=64)
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=10.0, min_learn_tokens=64)
     assert cost.wait_s(Candidate("a", in_flight=3), clock.now) == pytest.approx(0.03)
     # Other clients' queued requests, costed at the mean prefill (starts at min_learn_tokens' worth).
     assert cost.wait_s(Candidate("a", waiting=10, running=0), clock.now) == pytest.approx(10 * 0.064 + 0.1)
@@ -80,7 +80,7 @@ def test_learning_can_be_disabled() -> None:
 
 @pytest.mark.parametrize("data,key", [({"prefill_s_per_token": 0}, "c.prefill_s_per_token"),
                                       ({"learn_alpha": 2}, "c.learn_alpha"),
-                                      ({"per_request_s": -1}, "c.per_request_s")], ids=["prefill", "alpha", "req"])
+                                      ({"per_request_tokens": -1}, "c.per_request_tokens")], ids=["prefill", "alpha", "req"])
 def test_params_validation(data: dict[str, float], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         schema.build(CostParams, data, "c")
@@ -88,7 +88,7 @@ def test_params_validation(data: dict[str, float], key: str) -> None:
 
 
 def test_finished_request_releases_its_queued_prefill() -> None:
-    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0)
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
     first = cost.dispatched("a", 1000)
     cost.dispatched("a", 500)
     clock.now += 0.2
@@ -105,7 +105,7 @@ def test_first_samples_correct_a_far_off_default_at_once() -> None:
 
 
 def test_short_prefills_teach_the_fixed_part() -> None:
-    cost, clock = model(prefill_s_per_token=0.001, per_request_s=0.0, learn_alpha=0.1, min_learn_tokens=64)
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0, learn_alpha=0.1, min_learn_tokens=64)
     for _ in range(5):
         cost.observe("a", ttft_s=0.03, uncached_tokens=10, predicted_wait_s=0.0)
     assert cost.prefill_s_per_token("a") == 0.001

@@ -128,7 +128,7 @@ def test_load_bound_holds_for_random_fleets() -> None:
 
 
 def test_near_ties_go_to_the_less_loaded() -> None:
-    policy = prefix_policy(per_request_s=0.0)
+    policy = prefix_policy(per_request_tokens=0.0)
     # a saves 10 tokens (2 ms, inside tie_s) but is busier: b wins.
     decision = policy.choose(make_view(), make_candidates(cached_tokens=[10, 0], in_flight=[1, 0]))
     assert decision.replica_id == "b"
@@ -136,7 +136,7 @@ def test_near_ties_go_to_the_less_loaded() -> None:
 
 def test_load_bound_reason() -> None:
     candidates = make_candidates(cached_tokens=[2000, 0, 0, 0], in_flight=[4, 0, 0, 0])
-    decision = prefix_policy(per_request_s=0.0).choose(make_view(), candidates)
+    decision = prefix_policy(per_request_tokens=0.0).choose(make_view(), candidates)
     assert decision.replica_id != "a" and decision.reason == "load_bound"
 
 

@@ -39,7 +39,8 @@ def test_invalid_chat_requests_are_400(body: dict) -> None:
         parse_chat(body)
 
 
-@pytest.mark.parametrize("body", [{}, {"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []}, {"prompt": [1, "x"]}])
+@pytest.mark.parametrize("body", [{}, {"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []}, {"prompt": [1, "x"]},
+                                  {"prompt": [-1]}, {"prompt": [1 << 64]}])
 def test_invalid_completion_requests_are_400(body: dict) -> None:
     with pytest.raises(BadRequestError):
         parse_completion(body)

@@ -1,0 +1,115 @@
+"""DNS discovery: a pool's replicas are the addresses a name resolves to (a Kubernetes headless Service).
+
+Usage:
+    discovery = Discovery(resolve_dns, apply)          # apply(model, [ReplicaConfig, ...]) updates the pool
+    discovery.sync({"llama": pool_config.discovery})   # start, restart or stop one task per pool
+    await discovery.close()
+
+Each task resolves its name at start and then every `interval_s`, and hands the whole set to `apply`,
+which adds new replicas and removes gone ones (and their warm-prefix tables). Resolution runs off
+the event loop (`loop.getaddrinfo` uses the default executor). A name that does not exist or has no
+records is an empty pool (scaled to zero); any other failure (timeout, server error) keeps the last
+set, so a DNS hiccup never takes every replica out of rotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import structlog
+
+from gateway.config import DiscoveryConfig, ReplicaConfig
+
+log = structlog.get_logger("gateway.discovery")
+
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+"""(name, port) -> addresses; raises `NameNotFound` when the name has no records."""
+
+Apply = Callable[[str, list[ReplicaConfig]], Awaitable[None]]
+
+_NO_RECORDS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
+class NameNotFound(Exception):
+    """The name exists nowhere or has no A/AAAA records: an authoritative empty answer."""
+
+
+async def resolve_dns(name: str, port: int) -> list[str]:
+    """A and AAAA records of `name` via the system resolver, in a worker thread."""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in _NO_RECORDS:
+            raise NameNotFound(name) from exc
+        raise
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def replica_configs(spec: DiscoveryConfig, addresses: Sequence[str]) -> list[ReplicaConfig]:
+    """One replica per address, named `host:port` like a static replica without a name."""
+    replicas = []
+    for address in sorted(set(addresses)):
+        host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+        replicas.append(ReplicaConfig(url=f"{spec.scheme}://{host}:{spec.port}", weight=spec.weight))
+    return replicas
+
+
+class Discovery:
+    """One resolve loop per pool that has `discovery`; `sync` follows config reloads."""
+
+    def __init__(self, resolver: Resolver, apply: Apply) -> None:
+        self._resolver, self._apply = resolver, apply
+        self._tasks: dict[str, tuple[DiscoveryConfig, asyncio.Task[None]]] = {}
+        self._first: dict[str, asyncio.Event] = {}
+
+    def sync(self, specs: Mapping[str, DiscoveryConfig]) -> None:
+        """Make the running loops match `specs` (model -> discovery); unchanged ones keep running."""
+        for model, (spec, task) in list(self._tasks.items()):
+            if specs.get(model) != spec:
+                task.cancel()
+                del self._tasks[model]
+        for model, spec in specs.items():
+            if model not in self._tasks:
+                self._first[model] = asyncio.Event()
+                task = asyncio.create_task(self._run(model, spec), name=f"discovery-{model}")
+                self._tasks[model] = (spec, task)
+
+    async def resolved(self, timeout_s: float) -> None:
+        """Wait (bounded) until every loop has tried once, so a starting gateway is ready at once."""
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self._first[m].wait() for m in self._tasks)), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("discovery_slow", detail=f"not every pool resolved within {timeout_s}s; continuing")
+
+    async def close(self) -> None:
+        tasks = [task for _, task in self._tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def refresh(self, model: str, spec: DiscoveryConfig) -> list[ReplicaConfig] | None:
+        """Resolve once and apply; None (nothing applied) when the resolver failed."""
+        try:
+            addresses = await asyncio.wait_for(self._resolver(spec.dns, spec.port), timeout=max(1.0, spec.interval_s))
+            replicas = replica_configs(spec, addresses)
+        except NameNotFound:
+            replicas = []
+        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            log.warning("discovery_failed", model=model, dns=spec.dns, error=repr(exc))
+            return None
+        await self._apply(model, replicas)
+        return replicas
+
+    async def _run(self, model: str, spec: DiscoveryConfig) -> None:
+        while True:
+            try:
+                await self.refresh(model, spec)
+            except Exception:  # noqa: BLE001 - a discovery bug must not stop discovery
+                log.exception("discovery_error", model=model, dns=spec.dns)
+            self._first[model].set()
+            await asyncio.sleep(spec.interval_s)

@@ -1,0 +1,67 @@
+"""prefix_affinity over real processes: explainable decisions, and one picture shared through Redis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " + "Answer briefly and well. " * 40}
+
+
+def chat(url: str, messages: list[dict[str, str]]) -> httpx.Response:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def conversation_turns(gateway_urls: list[str], turns: int) -> list[str]:
+    """Run one conversation, turn i through gateway i % len(urls); return the replica of each turn."""
+    messages: list[dict[str, Any]] = [SYSTEM]
+    replicas = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Turn {turn}: tell me about topic {turn} " * 20})
+        response = chat(gateway_urls[turn % len(gateway_urls)], messages)
+        replicas.append(response.headers["X-Replica-Id"])
+        messages.append(response.json()["choices"][0]["message"])
+    return replicas
+
+
+def test_explain_endpoint_and_route_header(tmp_path: Path) -> None:
+    with running() as track:
+        stubs = [track(start_stub(f"r{i}")) for i in range(3)]
+        routing_pool = pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")
+        routing_pool["routing"]["explain_header"] = True
+        gateway = track(start_gateway(tmp_path, {MODEL: routing_pool}))
+        messages = [SYSTEM, {"role": "user", "content": "What is a prefix cache? " * 30}]
+        first = chat(gateway.url, messages)
+        header = first.headers["X-Gateway-Route"]
+        assert header.startswith(f"replica={first.headers['X-Replica-Id']};reason=")
+        assert all(f"{s.replica_id}:ttft=" in header for s in stubs)
+
+        explained = httpx.post(f"{gateway.url}/admin/route/explain",
+                               json={"model": MODEL, "messages": messages}, timeout=10).json()
+        rows = {row["replica"]: row for row in explained["candidates"]}
+        assert explained["policy"] == "prefix_affinity" and explained["prefix_blocks"] > 0
+        # The replica that served the prompt holds it; the others hold nothing of it.
+        assert explained["replica"] == first.headers["X-Replica-Id"]
+        assert rows[explained["replica"]]["cached_tokens"] > 0
+        assert all(rows[r]["cached_tokens"] == 0 for r in rows if r != explained["replica"])
+
+        bad = httpx.post(f"{gateway.url}/admin/route/explain", json={"model": "nope", "messages": []}, timeout=10)
+        assert bad.status_code == 404 and bad.json()["error"]["code"] == 404
+
+
+def test_two_gateways_sharing_redis_keep_a_conversation_on_one_replica(tmp_path: Path, redis_url: str) -> None:
+    with running() as track:
+        stubs = [track(start_stub(f"r{i}")) for i in range(3)]
+        pools = {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")}
+        state = {"store": redis_url, "key_prefix": f"test-{tmp_path.name}:"}
+        gateways = [track(start_gateway(tmp_path, pools, state=state)) for _ in range(2)]
+        for _ in range(3):
+            replicas = conversation_turns([g.url for g in gateways], turns=4)
+            assert len(set(replicas)) == 1, replicas

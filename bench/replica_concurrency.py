@@ -125,7 +125,8 @@ def main() -> int:
     parser.add_argument("--num-gpu-blocks", type=int, default=16384, help="KV capacity; the default holds all streams")
     args = parser.parse_args()
     port = free_port()
-    cmd = [sys.executable, "-m", "replica_stub", "--port", str(port), "--speedup", str(args.speedup),
+    cmd = [sys.executable, "-m", "replica_stub", "--port", str(port), "--engine", "sim",
+           "--speedup", str(args.speedup),
            "--max-num-seqs", str(args.max_num_seqs), "--num-gpu-blocks", str(args.num_gpu_blocks),
            "--log-level", "warning"]
     replica = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -2,8 +2,11 @@
 
     affinity-gateway serve --config config.yaml [--host H] [--port P] [--log-level L]
     affinity-gateway up [--replicas 3] [--port 8000] [--policy prefix_affinity] [--engine sim] [--speedup 1]
+                        [--gateways 2 --redis [redis://host:6379/0]]
 
-More subcommands (`bench`, `simulate`) register themselves the same way: one `_add_<name>` function.
+    affinity-gateway bench URL | --compare P1,P2 ... / affinity-gateway simulate ...   (see gateway/cli_bench.py)
+
+More subcommands register themselves the same way: one `_add_<name>` function.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import sys
 from collections.abc import Sequence
 
 from gateway import __version__
+from gateway.cli_bench import add_bench, add_simulate
+from gateway.cluster import START_REDIS
 from gateway.config import ENV_PREFIX
 from gateway.errors import ConfigError
 
@@ -24,6 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_serve(commands)
     _add_up(commands)
+    add_bench(commands)
+    add_simulate(commands)
     args = parser.parse_args(argv)
     return int(args.run(args))
 
@@ -40,7 +47,8 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _serve(args: argparse.Namespace) -> int:
     from gateway.config import load_config
     from gateway.log import setup_logging
-    from gateway.server import make_app, serve
+    from gateway.lifecycle import serve
+    from gateway.server import make_app
 
     # Flags win over env, env over the file; set as env so a reload (SIGHUP) keeps them.
     for name, value in (("HOST", args.host), ("PORT", args.port), ("LOG_LEVEL", args.log_level)):
@@ -57,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser("up", help="start a local cluster: N replica stubs and one gateway")
+    p = commands.add_parser("up", help="start a local cluster: N replica stubs and one or more gateways")
     p.add_argument("--replicas", type=int, default=3, help="number of replica stubs")
     p.add_argument("--port", type=int, default=8000, help="gateway port")
     p.add_argument("--host", default="127.0.0.1", help="gateway listen host")
@@ -66,6 +74,9 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--engine", default="sim", help="replica engine (sim = calibrated simulator)")
     p.add_argument("--speedup", type=float, default=1.0, help="simulated engine speed factor")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--gateways", type=int, default=1, help="gateway processes, on --port, --port+1, ...")
+    p.add_argument("--redis", nargs="?", const=START_REDIS, metavar="URL",
+                   help="share warm-prefix tables through this Redis; without URL, start a private redis-server")
     p.set_defaults(run=_up)
 
 
@@ -73,5 +84,6 @@ def _up(args: argparse.Namespace) -> int:
     from gateway.cluster import ClusterSpec, run_cluster
 
     spec = ClusterSpec(replicas=args.replicas, port=args.port, host=args.host, policy=args.policy,
-                       model=args.model, engine=args.engine, speedup=args.speedup, log_level=args.log_level)
+                       model=args.model, engine=args.engine, speedup=args.speedup, log_level=args.log_level,
+                       gateways=args.gateways, redis=args.redis)
     return run_cluster(spec)

@@ -1,13 +1,16 @@
 """`affinity-gateway up`: a local cluster of child processes on loopback, for demos and manual tests.
 
-N replica stubs (`python -m replica_stub`) and one gateway (`python -m gateway serve`) with a
-generated config; their output is forwarded line by line with a `[name]` prefix; Ctrl-C or SIGTERM
-stops them all. `ClusterSpec` is where `--gateways N` and `--redis URL` will go.
+N replica stubs (`python -m replica_stub`) and one or more gateways (`python -m gateway serve`, on
+ports `port`, `port+1`, ...) sharing one generated config; their output is forwarded line by line
+with a `[name]` prefix; Ctrl-C or SIGTERM stops them all. With `--redis URL` the gateways share their
+warm-prefix tables through that Redis (`--redis` alone starts a private redis-server), which is the
+topology of `deploy/docker-compose.yml` as plain processes.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +19,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
@@ -32,6 +37,11 @@ class ClusterSpec:
     engine: str = "sim"
     speedup: float = 1.0
     log_level: str = "info"
+    gateways: int = 1
+    redis: str | None = None  # shared index: redis:// URL, START_REDIS = a private redis-server, None = memory
+
+
+START_REDIS = "start"
 
 
 class _Child:
@@ -59,7 +69,8 @@ class _Child:
             self.popen.wait()
 
 
-def build_config(spec: ClusterSpec, replica_ports: list[int]) -> dict[str, object]:
+def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memory") -> dict[str, object]:
+    """One config for every gateway; each gets its own port through `--port`."""
     replicas = [{"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"} for i, port in enumerate(replica_ports)]
     return {
         "listen": {"host": spec.host, "port": spec.port},
@@ -67,11 +78,11 @@ def build_config(spec: ClusterSpec, replica_ports: list[int]) -> dict[str, objec
         "health": {"interval_s": 1.0},
         "load": {"interval_s": 0.25},
         "logging": {"level": spec.log_level},
+        "state": {"store": store},
     }
 
 
 def run_cluster(spec: ClusterSpec) -> int:
-    children: list[_Child] = []
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -79,40 +90,97 @@ def run_cluster(spec: ClusterSpec) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    config_file = tempfile.NamedTemporaryFile("w", prefix="affinity-gateway-", suffix=".yaml", delete=False)
     try:
-        ports = [_free_port() for _ in range(spec.replicas)]
-        for i, port in enumerate(ports):
-            children.append(_Child(f"replica-{i}", [
-                sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
-                "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}"]))
-        for child, port in zip(children, ports):
-            _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
-        yaml.safe_dump(build_config(spec, ports), config_file)
-        config_file.close()
-        gateway = _Child("gateway", [sys.executable, "-m", "gateway", "serve", "--config", config_file.name])
-        children.append(gateway)
-        url = f"http://{'127.0.0.1' if spec.host in ('0.0.0.0', '::') else spec.host}:{spec.port}"
-        _wait_ready(f"{url}/health", gateway, stopping)
-        print(_banner(spec, url, config_file.name), flush=True)
-        while not stopping.is_set() and all(c.popen.poll() is None for c in children):
-            stopping.wait(0.5)
+        with started(spec, stopping) as cluster:
+            print(_banner(spec, cluster.urls, cluster.store, cluster.config_path), flush=True)
+            while not stopping.is_set() and all(c.popen.poll() is None for c in cluster.children):
+                stopping.wait(0.5)
         return 0 if stopping.is_set() else 1
     except RuntimeError as exc:
         print(f"affinity-gateway up: {exc}", file=sys.stderr)
         return 1
+
+
+@dataclass
+class Cluster:
+    urls: list[str]  # the gateways
+    store: str
+    config_path: str
+    children: list[_Child]
+
+
+@contextmanager
+def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Iterator[Cluster]:
+    """Start the cluster, yield it once every process is ready, stop it all on exit (also
+    `affinity-gateway bench --compare`, one fresh cluster per policy). RuntimeError if a
+    process dies or is not ready in time."""
+    stopping = stopping or threading.Event()
+    children: list[_Child] = []
+    config_file = tempfile.NamedTemporaryFile("w", prefix="affinity-gateway-", suffix=".yaml", delete=False)
+    try:
+        store = _start_redis(spec, children, stopping) if spec.redis == START_REDIS else spec.redis or "memory"
+        ports = [_free_port() for _ in range(spec.replicas)]
+        replicas = [_Child(f"replica-{i}", [
+            sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
+            "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
+            "--log-level", spec.log_level])
+            for i, port in enumerate(ports)]
+        children.extend(replicas)
+        for child, port in zip(replicas, ports):
+            _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
+        yaml.safe_dump(build_config(spec, ports, store), config_file)
+        config_file.close()
+        host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
+        urls = []
+        for i in range(spec.gateways):
+            name = "gateway" if spec.gateways == 1 else f"gateway-{i}"
+            gateway = _Child(name, [sys.executable, "-m", "gateway", "serve", "--config", config_file.name,
+                                    "--port", str(spec.port + i)])
+            children.append(gateway)
+            urls.append(f"http://{host}:{spec.port + i}")
+            _wait_ready(f"{urls[-1]}/health", gateway, stopping)
+        yield Cluster(urls, store, config_file.name, children)
     finally:
-        for child in children:
+        for child in reversed(children):  # gateways first, Redis last: a stopping gateway still flushes
             child.stop()
-        for child in children:
+        for child in reversed(children):
             child.wait(10)
+        config_file.close()
         os.unlink(config_file.name)
 
 
-def _banner(spec: ClusterSpec, url: str, config_path: str) -> str:
+def _start_redis(spec: ClusterSpec, children: list[_Child], stopping: threading.Event) -> str:
+    """A private, non-persistent redis-server on a free loopback port; returns its URL."""
+    import redis  # only `up --redis` needs the client here
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("--redis without a URL needs redis-server on PATH (or pass --redis redis://host:6379/0)")
+    port = _free_port()
+    child = _Child("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                   "--loglevel", "warning"])
+    children.append(child)
+    client = redis.Redis(port=port, socket_timeout=1.0)
+    deadline = time.monotonic() + 10.0
+    try:
+        while True:
+            try:
+                client.ping()
+                return f"redis://127.0.0.1:{port}/0"
+            except redis.ConnectionError:
+                if child.popen.poll() is not None or stopping.is_set() or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start on port {port}") from None
+                time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def _banner(spec: ClusterSpec, urls: list[str], store: str, config_path: str) -> str:
+    url = urls[0]
+    gateways = "" if len(urls) == 1 else f"  gateways: {', '.join(urls)} (send to any; they share {store})\n"
     return f"""
 Affinity Gateway is up at {url}  ({spec.replicas} {spec.engine} replicas, policy {spec.policy}, config {config_path})
-
+{gateways}
   curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{spec.model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
 

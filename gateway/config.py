@@ -19,8 +19,11 @@ from urllib.parse import urlsplit
 import yaml
 
 from gateway import schema
+from gateway.admission import AdmissionConfig
+from gateway.auth import AuthConfig
 from gateway.errors import ConfigError
 from gateway.index.base import IndexParams
+from gateway.lifecycle import ShutdownConfig
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
 
@@ -106,20 +109,21 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """Active probes flip a replica after N consecutive results; passive failures eject it with backoff."""
+    """Active probes flip a replica after N consecutive results; upstream faults trip its circuit breaker."""
 
     path: str = "/health"
     interval_s: float = 2.0
     timeout_s: float = 1.0
     unhealthy_after: int = 2
     healthy_after: int = 1
-    eject_after_failures: int = 3
-    backoff_s: float = 1.0
+    eject_after_failures: int = 3  # upstream faults within `failure_window_s` that open the breaker
+    failure_window_s: float = 10.0
+    backoff_s: float = 1.0  # open this long, doubling per consecutive opening; then half-open (one trial)
     backoff_max_s: float = 30.0
 
     def validate(self, key: str) -> None:
         _positive(self, key, "interval_s", "timeout_s", "unhealthy_after", "healthy_after",
-                  "eject_after_failures", "backoff_s", "backoff_max_s")
+                  "eject_after_failures", "failure_window_s", "backoff_s", "backoff_max_s")
 
 
 @dataclass(frozen=True)
@@ -146,13 +150,23 @@ class TimeoutsConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
+    """Bounds on what one client may send, and how slowly. The header limits apply on restart only."""
+
     max_body_bytes: int = 16 * 1024 * 1024
     max_retries: int = 1  # extra attempts on other replicas, only before the first byte
+    max_header_bytes: int = 8190  # one request or header line
+    max_headers: int = 128
+    max_messages: int = 2048  # chat `messages` entries
+    max_prompt_tokens: int = 0  # estimated from the prompt's characters (or counted token ids); 0 = no limit
+    client_header_timeout_s: float = 10.0  # complete headers this soon after connecting or the last answer
+    client_body_timeout_s: float = 30.0  # the whole body this soon after the headers, else 408
 
     def validate(self, key: str) -> None:
-        _positive(self, key, "max_body_bytes")
-        if self.max_retries < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.max_retries")
+        _positive(self, key, "max_body_bytes", "max_header_bytes", "max_headers", "max_messages",
+                  "client_header_timeout_s", "client_body_timeout_s")
+        for name in ("max_retries", "max_prompt_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", key=f"{key}.{name}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +174,7 @@ class LoggingConfig:
     level: LogLevel = "info"
     format: Literal["json", "console"] = "json"
     requests: bool = True  # one event per request
+    prompts: bool = False  # add the prompt text to the request event (never on by default)
 
 
 @dataclass(frozen=True)
@@ -178,6 +193,9 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     state: IndexParams = field(default_factory=IndexParams)  # the warm-prefix index store
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
 
     def validate(self, key: str) -> None:
         if not self.pools:

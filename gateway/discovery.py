@@ -71,7 +71,7 @@ class Discovery:
         for model, (spec, task) in list(self._tasks.items()):
             if specs.get(model) != spec:
                 task.cancel()
-                del self._tasks[model]
+                del self._tasks[model], self._first[model]
         for model, spec in specs.items():
             if model not in self._tasks:
                 self._first[model] = asyncio.Event()
@@ -92,8 +92,8 @@ class Discovery:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
 
-    async def refresh(self, model: str, spec: DiscoveryConfig) -> list[ReplicaConfig] | None:
-        """Resolve once and apply; None (nothing applied) when the resolver failed."""
+    async def _refresh(self, model: str, spec: DiscoveryConfig) -> None:
+        """Resolve once and apply; on a resolver failure apply nothing (the last set stays)."""
         try:
             addresses = await asyncio.wait_for(self._resolver(spec.dns, spec.port), timeout=max(1.0, spec.interval_s))
             replicas = replica_configs(spec, addresses)
@@ -101,14 +101,13 @@ class Discovery:
             replicas = []
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("discovery_failed", model=model, dns=spec.dns, error=repr(exc))
-            return None
+            return
         await self._apply(model, replicas)
-        return replicas
 
     async def _run(self, model: str, spec: DiscoveryConfig) -> None:
         while True:
             try:
-                await self.refresh(model, spec)
+                await self._refresh(model, spec)
             except Exception:  # noqa: BLE001 - a discovery bug must not stop discovery
                 log.exception("discovery_error", model=model, dns=spec.dns)
             self._first[model].set()

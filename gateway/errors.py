@@ -6,6 +6,7 @@
     ├── AuthenticationError     401  missing or unknown API key
     ├── PermissionDeniedError   403  admin route without the admin key
     ├── NotFoundError           404  unknown model or route
+    ├── RequestTimeoutError     408  the client sent its body too slowly
     ├── PayloadTooLargeError    413  body over the configured limit
     ├── RateLimitError          429  admission queue full / rate limit (Retry-After)
     ├── UpstreamError           502  replica failed before any byte reached the client
@@ -67,6 +68,10 @@ class PermissionDeniedError(GatewayError):
 
 class NotFoundError(GatewayError):
     status, type = 404, "NotFoundError"
+
+
+class RequestTimeoutError(GatewayError):
+    status, type = 408, "RequestTimeoutError"
 
 
 class PayloadTooLargeError(GatewayError):

@@ -6,13 +6,15 @@ collector, so the gauges can never drift from the counts the router uses.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.replicas import ReplicaPool
+from gateway.replicas.breaker import STATE_VALUES
 from gateway.routing_metrics import RoutingMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,6 +36,18 @@ class Metrics:
         self.upstream_errors = Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
                                        ["replica", "kind"], registry=r)
         self.reloads = Counter("affinity_gateway_config_reloads", "Config reloads by result", ["result"], registry=r)
+        self.rejected = Counter("affinity_gateway_rejected", "Requests refused before routing, by reason "
+                                "(auth, limit, rate_limit, queue)", ["model", "reason"], registry=r)
+        self.queue_wait = Histogram("affinity_gateway_queue_wait_seconds", "Time spent in the admission queue",
+                                    ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_waiting = Gauge("affinity_gateway_queue_waiting", "Requests waiting for a replica slot now",
+                                   ["model"], registry=r)
+        self.tenant_requests = Counter("affinity_gateway_tenant_requests", "Requests by API-key tenant and status",
+                                       ["tenant", "status"], registry=r)
+        self.tenant_tokens = Counter("affinity_gateway_tenant_tokens", "Tokens by tenant, as the replicas reported",
+                                     ["tenant", "kind"], registry=r)
+        self.draining = Gauge("affinity_gateway_draining", "1 after SIGTERM while accepted requests finish",
+                              registry=r)
         self.routing = RoutingMetrics(r)  # decisions by policy and reason, routing time, prediction error
 
     def watch(self, pools: Callable[[], Iterable[ReplicaPool]]) -> None:
@@ -50,7 +64,7 @@ class _PoolCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model", "replica"]
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "in_flight": GaugeMetricFamily("affinity_gateway_replica_in_flight",
                                            "Requests this gateway has at the replica now", labels=labels),
             "healthy": GaugeMetricFamily("affinity_gateway_replica_healthy",
@@ -59,7 +73,12 @@ class _PoolCollector(Collector):
             "waiting": GaugeMetricFamily("affinity_gateway_replica_waiting", "Scraped waiting requests", labels=labels),
             "kv_usage": GaugeMetricFamily("affinity_gateway_replica_kv_usage", "Scraped KV-cache usage 0..1",
                                           labels=labels),
+            "breaker": GaugeMetricFamily("affinity_gateway_replica_breaker_state",
+                                         "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=labels),
+            "opened": CounterMetricFamily("affinity_gateway_replica_breaker_opened",
+                                          "Times the circuit breaker opened", labels=labels),
         }
+        now = time.monotonic()
         for pool in self._pools():
             for replica in pool:
                 key = [pool.model, replica.replica_id]
@@ -68,4 +87,6 @@ class _PoolCollector(Collector):
                 families["running"].add_metric(key, replica.load.running)
                 families["waiting"].add_metric(key, replica.load.waiting)
                 families["kv_usage"].add_metric(key, replica.load.kv_usage)
+                families["breaker"].add_metric(key, STATE_VALUES[replica.breaker.state(now)])
+                families["opened"].add_metric(key, replica.breaker.opened_total)
         yield from families.values()

@@ -91,6 +91,9 @@ class Proxy:
                          config: Config, *, last: bool) -> web.StreamResponse:
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
+        if config.auth.enabled:  # the gateway's key is a credential for the gateway only
+            out_headers.popall("Authorization", None)
+            out_headers.popall("X-API-Key", None)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s,
                                         sock_read=config.timeouts.read_s)
         try:
@@ -185,5 +188,5 @@ class Proxy:
     def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
         self._on_upstream_error(replica.replica_id, kind)
         if replica.request_failed(config.health, error):
-            log.warning("replica_ejected", replica=replica.replica_id, kind=kind, error=error,
-                        backoff_s=round(replica.ejected_until - time.monotonic(), 3))
+            log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,
+                        backoff_s=round(replica.breaker.open_until - time.monotonic(), 3))

@@ -52,6 +52,8 @@ def convert(tp: Any, value: Any, key: str) -> Any:
         options = get_args(tp)
         if value is None and type(None) in options:
             return None
+        if len(real := [o for o in options if o is not type(None)]) == 1:
+            return convert(real[0], value, key)  # X | None: keep the nested key in the error
         errors = []
         for option in options:
             if option is type(None):

@@ -1,8 +1,8 @@
-"""The aiohttp app: routes, body limit, error shapes, lifecycles; the request's story in `_proxied`.
+"""The aiohttp app: routes, auth, error shapes, lifecycles; the request's story in `_proxied`.
 
 Usage:
     app = make_app(load_config("config.yaml"), config_path="config.yaml")
-    serve(app, config)          # uvloop when importable, handler_cancellation on
+    serve(app, config)          # gateway.lifecycle: uvloop when importable, graceful SIGTERM
 """
 
 from __future__ import annotations
@@ -22,12 +22,17 @@ import structlog
 from aiohttp import web
 
 from gateway import headers as h
+from gateway.admission import Admission
+from gateway.auth import Caller, authenticate
 from gateway.config import Config
-from gateway.errors import (BadRequestError, ConfigError, GatewayError, NoReplicaError, NotFoundError,
-                            PayloadTooLargeError, error_body)
+from gateway.errors import (ConfigError, GatewayError, NoReplicaError, NotFoundError, RateLimitError,
+                            error_body)
+from gateway.lifecycle import LIFECYCLE, Lifecycle
+from gateway.limits import check_prompt, estimate_prompt, read_view
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
+from gateway.ratelimit import RateLimits
 from gateway.replicas import Monitor, Replica
 from gateway.state import GatewayState, ModelRoute
 from gateway.view import RequestView
@@ -37,15 +42,21 @@ log = structlog.get_logger("gateway.server")
 STATE = web.AppKey("state", GatewayState)
 METRICS = web.AppKey("metrics", Metrics)
 PROXY = web.AppKey("proxy", Proxy)
+ADMISSION = web.AppKey("admission", Admission)
+RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
 REQUEST_ID = web.RequestKey("request_id", str)
+CALLER = web.RequestKey("caller", Caller)
 _STARTED = int(time.time())
 
 
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
-    app = web.Application(middlewares=[error_middleware])  # body limit: read_view, from the live config
+    app = web.Application(middlewares=[error_middleware, auth_middleware])  # limits: read_view, live config
     app[METRICS] = registry = Metrics()
     app[STATE] = state = GatewayState(config, config_path, registry.routing)
     registry.watch(state.pools)
+    app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
+    app[RATE_LIMITS] = RateLimits()
+    app[LIFECYCLE] = Lifecycle()
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -70,25 +81,32 @@ def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResp
 
 
 async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
-    """parse → view → pool candidates → router.route → proxy.forward → router.finished / metrics / log."""
+    """parse → limits → rate limit → admission (cap, queue) → router.route → proxy.forward → finished."""
     exchange = Exchange()  # starts the clock
-    state = request.app[STATE]
+    state, app = request.app[STATE], request.app
     config = state.config
-    view = await read_view(request, endpoint, config.limits.max_body_bytes)
+    caller = request[CALLER]
+    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant)
     route = state.route_for(view.model)
+    try:
+        check_prompt(view, route.routing.prefix, config.limits)
+        if caller.key is not None and (caller.key.requests_per_minute or caller.key.tokens_per_minute):
+            app[RATE_LIMITS].admit(caller.key, estimate_prompt(view, route.routing.prefix))
+    except GatewayError as exc:
+        app[METRICS].rejected.labels(view.model, "rate_limit" if exc.status == 429 else "limit").inc()
+        if caller.key is not None:
+            app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
+        raise
 
     async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
-        candidates = route.pool.candidates(exclude)
-        if not candidates:
-            return None
-        decision = await route.router.route(view, candidates)
-        replica = route.pool.get(decision.replica_id)
-        if replica is None:
-            raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
-        return replica, decision
+        return await app[ADMISSION].choose(route, view, exclude, config.admission)
 
     try:
-        return await request.app[PROXY].forward(request, view, route.pool, pick, exchange, config)
+        return await app[PROXY].forward(request, view, route.pool, pick, exchange, config)
+    except RateLimitError as exc:
+        exchange.status, exchange.error = exc.status, exc.message
+        app[METRICS].rejected.labels(view.model, "queue").inc()
+        raise
     except GatewayError as exc:
         exchange.status, exchange.error = exc.status, exc.message
         raise
@@ -99,11 +117,12 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
         exchange.status, exchange.error = 500, f"internal error: {type(exc).__name__}"
         raise
     finally:
-        _finished(request.app, route, view, exchange, config)
+        _finished(app, route, view, exchange, config, caller)
 
 
-def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config) -> None:
-    """Close the loop once per request: policy feedback, metrics, one log event."""
+def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config,
+              caller: Caller) -> None:
+    """Close the loop once per request: policy feedback, rate-limit charge, metrics, one log event."""
     usage = exchange.usage
     if exchange.replica_id is not None:  # once per request, for the last replica tried (Router's contract)
         ok = 0 < exchange.status < 500 and exchange.error is None
@@ -118,6 +137,13 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         m.ttft.labels(view.model).observe(exchange.ttft_s)
     if exchange.failed_replicas:
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
+    if caller.key is not None:
+        m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
+        for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
+            if tokens:
+                m.tenant_tokens.labels(caller.key.tenant, kind).inc(tokens)
+        if usage.completion_tokens:
+            app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
     if config.logging.requests:
         log.info("request", request_id=view.request_id, model=view.model, endpoint=view.endpoint,
                  stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
@@ -125,33 +151,9 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
                  ttft_s=_round(exchange.ttft_s), total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,
                  completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
-                 decision=exchange.decision.explain()["candidates"] if exchange.decision else None)
-
-
-async def read_view(request: web.Request, endpoint: str, limit: int) -> RequestView:
-    """Read the body once (bounded), parse it once with orjson; the raw bytes are what gets forwarded."""
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
-    raw = bytearray()
-    async for chunk in request.content.iter_any():
-        raw += chunk
-        if len(raw) > limit:
-            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"malformed JSON in request body: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequestError("request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequestError("`model` must be a non-empty string", param="model")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise BadRequestError("`stream` must be true or false", param="stream")
-    session = request.headers.get("X-Session-ID") or body.get("prompt_cache_key") or body.get("user")
-    return RequestView(request_id=request[REQUEST_ID], endpoint=endpoint, model=model, stream=stream, body=body,
-                       raw=bytes(raw), session_key=session if isinstance(session, str) else None)
+                 decision=exchange.decision.explain()["candidates"] if exchange.decision else None,
+                 tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}
+                                        if config.logging.prompts else {}))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -165,16 +167,28 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Ready when every model has at least one replica taking traffic."""
-    pools = {route.model: route.pool.num_available() for route in request.app[STATE].routes.values()}
-    is_ready = all(pools.values())
-    return _json({"ready": is_ready, "available_replicas": pools}, status=200 if is_ready else 503)
+    """Ready when every model has a replica taking traffic and no SIGTERM came. A degraded part (the
+    shared index unreachable: routing uses this gateway's own table) is reported but still ready."""
+    routes = request.app[STATE].routes.values()
+    pools = {route.model: route.pool.num_available() for route in routes}
+    draining = request.app[LIFECYCLE].draining
+    degraded = sorted(route.model for route in routes if route.router.index.degraded)
+    is_ready = all(pools.values()) and not draining
+    return _json({"ready": is_ready, "draining": draining, "available_replicas": pools,
+                  "degraded": {"index": degraded} if degraded else {},
+                  "queued": request.app[ADMISSION].waiting()}, status=200 if is_ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
     if not request.app[STATE].config.metrics.enabled:
         raise NotFoundError("metrics are disabled (metrics.enabled: false)")
-    return web.Response(body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE})
+    app, m = request.app, request.app[METRICS]
+    m.draining.set(float(app[LIFECYCLE].draining))
+    for model, waiting in app[ADMISSION].waiting().items():
+        m.queue_waiting.labels(model).set(waiting)
+    for route in app[STATE].routes.values():  # fresh even when no request came since the store changed
+        m.routing.index_degraded.labels(route.model).set(float(route.router.index.degraded))
+    return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def admin_replicas(request: web.Request) -> web.Response:
@@ -186,7 +200,7 @@ async def admin_replicas(request: web.Request) -> web.Response:
 async def admin_explain(request: web.Request) -> web.Response:
     """Dry run: the decision a chat or completions body would get now, with every candidate's score."""
     state = request.app[STATE]
-    view = await read_view(request, "chat", state.config.limits.max_body_bytes)
+    view = await read_view(request, "chat", state.config.limits, request[REQUEST_ID])
     if "messages" not in view.body:
         view = dataclasses.replace(view, endpoint="completions")
     route = state.route_for(view.model)
@@ -227,6 +241,8 @@ async def error_middleware(request: web.Request,
     try:
         return await handler(request)
     except GatewayError as exc:
+        if exc.status in (401, 403):
+            request.app[METRICS].rejected.labels("", "auth").inc()
         return _error(exc.status, exc.body(), exc.headers(), request_id)
     except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body over client_max_size
         if exc.status < 400:
@@ -237,6 +253,14 @@ async def error_middleware(request: web.Request,
     except Exception:
         log.exception("unhandled_error", request_id=request_id, path=request.path)
         return _error(500, error_body("internal gateway error", "InternalServerError", 500), {}, request_id)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Who is calling, before anything else is read; the key itself goes no further than this."""
+    request[CALLER] = authenticate(request.app[STATE].config.auth, request.path, request.headers)
+    return await handler(request)
 
 
 def _error(status: int, body: bytes, headers: dict[str, str], request_id: str) -> web.Response:
@@ -278,21 +302,6 @@ async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     loop.remove_signal_handler(signal.SIGHUP)
     await asyncio.gather(*pending, return_exceptions=True)
-
-
-def serve(app: web.Application, config: Config) -> None:
-    """Run until SIGINT/SIGTERM; uvloop if installed; cancel handlers when their client disconnects."""
-    loop: asyncio.AbstractEventLoop | None = None
-    try:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    except ImportError:
-        pass
-    log.info("gateway_listening", host=config.listen.host, port=config.listen.port,
-             models=sorted(config.pools), policies={m: p.routing.policy for m, p in config.pools.items()})
-    web.run_app(app, host=config.listen.host, port=config.listen.port, handler_cancellation=True,
-                access_log=None, print=None, loop=loop, shutdown_timeout=5.0)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:

@@ -1,7 +1,8 @@
 """`replica-stub [serve] --port P --model NAME ...`: parse flags, build the config, run the app.
 
 The first positional argument selects a subcommand; `serve` is the default, so
-`replica-stub --port 8001` works. (A `calibrate` subcommand for the real engine will join it.)
+`replica-stub --port 8001` works. `calibrate` times the real engine and writes the
+simulator's timing parameters.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import gc
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -23,7 +25,7 @@ from replica_stub.config import StubConfig, load_config
 from replica_stub.engine.registry import ENGINES
 from replica_stub.engine.timing import TimingModel
 
-SUBCOMMANDS = ("serve",)
+SUBCOMMANDS = ("serve", "calibrate")
 _TIMING_HELP = {
     "prefill_base_ms": "fixed cost of a step that prefills",
     "prefill_token_ms": "prefill cost per uncached prompt token",
@@ -45,17 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
     serve.add_argument("--model", help="served model name (default stub-model)")
     serve.add_argument("--replica-id", help="X-Replica-Id value (default replica-<port>)")
-    serve.add_argument("--engine", choices=ENGINES, help="engine implementation (default sim)")
+    serve.add_argument("--engine", choices=ENGINES,
+                       help="engine implementation (default auto: real if the model is installed, else sim)")
     serve.add_argument("--speedup", type=float, help="run simulated time this many times faster (default 1)")
     serve.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     serve.add_argument("--num-gpu-blocks", type=int, help="KV capacity in blocks (default 4096)")
     serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 256)")
     serve.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048)")
     serve.add_argument("--max-model-len", type=int, help="max prompt+output tokens (default min(8192, KV capacity))")
+    serve.add_argument("--kv-cache-mb", type=float, help="real engine: KV cache memory in MiB (default 256)")
+    serve.add_argument("--torch-threads", type=int, help="real engine: torch threads (default min(2, CPUs))")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     for field in dataclasses.fields(TimingModel):
         flag = "--" + field.name.replace("_", "-")
         serve.add_argument(flag, type=float, help=f"{_TIMING_HELP[field.name]} (default {field.default})")
+    calibrate = sub.add_parser("calibrate", help="time the real engine here; write the simulator's timing YAML")
+    calibrate.add_argument("--output", default="calibration.yaml", help="YAML to write (default calibration.yaml)")
+    calibrate.add_argument("--torch-threads", type=int, default=2, help="torch threads (default 2)")
+    calibrate.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    calibrate.add_argument("--quick", action="store_true", help="a small grid (seconds, for smoke tests)")
     return parser
 
 
@@ -68,6 +78,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "calibrate":
+        from replica_stub.calibrate import run_calibration
+
+        run_calibration(Path(args.output), threads=args.torch_threads, block_size=args.block_size, quick=args.quick)
+        return 0
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config") and v is not None}
     try:
         config = load_config(args.config, overrides)
@@ -85,9 +100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def serve(config: StubConfig) -> None:
-    from replica_stub.server import make_app
+    from replica_stub.server import CONFIG, make_app
 
-    runner = web.AppRunner(make_app(config), handler_cancellation=True, access_log=None)
+    app = make_app(config)
+    config = app[CONFIG]  # the engine fixes its name and, for the real one, the KV capacity
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     # Streams allocate many short-lived acyclic objects: collect young objects less often, and
     # keep the long-lived block pool and imports out of full passes (each costs tens of ms).

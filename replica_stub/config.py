@@ -25,7 +25,7 @@ class StubConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     replica_id: str = ""  # "" -> "replica-<port>"
-    engine: str = "sim"
+    engine: str = "auto"  # "auto" -> "real" when the model is installed, else "sim"
     speedup: float = 1.0
     block_size: int = 16
     num_gpu_blocks: int = 4096
@@ -33,6 +33,8 @@ class StubConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 0  # 0 -> min(8192, KV capacity in tokens)
     sim_output_len: tuple[int, int] = (16, 256)
+    kv_cache_mb: float = 256.0  # real engine: KV memory budget; sets num_gpu_blocks
+    torch_threads: int = 0  # real engine: 0 -> min(2, CPU count)
     log_level: str = "info"
     timing: TimingModel = field(default_factory=TimingModel)
 
@@ -44,6 +46,8 @@ class StubConfig:
             replica_id=self.replica_id or f"replica-{self.port}",
             max_model_len=self.max_model_len or min(DEFAULT_MAX_MODEL_LEN, capacity),
         )
+        if config.kv_cache_mb <= 0 or config.torch_threads < 0:
+            raise ValueError("kv_cache_mb must be > 0 and torch_threads >= 0")
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(config, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

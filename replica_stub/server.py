@@ -56,7 +56,7 @@ _ids = itertools.count()
 
 
 def make_app(config: StubConfig) -> web.Application:
-    engine = build_engine(config)
+    config, engine = build_engine(config)
     pool = BlockPool(config.num_gpu_blocks, config.block_size)
     scheduler = Scheduler(KVCacheManager(pool), max_num_seqs=config.max_num_seqs,
                           max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len)
@@ -147,6 +147,8 @@ async def _generate(http: web.Request, kind: Kind) -> web.StreamResponse:
     tokenizer = http.app[ENGINE].tokenizer
     if gen.prompt_token_ids is not None:
         prompt_ids = gen.prompt_token_ids
+        if config.engine == "real" and not all(map(tokenizer.is_known, prompt_ids)):
+            raise BadRequestError("Prompt token ids outside the model's vocabulary", param="prompt")
     elif gen.messages is not None:
         prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages))
     else:

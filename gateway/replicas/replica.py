@@ -1,9 +1,9 @@
 """One replica: its address, its exact in-flight count, its health and the load it reports.
 
 Health has two inputs. Active probes flip `healthy` after `unhealthy_after` consecutive failures or
-`healthy_after` consecutive passes. Passive failures (connect errors, 5xx, timeouts seen by real
-requests; never client cancels or 4xx) eject the replica after `eject_after_failures` in a row, for a
-backoff that doubles with each ejection; it comes back once the backoff is over and a probe passes.
+`healthy_after` consecutive passes. Upstream faults seen by real requests (connect errors, 5xx,
+timeouts; never client cancels or 4xx) feed the replica's circuit breaker (`breaker.py`), which takes
+it out of rotation and lets one trial request test it after a backoff. It takes traffic when both agree.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import HealthConfig, ReplicaConfig
+from gateway.replicas.breaker import CircuitBreaker
 
 
 @dataclass(slots=True)
@@ -37,9 +38,7 @@ class Replica:
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     probe_passes: int = 0
     probe_failures: int = 0
-    passive_failures: int = 0
-    ejections: int = 0  # consecutive ejections, sets the backoff
-    ejected_until: float = 0.0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     last_error: str = ""
 
     @classmethod
@@ -47,13 +46,12 @@ class Replica:
         return cls(config.replica_id, config.url.rstrip("/"), config.weight)
 
     def is_available(self, now: float | None = None) -> bool:
-        return self.healthy and (now if now is not None else time.monotonic()) >= self.ejected_until
+        return self.healthy and self.breaker.allows(now if now is not None else time.monotonic())
 
     def probe_result(self, ok: bool, health: HealthConfig, error: str = "") -> None:
         if ok:
             self.probe_passes, self.probe_failures = self.probe_passes + 1, 0
-            backoff_over = time.monotonic() >= self.ejected_until
-            if not self.healthy and self.probe_passes >= health.healthy_after and backoff_over:
+            if not self.healthy and self.probe_passes >= health.healthy_after:
                 self.healthy = True
         else:
             self.probe_passes, self.probe_failures = 0, self.probe_failures + 1
@@ -62,31 +60,25 @@ class Replica:
                 self.healthy = False
 
     def request_failed(self, health: HealthConfig, error: str) -> bool:
-        """Count an upstream fault; returns True when this one ejected the replica."""
-        self.passive_failures += 1
+        """Count an upstream fault; returns True when this one opened the breaker."""
         self.last_error = error
-        if self.passive_failures < health.eject_after_failures:
-            return False
-        backoff = min(health.backoff_max_s, health.backoff_s * 2 ** self.ejections)
-        self.ejections += 1
-        self.passive_failures = 0
-        self.healthy, self.probe_passes = False, 0
-        self.ejected_until = time.monotonic() + backoff
-        return True
+        return self.breaker.fault(time.monotonic(), health.eject_after_failures, health.failure_window_s,
+                                  health.backoff_s, health.backoff_max_s)
 
     def request_succeeded(self) -> None:
-        self.passive_failures = 0
-        self.ejections = 0
+        self.breaker.success(time.monotonic())
 
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
             "id": self.replica_id, "url": self.url, "weight": self.weight,
             "available": self.is_available(now), "healthy": self.healthy,
-            "ejected_for_s": round(max(0.0, self.ejected_until - now), 3),
+            "breaker": self.breaker.state(now),
+            "ejected_for_s": round(max(0.0, self.breaker.open_until - now), 3),
             "in_flight": self.in_flight, "running": self.load.running, "waiting": self.load.waiting,
             "kv_usage": self.load.kv_usage, "num_gpu_blocks": self.load.num_gpu_blocks,
             "block_size": self.load.block_size,
             "load_age_s": round(now - self.load.scraped_at, 3) if self.load.scraped_at else None,
-            "passive_failures": self.passive_failures, "last_error": self.last_error,
+            "recent_faults": len(self.breaker.faults), "breaker_opened": self.breaker.opened_total,
+            "last_error": self.last_error,
         }

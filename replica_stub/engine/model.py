@@ -24,6 +24,15 @@ CACHE_ENV = "REPLICA_STUB_MODEL_CACHE"
 _MODEL_MODULES = ("torch", "transformers", "gguf", "accelerate")
 
 
+def configure_torch_env() -> None:
+    """Call before torch is first imported. OpenMP's default is to spin while it waits; on a
+    shared 2-core machine (two replicas, a gateway, tests) a spinning thread that lost its core
+    stalls every step: 2-thread prefill fell from ~1,100 to under 100 tokens/s with one busy
+    neighbour process, while passive waiting kept ~600. HF_HUB_OFFLINE: never reach for the hub."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
 def missing_parts() -> list[str]:
     """What keeps the real engine from running here (empty list = it can run)."""
     missing = [m for m in _MODEL_MODULES if importlib.util.find_spec(m) is None]
@@ -42,8 +51,12 @@ def gguf_path() -> Path | None:
 
 
 def converted_dir() -> Path:
-    """Where the safetensors copy lives: $REPLICA_STUB_MODEL_CACHE, else inside the venv."""
-    root = os.environ.get(CACHE_ENV) or str(Path(sys.prefix) / "model-cache")
+    """Where the safetensors copy lives: $REPLICA_STUB_MODEL_CACHE, else inside the venv (so
+    `make clean` drops it), else the user's cache dir when the venv is read-only (containers)."""
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "affinity-gateway"
+        root = str(Path(sys.prefix) / "model-cache") if os.access(sys.prefix, os.W_OK) else str(user_cache)
     return Path(root) / "SmolLM2-135M-Instruct"
 
 
@@ -52,7 +65,7 @@ def _convert(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
     if hasattr(model.config, "quantization_config"):
@@ -73,7 +86,7 @@ def _convert(gguf: Path, target: Path) -> None:
 
 def load_model(dtype_name: str = "bfloat16") -> tuple[Any, Any]:
     """(model in eval mode, HF tokenizer), converting the GGUF on first use."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    configure_torch_env()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

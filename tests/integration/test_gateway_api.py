@@ -73,6 +73,7 @@ def test_error_statuses_and_shapes(cluster: Gateway, client: openai.OpenAI) -> N
     with httpx.Client(base_url=cluster.url, timeout=10) as http:
         bad = http.post("/v1/chat/completions", content=b"{oops", headers={"Content-Type": "application/json"})
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError"
-        assert http.get("/ready").json() == {"ready": True, "available_replicas": {MODEL: 3, OTHER: 1}}
+        ready = http.get("/ready").json()
+        assert ready["ready"] and ready["available_replicas"] == {MODEL: 3, OTHER: 1} and ready["degraded"] == {}
         metrics = http.get("/metrics").text
     assert 'affinity_gateway_replica_healthy{model="stub-model",replica="replica-0"} 1.0' in metrics

@@ -26,7 +26,8 @@ def replica() -> Iterator[Replica]:
 
     def start(*flags: str, speedup: float = 20, script: bool = False) -> str:
         port = free_port()
-        args = ["--port", str(port), "--model", MODEL, "--speedup", str(speedup), "--log-level", "warning", *flags]
+        args = ["--port", str(port), "--model", MODEL, "--engine", "sim", "--speedup", str(speedup), "--log-level",
+                "warning", *flags]
         cmd = [str(Path(sys.executable).with_name("replica-stub")), *args] if script else \
             python_module("replica_stub", *args)
         proc = Proc(cmd)

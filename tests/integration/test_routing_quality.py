@@ -24,7 +24,7 @@ async def measure(tmp_path: Path, policy: str, sessions: list[Session], *stub_fl
     with running() as track:
         stubs = [track(start_stub(f"r{i}", MODEL, SPEEDUP, *stub_flags)) for i in range(replicas)]
         gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy=policy)}))
-        results = await loadgen.run(gateway.url, MODEL, sessions)
+        results = await loadgen.run(gateway.url, MODEL, sessions, ignore_eos=False)
     summary = loadgen.summarise(results)
     print(policy, summary)
     assert summary.errors == 0, [r.error for r in results if not r.ok][:3]

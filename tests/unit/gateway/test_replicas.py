@@ -29,23 +29,23 @@ def test_probes_flip_health_after_thresholds() -> None:
     assert r.is_available()
 
 
-def test_passive_failures_eject_with_doubling_backoff_until_a_probe_passes() -> None:
+def test_upstream_faults_open_the_breaker_then_one_trial_closes_it() -> None:
     r = Replica("a", "http://a")
+    pool = ReplicaPool("m", [r])
     assert not r.request_failed(HEALTH, "boom")
     assert r.request_failed(HEALTH, "boom")
-    assert not r.is_available() and 0.04 < r.ejected_until - time.monotonic() <= 0.05
+    assert not r.is_available() and 0.04 < r.breaker.open_until - time.monotonic() <= 0.05
     for _ in range(HEALTH.healthy_after):
         r.probe_result(True, HEALTH)
     assert not r.is_available(), "probes during the backoff do not bring it back"
     time.sleep(0.06)
-    for _ in range(HEALTH.healthy_after):
-        r.probe_result(True, HEALTH)
-    assert r.is_available()
-    r.request_failed(HEALTH, "boom")
-    assert r.request_failed(HEALTH, "boom")
-    assert 0.09 < r.ejected_until - time.monotonic() <= 0.1, "second ejection backs off twice as long"
-    r.request_succeeded()
-    assert r.ejections == 0 and r.passive_failures == 0
+    assert r.describe()["breaker"] == "half_open" and pool.num_available() == 1
+    with pool.track(r):
+        assert pool.candidates() == [], "one trial at a time"
+    assert pool.num_available() == 1, "a trial that ended without a verdict frees the slot"
+    with pool.track(r):
+        r.request_succeeded()
+    assert r.describe()["breaker"] == "closed" and r.breaker.openings == 0
 
 
 def test_pool_candidates_skip_unavailable_and_excluded() -> None:

@@ -199,3 +199,18 @@ async def test_unexpected_exception_is_500_json(gateway: Gateway, monkeypatch: p
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 500 and orjson.loads(await resp.read())["error"]["type"] == "InternalServerError"
 
+
+
+async def test_retries_never_repeat_a_replica(gateway: Gateway) -> None:
+    client, fakes = await gateway(*(FakeReplica(f"r{i}", status=503) for i in range(3)), limits={"max_retries": 5})
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 503, "the last replica's own answer passes through"
+    assert [len(f.seen) for f in fakes] == [1, 1, 1]
+
+
+async def test_no_retry_once_bytes_went_out(gateway: Gateway) -> None:
+    client, fakes = await gateway(FakeReplica("r0", chunks=5, die_after=2), FakeReplica("r1"))
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    text = await resp.text()
+    assert resp.status == 200 and text.count("tok") == 2
+    assert text.endswith('"code":502}}\n\ndata: [DONE]\n\n') and not fakes[1].seen

@@ -1,0 +1,81 @@
+"""The published policy comparison: every workload at light, medium and saturating load, six policies
+(plus prefix_affinity with `preamble_weight=1`), in the simulator. Prints one Markdown table per cell
+and the exact `affinity-gateway simulate` command behind it; results land in `--out`/<cell>/.
+
+    .venv/bin/python bench/policy_matrix.py --replicas 8 --out bench-results/matrix-8
+    .venv/bin/python bench/policy_matrix.py --replicas 64 --scale 8 --loads saturating --out bench-results/matrix-64
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import shlex
+import time
+from pathlib import Path
+
+import orjson
+
+from bench.synthetic_trace import generate
+from gateway.cli import main as cli
+
+MT = "-p rounds=10 -p systems=4 -p system_tokens=1000 -p first_turn_tokens=2000 -p answer_tokens=100 -p think_s=2"
+# workload -> (size parameters with {n} scaled by --scale, session rates for light / medium / saturating at 8 replicas)
+MATRIX: dict[str, tuple[str, tuple[float, float, float]]] = {
+    "shared-prefix": ("-p groups={g} -p prompts_per_group=16", (0.25, 0.5, 1.0)),
+    "multi-turn": (f"-p users={{u}} {MT}", (0.1, 0.2, 0.4)),
+    "hot-prefix": ("-p requests={r}", (8.0, 16.0, 32.0)),
+    "agent-loop": ("-p sessions={s}", (0.25, 0.5, 1.0)),
+    "trace": ("-p path={trace}", (0.125, 0.25, 0.5)),
+}
+LOADS = ("light", "medium", "saturating")
+VARIANT = "-P prefix_affinity.preamble_weight=1"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--scale", type=int, default=1, help="multiply sizes and rates (with --replicas 8 × scale)")
+    parser.add_argument("--loads", default=",".join(LOADS))
+    parser.add_argument("--workloads", default=",".join(MATRIX))
+    parser.add_argument("--out", type=Path, default=Path("bench-results/matrix"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    trace = args.out / "trace.jsonl"
+    trace.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in generate(1000 * args.scale, 1.0, 16 * args.scale, 0)))
+    k = args.scale
+    sizes = {"g": 64 * k, "u": 64 * k, "r": 2000 * k, "s": 128 * k, "trace": trace}
+    for workload in args.workloads.split(","):
+        params, rates = MATRIX[workload]
+        for load in args.loads.split(","):
+            rate = rates[LOADS.index(load)] * k
+            base = (f"simulate -w {workload} {params.format(**sizes)} --rate {rate:g} --replicas {args.replicas} "
+                    f"--no-plots -q")
+            cell = args.out / f"{workload}-{load}"
+            runs = {}
+            started = time.perf_counter()
+            for name, extra, out in (("", "", cell), (" (preamble_weight=1)",
+                                     f"--policies prefix_affinity {VARIANT}", cell / "preamble1")):
+                with contextlib.redirect_stdout(io.StringIO()):
+                    cli(shlex.split(f"{base} {extra} --out {out}"))
+                result = orjson.loads((out / "result.json").read_bytes())
+                runs.update({policy + name: run for policy, run in result["runs"].items()})
+            print(f"\n#### {workload}, {load} load ({rate:g} sessions/s, {args.replicas} replicas, "
+                  f"{result['meta']['requests']} requests; simulated in {time.perf_counter() - started:.0f} s)\n")
+            print(f"`affinity-gateway {base} --out {cell}` (+ `--policies prefix_affinity {VARIANT}`)\n")
+            print(_table(runs), flush=True)
+
+
+def _table(runs: dict[str, dict[str, float]]) -> str:
+    rows = ["| policy | TTFT p50 s | TTFT p90 s | TTFT p99 s | ITL p50 ms | e2e p90 s | cached | busiest/mean |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        rows.append(f"| {name} | {r['ttft_p50_s']:.2f} | {r['ttft_p90_s']:.2f} | {r['ttft_p99_s']:.2f} | "
+                    f"{r['itl_p50_s'] * 1000:.0f} | {r['e2e_p90_s']:.1f} | {r['cached_ratio']:.2f} | "
+                    f"{r['busiest_over_mean']:.2f} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

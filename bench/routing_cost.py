@@ -1,0 +1,98 @@
+"""Routing decision cost per request: `Router.route` end to end (hash the prompt, one index lookup
+for every candidate, the policy's choice, recording the pick) at 8k-token prompts and 64 replicas,
+with the in-memory index and with the Redis index (one EVALSHA round trip per lookup).
+
+The index is warmed first: `--conversations` conversations of `--turns` turns each are routed, so
+every replica's table holds real chains and lookups walk real matches. Then `--requests` timed
+routes, each a next turn of a random conversation (long matches on one replica, short elsewhere).
+Also reports index memory: Python heap for the memory store, `MEMORY USAGE` for Redis.
+
+    .venv/bin/python -m bench.routing_cost --redis redis://127.0.0.1:6379/0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+import tracemalloc
+import uuid
+
+from gateway.index import IndexParams, build_index
+from gateway.policies import Candidate, build_policy
+from gateway.prefix import PrefixParams
+from gateway.results import quantile
+from gateway.routing import Router
+from gateway.view import RequestView
+from gateway.workloads import words
+
+
+def view(messages: list[dict[str, str]], n: int) -> RequestView:
+    body = {"model": "m", "messages": messages, "max_tokens": 100, "stream": True}
+    return RequestView(f"r{n}", "chat", "m", True, body, b"")
+
+
+async def measure(store: str, args: argparse.Namespace) -> dict[str, float]:
+    rng = random.Random(0)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
+    index = build_index(IndexParams(store=store, key_prefix=prefix))
+    router = Router(build_policy(args.policy, {"seed": 0}, "bench"), PrefixParams(), index)
+    replicas = [f"replica-{i}" for i in range(args.replicas)]
+    # Sized by the gateway's own estimate (characters / 4), the number the Router and policy see.
+    words_per_token = 1000 / (len(words(random.Random(1), 1000)) / PrefixParams().chars_per_token)
+    system = [{"role": "system", "content": words(rng, int(1000 * words_per_token))}]
+    per_turn = int((args.prompt_tokens - 1000) / args.turns * words_per_token)
+    convs = [system + [{"role": "user", "content": words(rng, per_turn)}] for _ in range(args.conversations)]
+    n = 0
+    tracemalloc.start()
+    for _ in range(args.turns - 1):  # warm: every conversation grows to turns-1 turns
+        for conv in convs:
+            n += 1
+            await router.route(view(conv, n), [Candidate(r) for r in replicas])
+            conv += [{"role": "assistant", "content": words(rng, 50)}, {"role": "user", "content": words(rng, per_turn - 50)}]
+    await index.flush()
+    heap_mb = tracemalloc.get_traced_memory()[0] / 2**20
+    tracemalloc.stop()
+    times, tokens = [], []
+    for _ in range(args.requests):
+        conv = rng.choice(convs)
+        v = view(conv, n := n + 1)
+        candidates = [Candidate(r, in_flight=rng.randrange(8)) for r in replicas]
+        start = time.perf_counter()
+        await router.route(v, candidates)
+        times.append(time.perf_counter() - start)
+        tokens.append(v.prompt_tokens_estimate)
+        await asyncio.sleep(0)  # let the background Redis writer run, as it would between requests
+    out = {"p50_ms": quantile(sorted(times), 0.5) * 1000, "p99_ms": quantile(sorted(times), 0.99) * 1000,
+           "max_ms": max(times) * 1000, "prompt_tokens": sum(tokens) / len(tokens), "heap_mb": heap_mb}
+    if store != "memory":
+        redis = index._reader  # type: ignore[attr-defined]
+        keys = [index.key(r) for r in replicas]  # type: ignore[attr-defined]
+        out["redis_mb"] = sum([await redis.memory_usage(k) or 0 for k in keys]) / 2**20
+        out["blocks"] = sum([await redis.zcard(k) for k in keys])
+        await redis.delete(*keys)
+    await router.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=8000)
+    parser.add_argument("--conversations", type=int, default=256)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--policy", default="prefix_affinity")
+    parser.add_argument("--redis", help="also measure the Redis index at this URL (keys are removed afterwards)")
+    args = parser.parse_args()
+    print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | gateway heap MB | Redis MB |")
+    print("|---|---|---|---|---|---|---|")
+    for store in ["memory"] + ([args.redis] if args.redis else []):
+        r = asyncio.run(measure(store, args))
+        print(f"| {'memory' if store == 'memory' else 'redis'} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | "
+              f"{r['p99_ms']:.3f} | {r['max_ms']:.2f} | {r['heap_mb']:.1f} | {r.get('redis_mb', 0):.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""API keys: who is calling (a tenant) and whether they may use the admin routes.
+
+The config holds only each key's sha256 hex digest (`printf %s "$KEY" | sha256sum`), so a leaked
+config file leaks no key. A presented key is hashed and compared with *every* configured digest by
+`hmac.compare_digest`, so the time taken says nothing about how close a guess was or which entry it
+matched. With no keys configured the gateway is open (local development). Keys never reach a log,
+and the caller's `Authorization` header is not forwarded to the replicas while auth is on.
+
+    GET /health, GET /ready, GET /metrics    open (orchestrator probes, Prometheus)
+    /admin/*                                 an admin key
+    everything else                          any configured key
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.errors import AuthenticationError, ConfigError, PermissionDeniedError
+
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ApiKeyConfig:
+    """YAML `auth.keys[]`: one client key, by digest."""
+
+    sha256: str
+    tenant: str  # salts the prefix hash chain (routing.prefix.salt_by_tenant) and labels metrics
+    admin: bool = False
+    requests_per_minute: float = 0.0  # 0 = unlimited
+    tokens_per_minute: float = 0.0  # prompt (estimated at admission) + completion tokens; 0 = unlimited
+
+    def validate(self, key: str) -> None:
+        if not _HEX64.fullmatch(self.sha256):
+            raise ConfigError("expected the key's sha256 as 64 lowercase hex digits (printf %s KEY | sha256sum)",
+                              key=f"{key}.sha256")
+        if not self.tenant:
+            raise ConfigError("must not be empty", key=f"{key}.tenant")
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", key=f"{key}.{name}")
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """YAML `auth`: no keys = no authentication."""
+
+    keys: tuple[ApiKeyConfig, ...] = ()
+
+    def validate(self, key: str) -> None:
+        seen: set[str] = set()
+        for i, entry in enumerate(self.keys):
+            if entry.sha256 in seen:
+                raise ConfigError("the same key is configured twice", key=f"{key}.keys[{i}].sha256")
+            seen.add(entry.sha256)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated caller of one request (`key` None when auth is off)."""
+
+    key: ApiKeyConfig | None = None
+
+    @property
+    def tenant(self) -> str | None:
+        return self.key.tenant if self.key else None
+
+
+ANONYMOUS = Caller()
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def authenticate(config: AuthConfig, path: str, headers: Mapping[str, str]) -> Caller:
+    """The caller of `path`, or AuthenticationError / PermissionDeniedError."""
+    if not config.enabled or path in OPEN_PATHS:
+        return ANONYMOUS
+    presented = _presented_key(headers)
+    if presented is None:
+        raise AuthenticationError("missing API key: send `Authorization: Bearer <key>`")
+    digest = hash_key(presented).encode()
+    found: ApiKeyConfig | None = None
+    for entry in config.keys:  # no early exit: the same work whichever entry matches
+        if hmac.compare_digest(digest, entry.sha256.encode()):
+            found = entry
+    if found is None:
+        raise AuthenticationError("invalid API key")
+    if path.startswith("/admin/") and not found.admin:
+        raise PermissionDeniedError("this route needs an admin API key")
+    return Caller(found)
+
+
+def _presented_key(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return headers.get("X-API-Key") or None

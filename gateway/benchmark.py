@@ -1,0 +1,112 @@
+"""What `affinity-gateway bench` and `simulate` do: run a seeded workload (against a URL, against
+a fresh local cluster per policy, or in the simulator), show live progress, and write
+`result.json`, `table.md` and the plots into one directory, in the same format either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gateway import loadgen
+from gateway.cluster import ClusterSpec, _free_port, started
+from gateway.results import Result, Summary, summarise, table
+from gateway.simulate import SimSpec, simulate
+from gateway.workloads import Session, num_requests
+
+Runs = dict[str, tuple[Summary, list[Result]]]
+console = Console(stderr=True)
+
+
+@contextmanager
+def progress(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[Result], None]]:
+    """A live bar with done/total, errors, running TTFT p50 and cache hits; yields the per-result hook."""
+    seen: list[Result] = []
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[stats]}"), console=console, disable=not enabled,
+                  refresh_per_second=4) as bar:
+        task = bar.add_task(label, total=total, stats="")
+
+        def on_result(result: Result) -> None:
+            seen.append(result)
+            if len(seen) % max(1, total // 200) and len(seen) != total:
+                return  # redraw the stats ~200 times per run, not per request
+            ttfts = sorted(r.ttft_s for r in seen[-500:] if r.ttft_s is not None)
+            prompt = sum(r.prompt_tokens for r in seen) or 1
+            stats = (f"errors {sum(not r.ok for r in seen)}  TTFT p50 {ttfts[len(ttfts) // 2] if ttfts else 0:.3f}s  "
+                     f"cached {sum(r.cached_tokens for r in seen) / prompt:.2f}")
+            bar.update(task, completed=len(seen), stats=stats)
+
+        yield on_result
+
+
+def target_rate(sessions: list[Session], concurrency: int) -> float:
+    """Sessions per second the workload's start times ask for (0 in closed-loop mode)."""
+    if concurrency or len(sessions) < 2:
+        return 0.0
+    starts = sorted(s.start_s for s in sessions)
+    return (len(starts) - 1) / (starts[-1] - starts[0]) if starts[-1] > starts[0] else 0.0
+
+
+def bench_url(url: str, model: str, sessions: list[Session], *, concurrency: int = 0, ignore_eos: bool = True,
+              timeout_s: float = 300.0, label: str = "bench", show: bool = True) -> tuple[Summary, list[Result]]:
+    with progress(label, num_requests(sessions), show) as on_result:
+        results = asyncio.run(loadgen.run(url, model, sessions, concurrency=concurrency, ignore_eos=ignore_eos,
+                                          timeout_s=timeout_s, on_result=on_result))
+    return summarise(results, target_session_rate=target_rate(sessions, concurrency)), results
+
+
+def bench_compare(policies: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
+                  timeout_s: float = 300.0, show: bool = True) -> Runs:
+    """One fresh cluster (replicas + gateway) per policy, the same sessions against each."""
+    runs: Runs = {}
+    names = [f"replica-{i}" for i in range(cluster.replicas)]
+    for policy in policies:
+        spec = dataclasses.replace(cluster, policy=policy, port=_free_port())
+        with started(spec) as running:
+            summary, results = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
+                                         timeout_s=timeout_s, label=policy, show=show)
+        runs[policy] = (summarise(results, target_session_rate=summary.target_session_rate, replicas=names), results)
+    return runs
+
+
+def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpec,
+                      policy_params: dict[str, dict[str, Any]] | None = None, show: bool = True) -> Runs:
+    """`policy_params`: per policy name, its routing params (the policy's defaults otherwise)."""
+    runs: Runs = {}
+    names = [f"replica-{i}" for i in range(spec.replicas)]
+    for policy in policies:
+        params = (policy_params or {}).get(policy, {})
+        started_at = time.perf_counter()
+        with progress(policy, num_requests(sessions), show) as on_result:
+            results = simulate(sessions, dataclasses.replace(spec, policy=policy, policy_params=params), on_result)
+        summary = summarise(results, target_session_rate=target_rate(sessions, spec.concurrency), replicas=names)
+        console.print(f"{policy}: {len(results)} requests simulated in {time.perf_counter() - started_at:.1f} s")
+        runs[policy] = (summary, results)
+    return runs
+
+
+def write_outputs(out_dir: Path, runs: Runs, meta: dict[str, Any], plots: bool = True) -> Path:
+    """result.json (meta + one summary per run), table.md and, with `plots`, the PNGs."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {name: summary for name, (summary, _) in runs.items()}
+    result = {"meta": meta, "runs": {name: s.to_dict() for name, s in summaries.items()}}
+    (out_dir / "result.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    (out_dir / "table.md").write_text(table(summaries) + "\n")
+    if plots:
+        try:
+            from gateway.plots import write_plots  # matplotlib is the optional `bench` extra
+        except ImportError:
+            console.print("plots skipped: matplotlib is not installed (pip install 'affinity-gateway[bench]')")
+        else:
+            write_plots(out_dir, runs, f"{meta.get('workload', '')} ({meta.get('mode', '')})")
+    return out_dir / "result.json"

@@ -1,0 +1,157 @@
+"""`affinity-gateway bench` and `affinity-gateway simulate`: arguments in, `gateway.benchmark` called.
+
+    affinity-gateway bench URL -w multi-turn -p users=32 -p rounds=4 --rate 2 --out out/
+    affinity-gateway bench --compare round_robin,prefix_affinity --replicas 4 --speedup 10 -w hot-prefix
+    affinity-gateway simulate -w shared-prefix --replicas 64 --policies all --rate 20 --out out/
+
+Workload parameters are the generator's keyword arguments (`-p name=value`, see
+`gateway/workloads.py`); `--rate` sets the workload's session arrival rate (`rate_per_s`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity",
+                "prefix_affinity")
+_STUB_KEYS = ("speedup", "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+              "timing")
+Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    from gateway.workloads import WORKLOADS
+
+    p.add_argument("--workload", "-w", default="multi-turn", choices=list(WORKLOADS), help="default multi-turn")
+    p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
+                   help="workload parameter, repeatable (e.g. -p users=64 -p rounds=5; trace: -p path=FILE)")
+    p.add_argument("--rate", type=float, help="session arrival rate per second (the workload's rate_per_s)")
+    p.add_argument("--concurrency", type=int, default=0,
+                   help="closed loop: this many sessions at a time, back to back (ignores arrival times)")
+    p.add_argument("--seed", type=int, default=0, help="workload (and policy) seed")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for result.json, table.md, PNGs")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
+
+
+def add_bench(commands: Subparsers) -> None:
+    p = commands.add_parser("bench", help="drive a seeded workload against a URL (or compare policies on fresh clusters)")
+    p.add_argument("url", nargs="?", help="OpenAI-compatible base URL (gateway, other router or replica)")
+    _workload_args(p)
+    p.add_argument("--model", default="stub-model")
+    p.add_argument("--compare", metavar="P1,P2,...",
+                   help=f"start fresh sim replicas + a gateway per policy instead of URL ('all' = {','.join(ALL_POLICIES)})")
+    p.add_argument("--replicas", type=int, default=4, help="with --compare: replica stubs per cluster")
+    p.add_argument("--speedup", type=float, default=10.0, help="with --compare: sim replicas' speed factor")
+    p.add_argument("--no-ignore-eos", action="store_true",
+                   help="do not send ignore_eos (for servers that reject it; answers may then be shorter)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
+    p.set_defaults(run=_bench)
+
+
+def add_simulate(commands: Subparsers) -> None:
+    p = commands.add_parser("simulate", help="discrete-event simulation: N sim replicas, the real policies, virtual time")
+    _workload_args(p)
+    p.add_argument("--policies", default="all", help=f"comma-separated ('all' = {','.join(ALL_POLICIES)})")
+    p.add_argument("--policy-param", "-P", action="append", default=[], metavar="POLICY.NAME=VALUE",
+                   help="a routing parameter of one policy, e.g. -P prefix_affinity.load_epsilon=0.5")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--num-gpu-blocks", type=int, default=4096, help="KV capacity per replica in 16-token blocks")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--speedup", type=float, default=1.0, help="divide every step time by this (as the stub does)")
+    p.add_argument("--scrape-interval", type=float, default=0.25, help="gateway load scrape period, seconds")
+    p.set_defaults(run=_simulate)
+
+
+def _sessions(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
+    from gateway.workloads import build
+
+    params: dict[str, Any] = dict(_pair(item) for item in args.param)
+    if args.rate is not None:
+        params["rate_per_s"] = args.rate
+    sessions = build(args.workload, params, seed=args.seed)
+    meta = {"workload": args.workload, "params": params, "seed": args.seed, "concurrency": args.concurrency,
+            "sessions": len(sessions), "requests": sum(len(s.user_turns) for s in sessions)}
+    return sessions, meta
+
+
+def _pair(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep:
+        raise ValueError(f"expected NAME=VALUE, got {item!r}")
+    return name.strip(), value.strip()
+
+
+def _policies(value: str) -> list[str]:
+    return list(ALL_POLICIES) if value == "all" else [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from gateway import benchmark
+    from gateway.cluster import ClusterSpec
+
+    if bool(args.url) == bool(args.compare):
+        print("affinity-gateway bench: give either a URL or --compare POLICIES", flush=True)
+        return 2
+    try:
+        sessions, meta = _sessions(args)
+    except (ValueError, OSError) as exc:
+        print(f"affinity-gateway bench: {exc}")
+        return 2
+    if args.compare:
+        cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error")
+        meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup)
+        runs = benchmark.bench_compare(_policies(args.compare), sessions, cluster, concurrency=args.concurrency,
+                                       timeout_s=args.timeout, show=not args.quiet)
+    else:
+        meta.update(mode="bench", url=args.url)
+        runs = {"bench": benchmark.bench_url(args.url, args.model, sessions, concurrency=args.concurrency,
+                                             ignore_eos=not args.no_ignore_eos, timeout_s=args.timeout,
+                                             show=not args.quiet)}
+    return _finish(args, runs, meta)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from gateway import benchmark
+    from gateway.simulate import SimSpec
+    from replica_stub.config import StubConfig
+
+    try:
+        sessions, meta = _sessions(args)
+        policy_params: dict[str, dict[str, Any]] = {}
+        for item in args.policy_param:
+            key, value = _pair(item)
+            policy, _, name = key.partition(".")
+            policy_params.setdefault(policy, {})[name] = float(value) if _is_number(value) else value
+        stub = StubConfig(num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
+                          speedup=args.speedup).resolved()
+    except (ValueError, OSError) as exc:
+        print(f"affinity-gateway simulate: {exc}")
+        return 2
+    spec = SimSpec(replicas=args.replicas, stub=stub, scrape_interval_s=args.scrape_interval,
+                   concurrency=args.concurrency, seed=args.seed)
+    meta.update(mode="simulate", replicas=args.replicas, policy_params=policy_params,
+                stub={k: v for k, v in dataclasses.asdict(stub).items() if k in _STUB_KEYS})
+    runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet)
+    return _finish(args, runs, meta)
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
+    from gateway.benchmark import write_outputs
+    from gateway.results import table
+
+    path = write_outputs(args.out, runs, meta, plots=not args.no_plots)
+    print(table({name: summary for name, (summary, _) in runs.items()}))
+    print(f"\nwrote {path}" + ("" if args.no_plots else ", table.md and plots") + f" in {args.out}")
+    return 1 if any(summary.errors for summary, _ in runs.values()) else 0

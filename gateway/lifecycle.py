@@ -1,0 +1,90 @@
+"""Serving and graceful shutdown: SIGTERM stops new work, lets accepted requests finish, then exits.
+
+    SIGTERM/SIGINT → /ready answers 503 ("draining") → after `shutdown.ready_delay_s` the listener
+    closes (new connections are refused; idle keep-alive connections are closed) → requests already
+    accepted, streams included, run to completion for up to `shutdown.grace_s` → whatever is still
+    running then is cancelled (its upstream request closed) → background tasks stop.
+
+The ready delay exists for load balancers that poll /ready: they stop sending before the port
+closes. The HTTP server's own limits are set here too: header line size and count, and the
+header deadline (aiohttp's keep-alive timer, which also runs from the moment a connection opens,
+so a client dribbling its headers — slowloris — is cut off after `limits.client_header_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import structlog
+from aiohttp import web
+
+from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.config import Config
+
+log = structlog.get_logger("gateway.lifecycle")
+
+
+@dataclass(frozen=True)
+class ShutdownConfig:
+    """YAML `shutdown` (read once, at start)."""
+
+    grace_s: float = 30.0  # accepted requests may run this long after SIGTERM
+    ready_delay_s: float = 0.0  # /ready is 503 this long before the listener closes
+
+    def validate(self, key: str) -> None:
+        if self.grace_s <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.grace_s")
+        if self.ready_delay_s < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.ready_delay_s")
+
+
+class Lifecycle:
+    """Mutable for the app's life: set once SIGTERM arrives."""
+
+    draining: bool = False
+
+
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+
+
+def serve(app: web.Application, config: Config) -> None:
+    """Run until SIGTERM/SIGINT, then drain; uvloop if installed."""
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        pass
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_serve(app, config))
+
+
+async def _serve(app: web.Application, config: Config) -> None:
+    limits = config.limits
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
+                           shutdown_timeout=config.shutdown.grace_s, keepalive_timeout=limits.client_header_timeout_s,
+                           max_line_size=limits.max_header_bytes, max_field_size=limits.max_header_bytes,
+                           max_headers=limits.max_headers)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, config.listen.host, config.listen.port).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("gateway_listening", host=config.listen.host, port=config.listen.port,
+                 models=sorted(config.pools), policies={m: p.routing.policy for m, p in config.pools.items()})
+        await stop.wait()
+        app[LIFECYCLE].draining = True
+        log.info("gateway_draining", ready_delay_s=config.shutdown.ready_delay_s, grace_s=config.shutdown.grace_s)
+        await asyncio.sleep(config.shutdown.ready_delay_s)
+    finally:
+        await runner.cleanup()
+    log.info("gateway_stopped")

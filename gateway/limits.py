@@ -1,0 +1,72 @@
+"""What a client may send: the body read once under a size and time limit, then checked for shape.
+
+Checks that need no routing state run in `read_view` (size, read deadline, JSON shape, number of
+messages); the prompt-length estimate needs the pool's prefix parameters and runs in
+`check_prompt`, once the model is known. Header sizes and the header deadline are enforced by the
+HTTP server itself (see `lifecycle.serve`). Every limit is a `limits.*` key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import orjson
+from aiohttp import web
+
+from gateway.config import LimitsConfig
+from gateway.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError
+from gateway.prefix import PrefixParams, prompt_source
+from gateway.view import RequestView
+
+
+async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, request_id: str,
+                    tenant: str | None = None) -> RequestView:
+    """Read the body once (bounded in size and time), parse it once with orjson; the raw bytes are
+    what gets forwarded."""
+    limit = limits.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
+    raw = bytearray()
+    try:
+        async with asyncio.timeout(limits.client_body_timeout_s):
+            async for chunk in request.content.iter_any():
+                raw += chunk
+                if len(raw) > limit:
+                    raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+    except TimeoutError:
+        raise RequestTimeoutError(f"request body not received within {limits.client_body_timeout_s:g}s") from None
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"malformed JSON in request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequestError("`model` must be a non-empty string", param="model")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequestError("`stream` must be true or false", param="stream")
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise BadRequestError(f"{len(messages)} messages exceed the limit of {limits.max_messages}",
+                              param="messages")
+    session = request.headers.get("X-Session-ID") or body.get("prompt_cache_key") or body.get("user")
+    return RequestView(request_id=request_id, endpoint=endpoint, model=model, stream=stream, body=body,
+                       raw=bytes(raw), tenant=tenant, session_key=session if isinstance(session, str) else None)
+
+
+def estimate_prompt(view: RequestView, params: PrefixParams) -> int:
+    """Prompt tokens as the prefix hasher counts them: token ids exactly, text by characters."""
+    if not view.prompt_tokens_estimate:
+        source, _ = prompt_source(view.endpoint, view.body)
+        view.prompt_tokens_estimate = (math.ceil(len(source) / params.chars_per_token) if isinstance(source, str)
+                                       else len(source))
+    return view.prompt_tokens_estimate
+
+
+def check_prompt(view: RequestView, params: PrefixParams, limits: LimitsConfig) -> None:
+    if limits.max_prompt_tokens and estimate_prompt(view, params) > limits.max_prompt_tokens:
+        raise BadRequestError(f"the prompt is about {view.prompt_tokens_estimate} tokens, over the limit of "
+                              f"{limits.max_prompt_tokens}", param="messages" if view.endpoint == "chat" else "prompt")

@@ -1,0 +1,292 @@
+"""`affinity-gateway simulate`: a discrete-event simulation of a gateway in front of N sim replicas.
+
+Virtual time, no sockets, one process. Each replica is the replica stub's own machinery — its
+`Scheduler`, `KVCacheManager` over a `BlockPool` (prefix cache with LRU eviction) and the sim
+engine's `step_ms` cost model — stepped on an event heap instead of `asyncio.sleep`. The gateway
+side is the real `Router` with the real policy and in-memory warm index, fed the same Candidate
+fields the server builds: exact in-flight counts and a periodic "scrape" of running / waiting /
+KV usage. Prompts are tokenized by the stub's tokenizer and chat template, answers are words
+of the stub's vocabulary, so the cache sees exactly what a real sim replica would see.
+
+What it leaves out: network and event-loop time (the real stub adds a little per step), health
+probes and failures, and the engine's random answer lengths (like `bench`, every answer is
+exactly `max_tokens` long: `ignore_eos`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from gateway.cost import CostModel
+from gateway.policies import Candidate, Outcome, Policy, build_policy
+from gateway.prefix import PrefixParams
+from gateway.results import Result
+from gateway.routing import Router
+from gateway.view import RequestView
+from gateway.workloads import Session
+from replica_stub.block_pool import BlockPool
+from replica_stub.config import StubConfig
+from replica_stub.engine.simulated import SimEngine
+from replica_stub.kv_cache import KVCacheManager
+from replica_stub.request import Request, SamplingParams
+from replica_stub.scheduler import Scheduler, SchedulerOutput
+from replica_stub.tokenizer import IM_END, IM_START
+
+OnResult = Callable[[Result], None]
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """The simulated cluster. `stub` holds the replicas' settings (KV blocks, batch limits, timing,
+    speedup) with the replica stub's defaults; `scrape_interval_s` is the gateway's `load.interval_s`."""
+
+    replicas: int = 4
+    policy: str = "round_robin"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    model: str = "stub-model"
+    stub: StubConfig = field(default_factory=lambda: StubConfig().resolved())
+    prefix: PrefixParams = field(default_factory=PrefixParams)
+    scrape_interval_s: float = 0.25
+    concurrency: int = 0  # > 0: closed loop, this many sessions at a time (start times ignored)
+    itl_every: int = 8  # keep every n-th inter-token gap (memory: 100k requests × 256 tokens)
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class _Replica:
+    name: str
+    scheduler: Scheduler
+    in_flight: int = 0
+    running: int = 0  # as last scraped
+    waiting: int = 0
+    kv_usage: float = 0.0
+    busy: bool = False
+
+
+@dataclass(slots=True)
+class _Active:
+    """A session in flight: its history so far, in stub tokens and in chat messages."""
+
+    session: Session
+    turn: int
+    messages: list[dict[str, str]]
+    token_ids: list[int]
+    answer_rng: random.Random
+    view: RequestView | None = None
+    replica: _Replica | None = None
+    result: Result | None = None
+    last_token_s: float = 0.0
+    answer_ids: list[int] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(self, spec: SimSpec, on_result: OnResult | None = None) -> None:
+        self.spec = spec
+        self.now = 0.0
+        self.on_result = on_result
+        self.results: list[Result] = []
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        stub = spec.stub
+        self.engine = SimEngine(stub.timing, speedup=stub.speedup)
+        self.tokenizer = self.engine.tokenizer
+        self._encoded: dict[str, list[int]] = {}
+        self.replicas = {name: _Replica(name, Scheduler(
+            KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size)), max_num_seqs=stub.max_num_seqs,
+            max_num_batched_tokens=stub.max_num_batched_tokens, max_model_len=stub.max_model_len))
+            for name in (f"replica-{i}" for i in range(spec.replicas))}
+        self.router = Router(_policy(spec, self.clock), spec.prefix, pool=spec.model)
+        capacity = spec.prefix.index_blocks(stub.num_gpu_blocks, stub.block_size)
+        for name in self.replicas:
+            self.router.index.set_capacity(name, capacity)
+        self._active: dict[str, _Active] = {}
+        self._by_request: dict[str, _Active] = {}
+        self._vocab_ids = [self.tokenizer.encode(w)[0] for w in self.engine.vocab]
+        self._word = dict(zip(self._vocab_ids, self.engine.vocab))
+        self._generation_prompt = self.tokenizer.encode(f"{IM_START}assistant\n")
+        self._end_of_message = self.tokenizer.encode(f"{IM_END}\n")
+        self._queue: list[Session] = []
+        self._ids = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, sessions: list[Session]) -> list[Result]:
+        """Simulate until every session has finished; returns one Result per request."""
+        if self.spec.concurrency > 0:
+            self._queue = list(reversed(sessions))
+            for _ in range(min(self.spec.concurrency, len(sessions))):
+                self._at(0.0, self._next_closed_loop)
+        else:
+            for session in sessions:
+                self._at(session.start_s, lambda s=session: self._start(s))  # type: ignore[misc]
+        self._at(0.0, self._scrape)
+        while self._heap:
+            self.now, _, action = heapq.heappop(self._heap)
+            action()
+        _sync(self.router.close())
+        return self.results
+
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, action))
+
+    def _scrape(self) -> None:
+        for r in self.replicas.values():
+            r.running, r.waiting = r.scheduler.num_running, r.scheduler.num_waiting
+            r.kv_usage = r.scheduler.kv.usage()
+        if self._heap:  # anything left to happen
+            self._at(self.now + self.spec.scrape_interval_s, self._scrape)
+
+    def _next_closed_loop(self) -> None:
+        if self._queue:
+            self._start(self._queue.pop())
+
+    def _start(self, session: Session) -> None:
+        seed = xxhash.xxh3_64_intdigest(f"{self.spec.seed}:{session.session_id}".encode())
+        messages = [{"role": "system", "content": session.system}] if session.system else []
+        tokens = [t for m in messages for t in self._encode_message(m, cache=True)]
+        active = _Active(session, 0, messages, tokens, random.Random(seed))
+        self._active[session.session_id] = active
+        self._send(active)
+
+    def _encode_message(self, message: dict[str, str], cache: bool = False) -> list[int]:
+        """The stub's ChatML rendering of one message, tokenized. Every message starts with a
+        special token, so encoding message by message equals encoding the whole template."""
+        text = f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n"
+        if not cache:
+            return self.tokenizer.encode(text)
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = self.tokenizer.encode(text)
+        return ids
+
+    def _send(self, active: _Active) -> None:
+        session, spec = active.session, self.spec
+        message = {"role": "user", "content": session.user_turns[active.turn]}
+        active.messages.append(message)
+        active.token_ids += self._encode_message(message)
+        prompt_ids = active.token_ids + self._generation_prompt
+        self._ids += 1
+        request_id = f"sim-{self._ids}"
+        stub = spec.stub
+        if len(prompt_ids) + session.max_tokens > stub.max_model_len:  # the stub answers 400, as vLLM does
+            self._record(Result(session.session_id, active.turn, ok=False, status=400, scheduled_s=self.now,
+                                sent_s=self.now, error="prompt + max_tokens exceed max_model_len"))
+            self._end(active)
+            return
+        body = {"model": spec.model, "messages": list(active.messages), "max_tokens": session.max_tokens,
+                "stream": True}
+        view = RequestView(request_id, "chat", spec.model, True, body, b"", session_key=session.session_id)
+        candidates = [Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage)
+                      for r in self.replicas.values()]
+        replica = self.replicas[_sync(self.router.route(view, candidates)).replica_id]
+        replica.in_flight += 1
+        max_tokens = session.max_tokens
+        request = Request(request_id, prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                          stub.block_size, eos_token_id=self.tokenizer.eos_token_id, arrival_time=self.now)
+        vocab = self._vocab_ids
+        active.answer_ids = [vocab[active.answer_rng.randrange(len(vocab))] for _ in range(max_tokens)]
+        active.view, active.replica = view, replica
+        active.result = Result(session.session_id, active.turn, ok=False, scheduled_s=self.now, sent_s=self.now,
+                               replica=replica.name)
+        self._by_request[request_id] = active
+        replica.scheduler.add_request(request)
+        if not replica.busy:
+            self._step(replica)
+
+    def _step(self, replica: _Replica) -> None:
+        out = replica.scheduler.schedule()
+        if not out.scheduled:
+            replica.busy = False
+            return
+        replica.busy = True
+        self._at(self.now + self.engine.step_ms(out) / 1000 / self.engine.speedup,
+                 lambda: self._step_done(replica, out))
+
+    def _step_done(self, replica: _Replica, out: SchedulerOutput) -> None:
+        by_request = self._by_request
+        sampled = {s.request.request_id: by_request[s.request.request_id].answer_ids[len(s.request.output_token_ids)]
+                   for s in out.scheduled if s.samples}
+        requests = {s.request.request_id: s.request for s in out.scheduled}
+        every = self.spec.itl_every
+        for output in replica.scheduler.update_from_output(out, sampled):
+            active = by_request[output.request_id]
+            result = active.result
+            assert result is not None
+            if result.ttft_s is None:
+                result.ttft_s = self.now - result.sent_s
+            else:
+                n = len(requests[output.request_id].output_token_ids)
+                if n % every == 0:
+                    result.itl_s.append(self.now - active.last_token_s)
+            active.last_token_s = self.now
+            if output.finish_reason is not None:
+                self._finish(active, requests[output.request_id])
+        self._step(replica)
+
+    def _finish(self, active: _Active, request: Request) -> None:
+        result, replica, view = active.result, active.replica, active.view
+        assert result is not None and replica is not None and view is not None
+        del self._by_request[request.request_id]
+        replica.in_flight -= 1
+        result.ok, result.status, result.e2e_s = True, 200, self.now - result.sent_s
+        result.prompt_tokens, result.completion_tokens = request.num_prompt_tokens, len(request.output_token_ids)
+        result.cached_tokens = request.num_cached_tokens or 0
+        self.router.finished(view, replica.name, Outcome(ok=True, ttft_s=result.ttft_s,
+                                                        prompt_tokens=result.prompt_tokens,
+                                                        cached_tokens=result.cached_tokens))
+        self._record(result)
+        active.messages.append({"role": "assistant", "content": "".join(self._word[t] for t in request.output_token_ids)})
+        # The tokenizer is prefix-stable and the answer is whole vocabulary words, so the next turn's
+        # prompt continues this request's tokens exactly, as the stub re-tokenizes it.
+        active.token_ids = [*request.prompt_token_ids, *request.output_token_ids, *self._end_of_message]
+        active.turn += 1
+        session = active.session
+        if active.turn < len(session.user_turns):
+            self._at(self.now + session.think_s, lambda: self._send(active))
+        else:
+            self._end(active)
+
+    def _record(self, result: Result) -> None:
+        self.results.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def _end(self, active: _Active) -> None:
+        del self._active[active.session.session_id]
+        if self.spec.concurrency > 0:
+            self._next_closed_loop()
+
+
+def _policy(spec: SimSpec, clock: Callable[[], float]) -> Policy:
+    params = dict(spec.policy_params)
+    policy = build_policy(spec.policy, params, "simulate")
+    if "seed" in {f.name for f in dataclasses.fields(policy.Params)} and "seed" not in params:
+        policy = build_policy(spec.policy, {**params, "seed": spec.seed}, "simulate")  # reproducible runs
+    # The prefix policy's prefill queue drains in (virtual) time: give it the simulation's clock.
+    cost = getattr(policy, "cost", None)
+    if isinstance(cost, CostModel):
+        cost.clock = clock
+    return policy
+
+
+def _sync(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never really waits (the in-memory index) to completion, synchronously."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the simulation needs an index that never waits (state.store: memory)")
+
+
+def simulate(sessions: list[Session], spec: SimSpec, on_result: OnResult | None = None) -> list[Result]:
+    return Simulation(spec, on_result).run(sessions)

@@ -160,10 +160,11 @@ class LimitsConfig:
     max_prompt_tokens: int = 0  # estimated from the prompt's characters (or counted token ids); 0 = no limit
     client_header_timeout_s: float = 10.0  # complete headers this soon after connecting or the last answer
     client_body_timeout_s: float = 30.0  # the whole body this soon after the headers, else 408
+    client_write_timeout_s: float = 30.0  # a client that reads nothing of a stream this long is dropped
 
     def validate(self, key: str) -> None:
         _positive(self, key, "max_body_bytes", "max_header_bytes", "max_headers", "max_messages",
-                  "client_header_timeout_s", "client_body_timeout_s")
+                  "client_header_timeout_s", "client_body_timeout_s", "client_write_timeout_s")
         for name in ("max_retries", "max_prompt_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError("must be >= 0", key=f"{key}.{name}")

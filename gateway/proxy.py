@@ -7,11 +7,13 @@
 
 Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
 never sees a stream restart. Client disconnect (handler cancellation, or a failed write) closes the
-upstream response at once, which aborts the request at the replica.
+upstream response at once, which aborts the request at the replica; so does a streaming client that
+stops reading for `limits.client_write_timeout_s`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,28 @@ class _Retryable(Exception):
     def __init__(self, error: GatewayError, kind: str) -> None:
         super().__init__(error.message)
         self.error, self.kind = error, kind
+
+
+class _SlowClient(Exception):
+    """The client's socket stayed full past `limits.client_write_timeout_s`: it stopped reading."""
+
+
+_HIGH_WATER = 1 << 16  # a transport pauses writers above this many queued bytes (asyncio's and uvloop's default)
+
+
+async def _write(request: web.Request, response: web.StreamResponse, chunk: bytes, timeout_s: float) -> None:
+    """Relay one chunk. A write can only block once more than the high-water mark is queued for the
+    client, so only a client already behind (or a chunk that big) pays for a deadline; the common
+    case costs one buffer-size check."""
+    transport = request.transport
+    if transport is None or not (transport.get_write_buffer_size() or len(chunk) > _HIGH_WATER):
+        await response.write(chunk)
+        return
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(chunk)
+    except TimeoutError:
+        raise _SlowClient from None
 
 
 class Proxy:
@@ -163,7 +187,7 @@ class Proxy:
                 if exchange.ttft_s is None:
                     exchange.ttft_s = time.perf_counter() - exchange.started
                     await response.prepare(request)
-                await response.write(chunk)
+                await _write(request, response, chunk, config.limits.client_write_timeout_s)
                 scanner.feed(chunk)
                 ended_on_event = chunk.endswith(b"\n\n")
             if not response.prepared:
@@ -171,6 +195,11 @@ class Proxy:
         except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof
             exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
             upstream.close()
+        except _SlowClient:
+            exchange.status, exchange.error = CLIENT_CLOSED, "client stopped reading"
+            upstream.close()
+            if request.transport is not None:
+                request.transport.abort()  # drop what it never read; a graceful close would wait for it
         except (aiohttp.ClientError, TimeoutError) as exc:
             exchange.error = f"upstream broke mid-stream: {type(exc).__name__}"
             self._upstream_failed(replica, "mid_stream", exchange.error, config)

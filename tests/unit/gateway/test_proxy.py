@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import AsyncIterator
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -69,3 +71,31 @@ async def test_disconnect_mid_stream_cancels_upstream(fake: FakeReplica, served:
     await until(lambda: fake.cancelled == 1 and replica.in_flight == 0)
     fake.hold.set()
 
+
+
+@pytest.mark.parametrize("chunk_pad", [2000, 65536], ids=["small-chunks", "chunks-over-high-water"])
+async def test_client_that_stops_reading_is_dropped_and_upstream_closed(chunk_pad: int) -> None:
+    fake = FakeReplica("r0", chunks=20_000, chunk_pad=chunk_pad)
+    upstream = TestServer(fake.app, handler_cancellation=True)
+    await upstream.start_server()
+    config = parse_config({"pools": {"m1": {"replicas": [{"url": str(upstream.make_url("")).rstrip("/"),
+                                                          "name": "r0"}]}},
+                           "limits": {"client_write_timeout_s": 0.3}})
+    app = make_app(config)
+    gateway = TestServer(app, handler_cancellation=True)
+    await gateway.start_server()
+    replica = app[STATE].routes["m1"].pool.get("r0")
+    assert replica is not None
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills fast
+    try:
+        sock.connect(("127.0.0.1", gateway.port))
+        body = orjson.dumps({**CHAT, "stream": True})
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await until(lambda: fake.active == 1)
+        await until(lambda: fake.active == 0 and replica.in_flight == 0, timeout_s=10)  # never read a byte
+    finally:
+        sock.close()
+        await gateway.close()
+        await upstream.close()

@@ -12,6 +12,7 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gateway.auth import hash_key
 from gateway.config import parse_config
 from gateway.server import STATE, make_app
 from tests.upstream import FakeReplica, until
@@ -214,3 +215,24 @@ async def test_no_retry_once_bytes_went_out(gateway: Gateway) -> None:
     text = await resp.text()
     assert resp.status == 200 and text.count("tok") == 2
     assert text.endswith('"code":502}}\n\ndata: [DONE]\n\n') and not fakes[1].seen
+
+
+async def test_api_key_gives_the_tenant_and_is_not_forwarded(gateway: Gateway,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    client, (fake,) = await gateway(FakeReplica("r0"), auth={"keys": [{"sha256": hash_key("sk-1"), "tenant": "acme"}]})
+    router = client.app[STATE].routes[MODEL].router
+    tenants: list[str | None] = []
+    route = router.route
+
+    async def spy(view: Any, candidates: Any) -> Any:
+        tenants.append(view.tenant)
+        return await route(view, candidates)
+
+    monkeypatch.setattr(router, "route", spy)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 401
+    resp = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer sk-1"})
+    assert resp.status == 200 and tenants == ["acme"]
+    assert "Authorization" not in fake.seen[0].headers
+    metrics = await (await client.get("/metrics")).text()
+    assert 'affinity_gateway_tenant_requests_total{status="200",tenant="acme"} 1.0' in metrics
+    assert 'affinity_gateway_tenant_tokens_total{kind="completion",tenant="acme"} 3.0' in metrics

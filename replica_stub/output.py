@@ -17,6 +17,9 @@ from replica_stub.request import Request
 from replica_stub.engine.base import Tokenizer
 
 
+MAX_CHAR_TOKENS = 4  # UTF-8 characters are at most 4 bytes, so at most 4 byte-level tokens
+
+
 @dataclass(frozen=True, slots=True)
 class Delta:
     text: str
@@ -38,6 +41,7 @@ class RequestStream:
         self._stop = stop
         self._holdback = max((len(s) for s in stop), default=1) - 1
         self._text = ""
+        self._undecoded: list[int] = []
         self._sent = 0
         self._pending: list[Delta] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -56,7 +60,7 @@ class RequestStream:
             self.first_token_time = time.monotonic()
         self.num_output_tokens += len(token_ids)
         start = max(0, len(self._text) - self._holdback)
-        self._text += self._tokenizer.decode(token_ids)
+        self._text += self._decode(token_ids, final=finish_reason is not None)
         stop_reason = None
         for stop in self._stop:
             index = self._text.find(stop, start)
@@ -70,6 +74,17 @@ class RequestStream:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         return stop_reason is not None
+
+    def _decode(self, token_ids: list[int], *, final: bool) -> str:
+        """Text of the new tokens. A byte-level BPE splits a multi-byte character (emoji, CJK)
+        over up to 4 tokens, each of which alone decodes to U+FFFD: such tokens wait for the
+        rest of their character and are decoded together."""
+        self._undecoded.extend(token_ids)
+        text = self._tokenizer.decode(self._undecoded)
+        if text.endswith("\ufffd") and not final and len(self._undecoded) < MAX_CHAR_TOKENS:
+            return ""
+        self._undecoded = []
+        return text
 
     def take(self) -> list[Delta]:
         """Everything pushed since the last take."""

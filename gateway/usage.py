@@ -1,8 +1,11 @@
-"""Token counts read from answers on their way through, without touching or delaying the bytes.
+"""Token counts (and, when asked, the answer's text) read from answers on their way through,
+without touching or delaying the bytes.
 
 Non-streamed: the JSON body's `usage`. Streamed: the SSE event that carries a non-null `usage`
 (the last one with `stream_options.include_usage`); chunks are scanned after they were written.
 `cached_tokens` is `usage.prompt_tokens_details.cached_tokens` (vLLM: --enable-prompt-tokens-details).
+The answer's text is collected only for prefix policies: the replica caches the answer's KV too,
+and the next turn of the conversation starts with it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import orjson
 
 _MAX_TAIL_BYTES = 1 << 20  # an SSE event larger than this is not scanned
+_MAX_ANSWER_CHARS = 1 << 18  # answer text kept for the warm-prefix index; the rest is not needed
 
 
 @dataclass(slots=True)
@@ -20,6 +24,8 @@ class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    answer: list[str] | None = None  # the first choice's text pieces; None: not collected
+    answer_chars: int = 0
 
     def update(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -31,7 +37,8 @@ class Usage:
             self.cached_tokens = _int(details.get("cached_tokens"), self.cached_tokens)
 
     def read_body(self, body: bytes) -> None:
-        if b'"usage"' not in body:
+        """A whole JSON answer, or one SSE event's data."""
+        if b'"usage"' not in body and self.answer is None:
             return
         try:
             data = orjson.loads(body)
@@ -39,6 +46,20 @@ class Usage:
             return
         if isinstance(data, dict):
             self.update(data.get("usage"))
+            if self.answer is not None:
+                self._collect(data.get("choices"))
+
+    def _collect(self, choices: Any) -> None:
+        """Chat `message.content` / `delta.content`, or completions `text`, of choice 0."""
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        part = choice.get("message") or choice.get("delta")
+        text = part.get("content") if isinstance(part, dict) else choice.get("text")
+        if isinstance(text, str) and text and self.answer is not None:
+            if self.answer_chars + len(text) <= _MAX_ANSWER_CHARS:
+                self.answer.append(text)
+                self.answer_chars += len(text)
 
 
 class SSEUsageScanner:
@@ -56,10 +77,11 @@ class SSEUsageScanner:
             return
         self._tail = data[end + 2:]
         complete = data[:end]
-        if b'"usage"' not in complete:
+        collect = self.usage.answer is not None
+        if b'"usage"' not in complete and not collect:
             return
         for event in complete.split(b"\n\n"):
-            if b'"usage"' in event and b'"usage":null' not in event:
+            if collect or (b'"usage"' in event and b'"usage":null' not in event):
                 for line in event.split(b"\n"):
                     if line.startswith(b"data:"):
                         self.usage.read_body(line[5:].strip())

@@ -21,3 +21,4 @@ class RequestView:
     prompt_tokens_estimate: int = 0
     block_hashes: tuple[int, ...] = field(default=())  # filled only for policies that need the prefix
     preamble_tokens: int = 0  # leading tools + system prompt tokens (in full blocks), filled with block_hashes
+    preamble_key: int = 0  # chain hash of the last block inside the preamble (0: none); names the preamble

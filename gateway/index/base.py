@@ -49,8 +49,9 @@ class WarmIndex(Protocol):
     async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
         """Leading blocks of `hashes` each replica holds (0 if none); marks nothing as used."""
 
-    async def record(self, replica_id: str, hashes: Sequence[int]) -> None:
-        """`replica_id` now holds `hashes` (just dispatched there); refreshes their last use."""
+    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """`replica_id` now holds `hashes`; refreshes their last use. Never waits: a shared
+        store queues the write and sends it in the background."""
 
     async def forget(self, replica_id: str) -> None:
         """Drop a replica's table (removed, restarted, or its cache was reset)."""

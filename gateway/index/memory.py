@@ -37,10 +37,7 @@ class MemoryIndex:
             result[replica_id] = n
         return result
 
-    async def record(self, replica_id: str, hashes: Sequence[int]) -> None:
-        self.record_now(replica_id, hashes)
-
-    def record_now(self, replica_id: str, hashes: Sequence[int]) -> None:
+    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
         if not hashes:
             return
         table = self._tables.get(replica_id)

@@ -129,9 +129,9 @@ class RedisIndex:
         # This gateway's newest writes may still be queued: take the longer of the two.
         return {r: max(int(n), local[r]) for r, n in zip(ids, counts)}
 
-    async def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
         if hashes:
-            self.local.record_now(replica_id, hashes)
+            self.local.record(replica_id, hashes)
             self._enqueue((replica_id, pack(hashes), time.time()))
 
     async def forget(self, replica_id: str) -> None:

@@ -78,6 +78,7 @@ class Outcome:
     prompt_tokens: int | None = None  # usage.prompt_tokens, when the replica reported it
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
     predicted: Score | None = None  # the chosen replica's row at dispatch; attached by the Router
+    answer: str | None = None  # the answer's text, when the Router asked for it (records_answers)
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,24 @@
 """prefix_affinity: send each request where its predicted time to first token is lowest.
 
     predicted_ttft(r) = wait(r) + prefill_s_per_token × (prompt_tokens − cached_tokens(r))
-    choice: argmin over r of predicted_ttft(r) + (1 − preamble_weight) × prefill_s_per_token
+    choice: argmin over r of predicted_ttft(r) + discount × prefill_s_per_token
             × min(cached_tokens(r), preamble_tokens), among replicas within the load bound
+    discount = 1 − preamble_weight for a new conversation (no replica holds more than the
+               preamble) whose preamble is shared (carried by `shared_preamble_requests`
+               requests lately), else 0: a private system prompt or a conversation with a home
+               is scored by its true TTFT
 
 Inputs: `cached_tokens` from the warm-prefix index (the Router fills it), load and scraped queue
 from the pool, the virtual prefill queue and learned prefill cost from `gateway.cost`.
 Cache benefit and load are in one unit, decided per request and per candidate — no fleet-wide
 "imbalanced, ignore the cache" switch. Overlap every candidate holds shifts every score equally
 and attracts nothing. The chat preamble (tools + system prompt, shared by many conversations)
-attracts nothing either by default: it will be cached on every replica after one prefill each,
-while pinning new conversations to its first holder would make a hot spot. A conversation's own
-history attracts with its full prefill cost. A bounded-load rule (`policies.bound`) keeps any
+attracts no *new* conversation by default once many requests share it: it will be cached on
+every replica after one prefill each, while pinning new conversations to its first holder would
+make a hot spot. A preamble seen only a few times (one conversation's own system prompt) is not
+assumed to be warm elsewhere. Once a
+conversation has a home, the true TTFT decides: the home holds its history *and* the preamble,
+and another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
 replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads.
 Candidates within `tie_s` (or `tie_ratio` of the best) are tied: the least loaded wins, then the
 one sent the fewest requests lately, then a random one. Each dispatch lengthens the replica's
@@ -29,6 +36,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.cost import CostModel, CostParams
 from gateway.errors import ConfigError
@@ -48,6 +56,7 @@ class PrefixAffinityParams(CostParams):
     tie_s: float = 0.005  # predicted TTFTs this close count as tied
     tie_ratio: float = 0.05  # ...or this fraction of the best
     balance_window_s: float = 60.0  # ties go to the replica sent the fewest requests lately
+    shared_preamble_requests: int = 4  # requests within balance_window_s that make a preamble "shared"
     seed: int | None = None
 
     def validate(self, key: str) -> None:
@@ -58,6 +67,8 @@ class PrefixAffinityParams(CostParams):
             raise ConfigError("must be between 0 and 1", key=f"{key}.preamble_weight")
         if self.balance_window_s <= 0:
             raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
+        if self.shared_preamble_requests < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.shared_preamble_requests")
         if self.tie_s < 0 or self.tie_ratio < 0:
             raise ConfigError("must be >= 0", key=f"{key}.tie_s")
 
@@ -79,14 +90,20 @@ class PrefixAffinityPolicy(Policy):
         self._done_at: dict[str, tuple[str, float]] = {}
         # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
         self._recent: dict[str, tuple[float, float]] = {}
+        # The same, per preamble (view.preamble_key), oldest first; bounded.
+        self._preambles: dict[int, tuple[float, float]] = {}
 
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         p = self.params
         now = self.cost.clock()
         prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
-        # The shared preamble (tools, system prompt) will be cached on every replica soon; with
-        # preamble_weight < 1 holding it attracts less, so it spreads instead of pinning a hot spot.
-        discount = 1.0 - p.preamble_weight
+        # A new conversation: the shared preamble (tools, system prompt) will be cached on every
+        # replica soon; with preamble_weight < 1 holding it attracts less, so new conversations
+        # spread instead of pinning a hot spot. A conversation with a home: nothing is discounted.
+        has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens
+        seen = _decayed(self._preambles, view.preamble_key, now, p.balance_window_s)
+        shared = seen + 0.5 >= p.shared_preamble_requests  # a decayed count: round, don't truncate
+        discount = 1.0 - p.preamble_weight if shared and not has_home else 0.0
         rows, effective = [], []
         for c in candidates:
             wait, ttft = self.cost.predict(c, prompt, now)
@@ -112,12 +129,18 @@ class PrefixAffinityPolicy(Policy):
         return Decision(rows[pick].replica_id, reason, tuple(rows))
 
     def _recent_work(self, replica_id: str, now: float) -> float:
-        count, since = self._recent.get(replica_id, (0.0, now))
-        return count * math.exp((since - now) / self.params.balance_window_s)
+        return _decayed(self._recent, replica_id, now, self.params.balance_window_s)
 
     def on_dispatched(self, view: RequestView, replica_id: str) -> None:
         now = self.cost.clock()
+        window = self.params.balance_window_s
         self._recent[replica_id] = (self._recent_work(replica_id, now) + 1.0, now)
+        if view.preamble_key:
+            seen = _decayed(self._preambles, view.preamble_key, now, window) + 1.0
+            self._preambles.pop(view.preamble_key, None)
+            if len(self._preambles) >= MAX_TRACKED:
+                del self._preambles[next(iter(self._preambles))]
+            self._preambles[view.preamble_key] = (seen, now)
         request_id, uncached = self._last
         if request_id == view.request_id and replica_id in uncached:
             done_at = self.cost.dispatched(replica_id, uncached[replica_id])
@@ -136,3 +159,9 @@ class PrefixAffinityPolicy(Policy):
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
         cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
         self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
+
+
+def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
+    """A count that decays with time constant `window_s`, stored as (count, as of time)."""
+    count, since = counts.get(key, (0.0, now))
+    return count * math.exp((since - now) / window_s)

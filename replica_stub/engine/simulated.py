@@ -16,6 +16,7 @@ from array import array
 
 import xxhash
 
+from replica_stub.engine.base import Tokenizer
 from replica_stub.engine.timing import TimingModel
 from replica_stub.request import Request
 from replica_stub.scheduler import SchedulerOutput
@@ -48,7 +49,7 @@ class SimEngine:
             raise ValueError("speedup must be > 0")
         self.timing, self.speedup, self.output_len = timing, speedup, output_len
         self.vocab = [w + " " for w in WORDS]
-        self.tokenizer = SimTokenizer(self.vocab)
+        self.tokenizer: Tokenizer = SimTokenizer(self.vocab)
         self._vocab_ids = [self.tokenizer.encode(w)[0] for w in self.vocab]
         self._rngs: dict[str, tuple[random.Random, int]] = {}
         self._deadline = 0.0

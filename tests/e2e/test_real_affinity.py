@@ -1,55 +1,78 @@
-"""End to end with the real model: a prefix_affinity gateway in front of two real replicas.
+"""End to end with the real model: prefix_affinity against round_robin over two real replicas.
 
-A 3-turn conversation under a ~600-token system prompt: the gateway must send turns 2 and 3
-to the replica that holds the conversation so far, and that replica must report (and really
-skip) the prefill of everything the previous turns already computed.
+A 3-turn conversation under a ~600-token system prompt. Under prefix_affinity the gateway must
+send turns 2 and 3 to the replica that holds the conversation so far, that replica must report
+(and really skip) the prefill of everything the previous turns computed, and so turns 2 and 3
+must reach their first token sooner than the same conversation under round_robin, whose turns
+alternate between the replicas and mostly land where the history is cold.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.e2e.real_replica import MODEL, start_real_replica
 from tests.integration.gateway_procs import pool, running, start_gateway
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 BLOCK = 16
 QUESTIONS = ("Which box is red?", "And which one is blue?", "Thanks. Summarise in one sentence.")
 
 
 def system_prompt() -> str:
+    """A fresh ~600-token prompt per conversation, so no run finds another's prefix warm."""
     rules = " ".join(f"Rule {i}: box {i} is {('red', 'blue', 'green')[i % 3]} and must stay on shelf {i % 7}."
                      for i in range(38))
     return f"Session {uuid.uuid4().hex}. You are a warehouse assistant. {rules}"
 
 
-def test_conversation_turns_reuse_the_previous_turns_kv(tmp_path: Path) -> None:
+def converse(url: str) -> list[tuple[str, int, int, float]]:
+    """Run the conversation through `url`; per turn: (replica, prompt tokens, cached tokens, TTFT s)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt()}]
+    turns = []
+    for question in QUESTIONS:
+        messages.append({"role": "user", "content": question})
+        body = {"model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        text, usage, ttft = [], {}, 0.0
+        start = time.monotonic()
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as answer:
+            assert answer.status_code == 200, answer.read()
+            replica = answer.headers["X-Replica-Id"]
+            for line in answer.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = orjson.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    ttft = ttft or time.monotonic() - start
+                    text.append(chunk["choices"][0]["delta"]["content"])
+                usage = chunk.get("usage") or usage
+        messages.append({"role": "assistant", "content": "".join(text)})
+        turns.append((replica, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"], ttft))
+    return turns
+
+
+def test_affinity_reuses_the_previous_turns_kv_and_beats_round_robin(tmp_path: Path) -> None:
     with running() as track:
         replicas = [track(start_real_replica(f"real-{i}", threads=1)) for i in range(2)]
-        routing = pool(*((r.replica_id, r.url) for r in replicas), policy="prefix_affinity")
-        # preamble_weight 1: the system prompt the replica holds attracts the conversation in full
-        # (the default 0 treats it as soon warm everywhere, and a short turn 1 adds too little).
-        routing["routing"]["params"] = {"prefill_s_per_token": 0.0008, "preamble_weight": 1.0}
-        gateway = track(start_gateway(tmp_path, {MODEL: routing}))
-        turns = []
-        for question in QUESTIONS:
-            messages.append({"role": "user", "content": question})
-            answer = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=120,
-                                json={"model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 0})
-            assert answer.status_code == 200, answer.text
-            body = answer.json()
-            messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
-            usage = body["usage"]
-            turns.append((answer.headers["X-Replica-Id"], usage["prompt_tokens"],
-                          usage["prompt_tokens_details"]["cached_tokens"]))
-    print("turns (replica, prompt_tokens, cached_tokens):", turns)
-    assert turns[0][1] >= 600 and turns[0][2] == 0
-    assert len({replica for replica, _, _ in turns}) == 1  # the conversation stayed where its KV is
-    for (_, previous_prompt, _), (_, _, now_cached) in zip(turns, turns[1:]):
-        assert now_cached >= previous_prompt // BLOCK * BLOCK  # the whole previous turn's prompt, by blocks
+        urls = [(r.replica_id, r.url) for r in replicas]
+        affinity = track(start_gateway(tmp_path, {MODEL: pool(*urls, policy="prefix_affinity")}))
+        rotating = track(start_gateway(tmp_path, {MODEL: pool(*urls, policy="round_robin")}))
+        warm = converse(affinity.url)
+        cold = converse(rotating.url)
+    print("prefix_affinity (replica, prompt, cached, ttft):", warm)
+    print("round_robin     (replica, prompt, cached, ttft):", cold)
+    assert warm[0][1] >= 600 and warm[0][2] == 0
+    assert len({replica for replica, *_ in warm}) == 1  # the conversation stayed where its KV is
+    for previous, now in zip(warm, warm[1:]):
+        assert now[2] >= previous[1] // BLOCK * BLOCK  # the whole previous turn's prompt, by blocks
+    assert len({replica for replica, *_ in cold}) == 2  # round robin alternated
+    for turn in (1, 2):
+        assert warm[turn][3] < cold[turn][3], (turn, warm[turn], cold[turn])

@@ -99,7 +99,7 @@ async def test_replicas_appear_and_disappear_with_the_records(tmp_path: Path) ->
         assert ids(state) == ["10.0.0.1:8000", "10.0.0.2:8000"]  # resolved before start() returns
         index = state.routes["m"].router.index
         assert isinstance(index, MemoryIndex)
-        await index.record("10.0.0.2:8000", [1, 2, 3])
+        index.record("10.0.0.2:8000", [1, 2, 3])
         kept = state.routes["m"].pool.get("10.0.0.1:8000")
         assert kept is not None
         kept.in_flight = 3

@@ -37,8 +37,8 @@ async def test_unknown_replicas_match_nothing(index: WarmIndex) -> None:
 
 
 async def test_record_then_match_leading_blocks(index: WarmIndex) -> None:
-    await index.record("a", chain(1, 10))
-    await index.record("b", chain(1, 4))
+    index.record("a", chain(1, 10))
+    index.record("b", chain(1, 4))
     await index.flush()
     # A request that shares 6 blocks of the chain, then diverges.
     request = chain(1, 6) + chain(2, 4)
@@ -47,32 +47,32 @@ async def test_record_then_match_leading_blocks(index: WarmIndex) -> None:
 
 async def test_branches_share_their_common_prefix(index: WarmIndex) -> None:
     trunk = chain(3, 3)
-    await index.record("a", trunk + chain(31, 5))
-    await index.record("a", trunk + chain(32, 2))
+    index.record("a", trunk + chain(31, 5))
+    index.record("a", trunk + chain(32, 2))
     await index.flush()
     got = [(await index.match(trunk + chain(tag, 6), ["a"]))["a"] for tag in (31, 32, 33)]
     assert got == [8, 5, 3]
 
 
 async def test_long_chains_match_in_full(index: WarmIndex) -> None:
-    await index.record("a", chain(4, 700))
+    index.record("a", chain(4, 700))
     await index.flush()
     assert (await index.match(chain(4, 700) + [1], ["a"]))["a"] == 700
 
 
 async def test_capacity_trims_tails_first(index: WarmIndex) -> None:
     index.set_capacity("a", 4)
-    await index.record("a", chain(5, 8))
+    index.record("a", chain(5, 8))
     await index.flush()
     assert (await index.match(chain(5, 8), ["a"]))["a"] == 4
 
 
 async def test_lru_evicts_least_recently_used_prefix(index: WarmIndex) -> None:
     index.set_capacity("a", 8)
-    await index.record("a", chain(6, 4))
-    await index.record("a", chain(7, 4))
-    await index.record("a", chain(6, 4))  # touch: chain 6 is now the most recent
-    await index.record("a", chain(8, 2))  # evicts the two tail blocks of chain 7
+    index.record("a", chain(6, 4))
+    index.record("a", chain(7, 4))
+    index.record("a", chain(6, 4))  # touch: chain 6 is now the most recent
+    index.record("a", chain(8, 2))  # evicts the two tail blocks of chain 7
     await index.flush()
     got = await index.match(chain(6, 4), ["a"]), await index.match(chain(7, 4), ["a"]), \
         await index.match(chain(8, 2), ["a"])
@@ -80,8 +80,8 @@ async def test_lru_evicts_least_recently_used_prefix(index: WarmIndex) -> None:
 
 
 async def test_forget_drops_a_replica(index: WarmIndex) -> None:
-    await index.record("a", chain(9, 3))
-    await index.record("b", chain(9, 3))
+    index.record("a", chain(9, 3))
+    index.record("b", chain(9, 3))
     await index.forget("a")
     await index.flush()
     assert await index.match(chain(9, 3), ["a", "b"]) == {"a": 0, "b": 3}
@@ -89,7 +89,7 @@ async def test_forget_drops_a_replica(index: WarmIndex) -> None:
 
 async def test_memory_set_capacity_trims_now() -> None:
     idx = MemoryIndex(100)
-    await idx.record("a", chain(1, 10))
+    idx.record("a", chain(1, 10))
     idx.set_capacity("a", 3)
     assert idx.size("a") == 3 and idx.match_now(chain(1, 10), ["a"]) == {"a": 3}
 
@@ -108,7 +108,7 @@ async def test_two_gateways_share_tables(redis_url: str) -> None:
     one = redis_index(redis_url)
     two = RedisIndex(one.params)
     try:
-        await one.record("a", chain(10, 5))
+        one.record("a", chain(10, 5))
         await one.flush()
         assert (await two.match(chain(10, 5), ["a", "b"])) == {"a": 5, "b": 0}
     finally:
@@ -122,7 +122,7 @@ async def test_redis_keys_are_namespaced_bounded_and_expire(redis_url: str) -> N
     client = aioredis.Redis.from_url(redis_url)
     try:
         index.set_capacity("a", 5)
-        await index.record("a", chain(11, 9))
+        index.record("a", chain(11, 9))
         await index.flush()
         key = index.key("a")
         assert key.startswith(index.params.key_prefix)
@@ -139,7 +139,7 @@ async def test_background_flush_needs_no_explicit_call(redis_url: str) -> None:
     one = redis_index(redis_url)
     two = RedisIndex(one.params)
     try:
-        await one.record("a", chain(12, 3))
+        one.record("a", chain(12, 3))
         for _ in range(200):
             if (await two.match(chain(12, 3), ["a"]))["a"] == 3:
                 break
@@ -159,7 +159,7 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
     index = redis_index(url, timeout_s=0.2, reconnect_max_s=0.1)
     proc: Proc | None = None
     try:
-        await index.record("a", chain(13, 4))
+        index.record("a", chain(13, 4))
         # Nothing listens on the port: lookups answer from the local table and count the failure.
         assert await index.match(chain(13, 4), ["a", "b"]) == {"a": 4, "b": 0}
         for _ in range(100):
@@ -167,7 +167,7 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
                 break
             await asyncio.sleep(0.01)
         assert index.degraded and index.errors > 0
-        await index.record("b", chain(13, 2))
+        index.record("b", chain(13, 2))
         proc = Proc([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         for _ in range(500):
             if not index.degraded and not index._pending:
@@ -189,7 +189,7 @@ async def test_write_queue_is_bounded_during_outage() -> None:
     index = redis_index(f"redis://127.0.0.1:{free_port()}/0", max_pending_writes=3, timeout_s=0.05)
     try:
         for i in range(10):
-            await index.record("a", chain(14 + i, 1))
+            index.record("a", chain(14 + i, 1))
         assert len(index._pending) <= 3 and index.dropped_writes >= 7
     finally:
         await index.close()

@@ -226,20 +226,22 @@ def test_removing_a_replica_moves_only_its_keys() -> None:
 
 def preamble_view(preamble: int = 500, prompt: int = 2000) -> RequestView:
     view = make_view(prompt_tokens=prompt)
-    view.preamble_tokens = preamble
+    view.preamble_tokens, view.preamble_key = preamble, 42
     return view
 
 
-def test_warm_preamble_does_not_pin_new_conversations() -> None:
-    """`a` alone holds the system prompt: with equal waits, a and b tie for a new conversation."""
+def test_warm_shared_preamble_does_not_pin_new_conversations() -> None:
+    """`a` alone holds a shared system prompt: with equal waits, a and b tie for a new conversation."""
     picks = collections.Counter(
-        prefix_policy(seed=seed).choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id
+        prefix_policy(seed=seed, shared_preamble_requests=0).choose(
+            preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id
         for seed in range(40))
     assert picks["a"] > 5 and picks["b"] > 5
-    decision = prefix_policy().choose(preamble_view(), make_candidates(cached_tokens=[500, 0]))
+    decision = prefix_policy(shared_preamble_requests=0).choose(preamble_view(),
+                                                                make_candidates(cached_tokens=[500, 0]))
     assert decision.reason == "least_wait"
     # Spreading follows: each dispatch queues its prefill, so the next one goes to the other replica.
-    policy = prefix_policy()
+    policy = prefix_policy(shared_preamble_requests=0)
     chosen = [dispatch(policy, preamble_view(), make_candidates(cached_tokens=[500, 0])) for _ in range(2)]
     assert sorted(chosen) == ["a", "b"]
 
@@ -254,3 +256,26 @@ def test_history_beyond_the_preamble_attracts() -> None:
     policy = prefix_policy()
     decision = policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 1500, 500, 0]))
     assert decision.replica_id == "b" and decision.reason == "prefix_hit"
+
+
+def test_a_short_history_keeps_its_home_even_against_an_idle_replica() -> None:
+    """Turn 2 of a conversation: its home holds the preamble *and* a short history; the idle
+    replica holds neither, so it would pay both. The preamble is only discounted for new ones."""
+    for seed in range(10):
+        policy = prefix_policy(seed=seed)
+        view = preamble_view(preamble=500, prompt=560)
+        decision = policy.choose(view, make_candidates(cached_tokens=[520, 0], in_flight=[1, 0]))
+        assert decision.replica_id == "a" and decision.reason == "prefix_hit"
+
+
+def test_a_preamble_counts_as_shared_only_once_enough_requests_carried_it() -> None:
+    """One conversation's own system prompt attracts like any prefix; a popular one stops attracting."""
+    picks: collections.Counter[str] = collections.Counter()
+    for seed in range(20):
+        policy = prefix_policy(seed=seed, shared_preamble_requests=3)
+        for _ in range(2):  # seen twice: still private, the replica holding it wins
+            assert policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id == "a"
+            policy.on_dispatched(preamble_view(), "c")
+        policy.on_dispatched(preamble_view(), "c")  # the third request makes it shared
+        picks[policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id] += 1
+    assert picks["a"] > 2 and picks["b"] > 2

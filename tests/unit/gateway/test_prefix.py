@@ -187,3 +187,24 @@ def test_params_validation_names_the_key(data: dict[str, Any], key: str) -> None
     with pytest.raises(ConfigError) as err:
         schema.build(PrefixParams, data, "p")
     assert err.value.key == key
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_with_answer_equals_the_next_turns_chain(n: int) -> None:
+    messages = turn(n)
+    answer = "The sky turns red at sunset because light crosses more air. " * 3
+    now = view({"messages": messages})
+    now.block_hashes = prefix.compute(now, P).block_hashes
+    nxt = hashes({"messages": [*messages, {"role": "assistant", "content": answer},
+                               {"role": "user", "content": "thanks"}]})
+    extended = prefix.with_answer(now, P, answer)
+    assert len(extended) > len(now.block_hashes)
+    assert nxt[:len(extended)] == extended
+
+
+def test_with_answer_for_completions_appends_the_text() -> None:
+    prompt = "Once upon a time, " * 20
+    now = view({"prompt": prompt}, endpoint="completions")
+    now.block_hashes = prefix.compute(now, P).block_hashes
+    extended = prefix.with_answer(now, P, "there was a gateway. " * 10)
+    assert extended == hashes({"prompt": prompt + "there was a gateway. " * 10}, endpoint="completions")

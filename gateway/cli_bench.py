@@ -135,7 +135,10 @@ def _simulate(args: argparse.Namespace) -> int:
                    concurrency=args.concurrency, seed=args.seed)
     meta.update(mode="simulate", replicas=args.replicas, policy_params=policy_params,
                 stub={k: v for k, v in dataclasses.asdict(stub).items() if k in _STUB_KEYS})
-    runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet)
+    effective: dict[str, Any] = {}
+    meta["effective_policy_params"] = effective
+    runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet,
+                                       effective=effective)
     return _finish(args, runs, meta)
 
 

@@ -66,8 +66,8 @@ class Prefix:
     block_hashes: tuple[int, ...]
     prompt_tokens: int  # estimate, or exact when the client sent token ids
     tokens_per_block: float
-    preamble_tokens: int  # blocks that start in the tools + leading system messages, in tokens
-    preamble_key: int = 0  # hash of the last block wholly inside the preamble (0: none)
+    preamble_tokens: int  # blocks wholly inside the tools + leading system messages, in tokens
+    preamble_key: int = 0  # hash of the last of those blocks (0: none); names the preamble
 
 
 def compute(view: RequestView, params: PrefixParams) -> Prefix:
@@ -79,8 +79,7 @@ def compute(view: RequestView, params: PrefixParams) -> Prefix:
         per_block = params.tokens_per_block
         inside = min(preamble // params.block_chars, len(blocks))
         return Prefix(blocks, math.ceil(len(source) / params.chars_per_token), per_block,
-                      int(min(-(-preamble // params.block_chars), len(blocks)) * per_block),
-                      blocks[inside - 1] if inside else 0)
+                      int(inside * per_block), blocks[inside - 1] if inside else 0)
     blocks = chain_hash_tokens(source, params.block_tokens, seed, params.max_blocks)
     return Prefix(blocks, len(source), float(params.block_tokens), 0)
 
@@ -102,16 +101,6 @@ def with_answer(view: RequestView, params: PrefixParams, answer: str) -> tuple[i
     seed = view.block_hashes[-1] if done else _seed(view, params)
     rest = chain_hash_text(text[done * params.block_chars:], params.block_chars, seed, params.max_blocks - done)
     return view.block_hashes + rest
-
-
-def tokens_per_block(view: RequestView, params: PrefixParams) -> float:
-    """Prompt tokens per hashed block of `view` (exact for token-id prompts)."""
-    source = view.body.get("prompt") if view.endpoint != "chat" else None
-    if isinstance(source, list) and source and isinstance(source[0], list):
-        source = source[0]
-    if isinstance(source, list) and source and type(source[0]) is int:
-        return float(params.block_tokens)
-    return params.tokens_per_block
 
 
 def _seed(view: RequestView, params: PrefixParams) -> int:

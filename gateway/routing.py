@@ -99,16 +99,16 @@ class Router:
         if not view.block_hashes:
             hashed = prefix.compute(view, self.prefix_params)
             view.block_hashes, view.preamble_tokens = hashed.block_hashes, hashed.preamble_tokens
-            view.preamble_key = hashed.preamble_key
+            view.preamble_key, view.tokens_per_block = hashed.preamble_key, hashed.tokens_per_block
             view.prompt_tokens_estimate = view.prompt_tokens_estimate or hashed.prompt_tokens
         if not self.policy.needs_index or not view.block_hashes:
             return
         if self.index.degraded and self.metrics is not None:
             self.metrics.index_fallbacks.labels(self.pool).inc()
         matched = await self.index.match(view.block_hashes, [c.replica_id for c in candidates])
-        per_block = prefix.tokens_per_block(view, self.prefix_params)
         for c in candidates:
-            c.cached_tokens = min(int(matched.get(c.replica_id, 0) * per_block), view.prompt_tokens_estimate)
+            c.cached_tokens = min(int(matched.get(c.replica_id, 0) * view.tokens_per_block),
+                                  view.prompt_tokens_estimate)
 
     def _track(self, request_id: str, chosen: Score) -> None:
         self._predicted.pop(request_id, None)  # a retry replaces the earlier attempt's prediction

@@ -240,11 +240,12 @@ class Simulation:
         result.ok, result.status, result.e2e_s = True, 200, self.now - result.sent_s
         result.prompt_tokens, result.completion_tokens = request.num_prompt_tokens, len(request.output_token_ids)
         result.cached_tokens = request.num_cached_tokens or 0
-        self.router.finished(view, replica.name, Outcome(ok=True, ttft_s=result.ttft_s,
-                                                        prompt_tokens=result.prompt_tokens,
-                                                        cached_tokens=result.cached_tokens))
+        answer = "".join(self._word[t] for t in request.output_token_ids)
+        self.router.finished(view, replica.name, Outcome(
+            ok=True, ttft_s=result.ttft_s, prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
+            answer=answer if self.router.records_answers else None))
         self._record(result)
-        active.messages.append({"role": "assistant", "content": "".join(self._word[t] for t in request.output_token_ids)})
+        active.messages.append({"role": "assistant", "content": answer})
         # The tokenizer is prefix-stable and the answer is whole vocabulary words, so the next turn's
         # prompt continues this request's tokens exactly, as the stub re-tokenizes it.
         active.token_ids = [*request.prompt_token_ids, *request.output_token_ids, *self._end_of_message]

@@ -20,5 +20,6 @@ class RequestView:
     session_key: str | None = None  # X-Session-ID header, `prompt_cache_key` or `user`
     prompt_tokens_estimate: int = 0
     block_hashes: tuple[int, ...] = field(default=())  # filled only for policies that need the prefix
-    preamble_tokens: int = 0  # leading tools + system prompt tokens (in full blocks), filled with block_hashes
+    preamble_tokens: int = 0  # tokens of the blocks wholly inside the leading tools + system prompt
     preamble_key: int = 0  # chain hash of the last block inside the preamble (0: none); names the preamble
+    tokens_per_block: float = 0.0  # prompt tokens one hashed block stands for

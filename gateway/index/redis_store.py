@@ -17,6 +17,7 @@ flushes them once Redis is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 import time
 from collections import deque
@@ -142,20 +143,18 @@ class RedisIndex:
         self.local.set_capacity(replica_id, blocks)
 
     async def close(self) -> None:
+        """Flush what Redis takes within a second, then let go: never hangs on a sick Redis
+        (a connection left mid-command by a timeout can block redis-py's aclose)."""
         if self._task is not None:
             if self._pending and not self._degraded:
-                try:
+                with contextlib.suppress(*_ERRORS):
                     await asyncio.wait_for(self.flush(), timeout=1.0)
-                except _ERRORS:
-                    pass
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait([self._task], timeout=1.0)
             self._task = None
-        await self._reader.aclose()
-        await self._writer.aclose()
+        for client in (self._reader, self._writer):
+            with contextlib.suppress(*_ERRORS):
+                await asyncio.wait_for(client.aclose(), timeout=1.0)
 
     def _enqueue(self, op: _Op) -> None:
         if len(self._pending) >= self.params.max_pending_writes:

@@ -4,19 +4,20 @@
     choice: argmin over r of predicted_ttft(r) + discount × prefill_s_per_token
             × min(cached_tokens(r), preamble_tokens), among replicas within the load bound
     discount = 1 − preamble_weight for a new conversation (no replica holds more than the
-               preamble) whose preamble is shared (carried by `shared_preamble_requests`
-               requests lately), else 0: a private system prompt or a conversation with a home
-               is scored by its true TTFT
+               preamble) whose preamble deserves more holders than it has, else 0
+    holders wanted = ceil(replicas × the preamble's share of recent requests × preamble_spread),
+               once `shared_preamble_requests` requests carried it lately (else 1)
 
 Inputs: `cached_tokens` from the warm-prefix index (the Router fills it), load and scraped queue
 from the pool, the virtual prefill queue and learned prefill cost from `gateway.cost`.
 Cache benefit and load are in one unit, decided per request and per candidate — no fleet-wide
 "imbalanced, ignore the cache" switch. Overlap every candidate holds shifts every score equally
 and attracts nothing. The chat preamble (tools + system prompt, shared by many conversations)
-attracts no *new* conversation by default once many requests share it: it will be cached on
-every replica after one prefill each, while pinning new conversations to its first holder would
-make a hot spot. A preamble seen only a few times (one conversation's own system prompt) is not
-assumed to be warm elsewhere. Once a
+is replicated in proportion to its traffic: while fewer replicas hold it than its share of
+recent requests calls for, holding it attracts no *new* conversation (it spreads, so one popular
+system prompt makes no hot spot); once enough hold it, it attracts with its true prefill cost
+(so 64 groups' long prompts each stay on a few replicas instead of thrashing every cache). A
+preamble seen only a few times (one conversation's own system prompt) is not replicated. Once a
 conversation has a home, the true TTFT decides: the home holds its history *and* the preamble,
 and another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
 replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads.
@@ -56,7 +57,8 @@ class PrefixAffinityParams(CostParams):
     tie_s: float = 0.005  # predicted TTFTs this close count as tied
     tie_ratio: float = 0.05  # ...or this fraction of the best
     balance_window_s: float = 60.0  # ties go to the replica sent the fewest requests lately
-    shared_preamble_requests: int = 4  # requests within balance_window_s that make a preamble "shared"
+    shared_preamble_requests: int = 2  # requests within balance_window_s before a preamble is replicated
+    preamble_spread: float = 2.0  # holders wanted per replica-share of the traffic a preamble carries
     seed: int | None = None
 
     def validate(self, key: str) -> None:
@@ -67,8 +69,10 @@ class PrefixAffinityParams(CostParams):
             raise ConfigError("must be between 0 and 1", key=f"{key}.preamble_weight")
         if self.balance_window_s <= 0:
             raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
-        if self.shared_preamble_requests < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.shared_preamble_requests")
+        if self.shared_preamble_requests < 1:
+            raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
+        if self.preamble_spread <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.preamble_spread")
         if self.tie_s < 0 or self.tie_ratio < 0:
             raise ConfigError("must be >= 0", key=f"{key}.tie_s")
 
@@ -90,20 +94,17 @@ class PrefixAffinityPolicy(Policy):
         self._done_at: dict[str, tuple[str, float]] = {}
         # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
         self._recent: dict[str, tuple[float, float]] = {}
-        # The same, per preamble (view.preamble_key), oldest first; bounded.
+        # The same, per preamble (view.preamble_key, 0 = all requests), oldest first; bounded.
         self._preambles: dict[int, tuple[float, float]] = {}
 
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         p = self.params
         now = self.cost.clock()
         prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
-        # A new conversation: the shared preamble (tools, system prompt) will be cached on every
-        # replica soon; with preamble_weight < 1 holding it attracts less, so new conversations
-        # spread instead of pinning a hot spot. A conversation with a home: nothing is discounted.
-        has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens
-        seen = _decayed(self._preambles, view.preamble_key, now, p.balance_window_s)
-        shared = seen + 0.5 >= p.shared_preamble_requests  # a decayed count: round, don't truncate
-        discount = 1.0 - p.preamble_weight if shared and not has_home else 0.0
+        # A home: some replica holds this conversation's own text, past the block that straddles
+        # the end of the preamble (that one is often shared too, e.g. a common first-message opening).
+        has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens + view.tokens_per_block
+        discount = 1.0 - p.preamble_weight if not has_home and self._spread(view, candidates, now) else 0.0
         rows, effective = [], []
         for c in candidates:
             wait, ttft = self.cost.predict(c, prompt, now)
@@ -128,6 +129,20 @@ class PrefixAffinityPolicy(Policy):
             reason = "prefix_hit" if rows[pick].cached_tokens > common else "least_wait"
         return Decision(rows[pick].replica_id, reason, tuple(rows))
 
+    def _spread(self, view: RequestView, candidates: Sequence[Candidate], now: float) -> bool:
+        """Should this preamble go to more replicas than hold it now? Yes while its share of the
+        recent traffic wants more holders; a rarely seen preamble (one conversation's) wants one."""
+        if not view.preamble_key or not view.preamble_tokens:
+            return False
+        window = self.params.balance_window_s
+        seen = _decayed(self._preambles, view.preamble_key, now, window)
+        if seen + 0.5 < self.params.shared_preamble_requests:  # a decayed count: round, don't truncate
+            return False
+        share = seen / max(seen, _decayed(self._preambles, 0, now, window))
+        wanted = math.ceil(len(candidates) * share * self.params.preamble_spread - 1e-9)
+        holders = sum(c.cached_tokens >= view.preamble_tokens for c in candidates)
+        return holders < wanted
+
     def _recent_work(self, replica_id: str, now: float) -> float:
         return _decayed(self._recent, replica_id, now, self.params.balance_window_s)
 
@@ -135,12 +150,12 @@ class PrefixAffinityPolicy(Policy):
         now = self.cost.clock()
         window = self.params.balance_window_s
         self._recent[replica_id] = (self._recent_work(replica_id, now) + 1.0, now)
-        if view.preamble_key:
-            seen = _decayed(self._preambles, view.preamble_key, now, window) + 1.0
-            self._preambles.pop(view.preamble_key, None)
+        for key in {0, view.preamble_key}:  # 0 counts every request: the denominator of shares
+            seen = _decayed(self._preambles, key, now, window) + 1.0
+            self._preambles.pop(key, None)
             if len(self._preambles) >= MAX_TRACKED:
-                del self._preambles[next(iter(self._preambles))]
-            self._preambles[view.preamble_key] = (seen, now)
+                del self._preambles[next(k for k in self._preambles if k)]
+            self._preambles[key] = (seen, now)
         request_id, uncached = self._last
         if request_id == view.request_id and replica_id in uncached:
             done_at = self.cost.dispatched(replica_id, uncached[replica_id])

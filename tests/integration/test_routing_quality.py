@@ -20,9 +20,10 @@ pytestmark = pytest.mark.slow
 SPEEDUP = 10
 
 
-async def measure(tmp_path: Path, policy: str, sessions: list[Session], *stub_flags: str, replicas: int = 4) -> Summary:
+async def measure(tmp_path: Path, policy: str, sessions: list[Session], *stub_flags: str, replicas: int = 4,
+                  speedup: float = SPEEDUP) -> Summary:
     with running() as track:
-        stubs = [track(start_stub(f"r{i}", MODEL, SPEEDUP, *stub_flags)) for i in range(replicas)]
+        stubs = [track(start_stub(f"r{i}", MODEL, speedup, *stub_flags)) for i in range(replicas)]
         gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy=policy)}))
         results = await loadgen.run(gateway.url, MODEL, sessions, ignore_eos=False)
     summary = loadgen.summarise(results)
@@ -47,9 +48,10 @@ async def test_multi_turn_affinity_beats_round_robin(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 async def test_hot_prefix_spreads_no_worse_than_least_loaded(tmp_path: Path) -> None:
     # One system prompt for every request, arriving faster than one replica can prefill them.
-    sessions = workloads.hot_prefix(requests=80, system_tokens=1000, rate_per_s=25.0, seed=2)
-    ll = await measure(tmp_path, "least_loaded", sessions)
-    pa = await measure(tmp_path, "prefix_affinity", sessions)
+    # At speedup 5 a 1000-token prefill takes ~0.2 s: TTFT is mostly engine time, not machine noise.
+    sessions = workloads.hot_prefix(requests=80, system_tokens=1000, rate_per_s=12.0, seed=2)
+    ll = await measure(tmp_path, "least_loaded", sessions, speedup=5)
+    pa = await measure(tmp_path, "prefix_affinity", sessions, speedup=5)
     assert len(pa.replica_share) == 4, pa.replica_share  # the hot prefix spread over every replica
     # "No worse", with room for this shared 2-core machine's run-to-run noise (about ±15% at p90).
     assert pa.ttft_p90_s <= ll.ttft_p90_s * 1.25, (pa.ttft_p90_s, ll.ttft_p90_s)

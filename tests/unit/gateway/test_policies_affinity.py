@@ -230,20 +230,38 @@ def preamble_view(preamble: int = 500, prompt: int = 2000) -> RequestView:
     return view
 
 
-def test_warm_shared_preamble_does_not_pin_new_conversations() -> None:
-    """`a` alone holds a shared system prompt: with equal waits, a and b tie for a new conversation."""
+def popular_preamble_policy(**params: Any) -> PrefixAffinityPolicy:
+    """A policy that has seen the preamble carried by every recent request (it wants replicas)."""
+    policy = prefix_policy(**params)
+    for _ in range(policy.params.shared_preamble_requests):
+        policy.on_dispatched(preamble_view(), "c")
+    return policy
+
+
+def test_warm_popular_preamble_does_not_pin_new_conversations() -> None:
+    """`a` alone holds a popular system prompt: with equal waits, a and b tie for a new conversation."""
     picks = collections.Counter(
-        prefix_policy(seed=seed, shared_preamble_requests=0).choose(
-            preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id
+        popular_preamble_policy(seed=seed).choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id
         for seed in range(40))
     assert picks["a"] > 5 and picks["b"] > 5
-    decision = prefix_policy(shared_preamble_requests=0).choose(preamble_view(),
-                                                                make_candidates(cached_tokens=[500, 0]))
+    decision = popular_preamble_policy().choose(preamble_view(), make_candidates(cached_tokens=[500, 0]))
     assert decision.reason == "least_wait"
     # Spreading follows: each dispatch queues its prefill, so the next one goes to the other replica.
-    policy = prefix_policy(shared_preamble_requests=0)
+    policy = popular_preamble_policy()
     chosen = [dispatch(policy, preamble_view(), make_candidates(cached_tokens=[500, 0])) for _ in range(2)]
     assert sorted(chosen) == ["a", "b"]
+
+
+def test_a_preamble_with_enough_holders_for_its_traffic_attracts_again() -> None:
+    """One of many system prompts (a small share of the traffic): one holder is enough, so the
+    holder wins its new conversations instead of every cache taking every prompt."""
+    for seed in range(10):
+        policy = popular_preamble_policy(seed=seed)
+        for _ in range(40):  # other traffic: the preamble now carries a tenth of it
+            other = make_view()
+            other.preamble_tokens, other.preamble_key = 500, 7
+            policy.on_dispatched(other, "c")
+        assert policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0, 0, 0])).replica_id == "a"
 
 
 def test_preamble_weight_one_counts_it_like_any_overlap() -> None:

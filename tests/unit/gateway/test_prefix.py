@@ -54,7 +54,9 @@ def test_preamble_is_tools_and_leading_system_messages() -> None:
     text, preamble = prefix.render_chat({"tools": tools, "messages": msgs})
     assert text[:preamble].endswith(SYSTEM) and text[preamble:].startswith("\x1euser")
     result = prefix.compute(view({"tools": tools, "messages": msgs}), P)
-    assert result.preamble_tokens == -(-preamble // P.block_chars) * P.tokens_per_block > 0
+    inside = preamble // P.block_chars  # blocks wholly inside the preamble
+    assert result.preamble_tokens == inside * P.tokens_per_block > 0
+    assert result.preamble_key == result.block_hashes[inside - 1]
     only_system = {"messages": [{"role": "system", "content": SYSTEM}]}
     assert prefix.render_chat(only_system)[1] == len(prefix.render_chat(only_system)[0])
     assert prefix.compute(view({"prompt": SYSTEM}, endpoint="completions"), P).preamble_tokens == 0
@@ -138,7 +140,6 @@ def test_token_ids_hash_in_token_blocks() -> None:
     assert result.prompt_tokens == 100 and result.tokens_per_block == P.block_tokens
     batch = prefix.compute(view({"prompt": [ids, [1, 2]]}, endpoint="completions"), P)
     assert batch.block_hashes == result.block_hashes
-    assert prefix.tokens_per_block(view({"prompt": ids}, endpoint="completions"), P) == P.block_tokens
     bad = prefix.compute(view({"prompt": [1, 2, -5] + [1] * 20}, endpoint="completions"), P)
     assert bad.block_hashes == ()
 

@@ -1,8 +1,9 @@
 """In-process warm-prefix tables: one LRU of block hashes per replica (the default store).
 
-Lookups walk the hash chain and stop at the first miss, so a miss costs one dict probe.
 Recording inserts a request's blocks tail first, so the prefix is the most recently used
-and capacity trimming evicts tails before heads, as vLLM's block pool does.
+and capacity trimming evicts tails before heads, as vLLM's block pool does. So a table holds
+every chain as a prefix (block k present means blocks 0..k-1 are), and a lookup binary-searches
+the chain: about log2(blocks) dict probes, 9 for an 8k-token prompt, whatever it matches.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ class MemoryIndex:
         result: dict[str, int] = {}
         for replica_id in replica_ids:
             table = self._tables.get(replica_id)
-            n = 0
-            if table:
-                for h in hashes:
-                    if h not in table:
-                        break
-                    n += 1
-            result[replica_id] = n
+            lo, hi = 0, len(hashes) if table else 0  # the answer lies in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if hashes[mid - 1] in table:  # type: ignore[operator]
+                    lo = mid
+                else:
+                    hi = mid - 1
+            result[replica_id] = lo
         return result
 
     def record(self, replica_id: str, hashes: Sequence[int]) -> None:

@@ -29,13 +29,9 @@ from contextlib import contextmanager
 import aiohttp
 import yaml
 
+from gateway.cluster import free_port
+
 MODEL = "bench-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -128,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speedup", type=float, default=1000.0, help="replica stub speed factor")
     args = parser.parse_args(argv)
 
-    replica_port, gateway_port = _free_port(), _free_port()
+    replica_port, gateway_port = free_port(), free_port()
     direct, gateway = f"http://127.0.0.1:{replica_port}", f"http://127.0.0.1:{gateway_port}"
     config = {"listen": {"host": "127.0.0.1", "port": gateway_port},
               "pools": {MODEL: {"replicas": [{"url": direct, "name": "r0"}]}}}

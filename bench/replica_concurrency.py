@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,14 +24,10 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from gateway.cluster import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 LAG = "replica_stub_event_loop_lag_seconds"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway import loadgen
-from gateway.cluster import ClusterSpec, _free_port, started
+from gateway.cluster import ClusterSpec, free_port, started
 from gateway.results import Result, Summary, summarise, table
 from gateway.simulate import SimSpec, Simulation
 from gateway.workloads import Session, num_requests
@@ -73,7 +73,7 @@ def bench_compare(policies: list[str], sessions: list[Session], cluster: Cluster
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(cluster.replicas)]
     for policy in policies:
-        spec = dataclasses.replace(cluster, policy=policy, port=_free_port())
+        spec = dataclasses.replace(cluster, policy=policy, port=free_port())
         with started(spec) as running:
             runs[policy] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
                                      timeout_s=timeout_s, label=policy, show=show, replicas=names)

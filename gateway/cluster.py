@@ -119,7 +119,7 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
     config_file = tempfile.NamedTemporaryFile("w", prefix="affinity-gateway-", suffix=".yaml", delete=False)
     try:
         store = _start_redis(spec, children, stopping) if spec.redis == START_REDIS else spec.redis or "memory"
-        ports = [_free_port() for _ in range(spec.replicas)]
+        ports = [free_port() for _ in range(spec.replicas)]
         replicas = [_Child(f"replica-{i}", [
             sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
             "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
@@ -156,7 +156,7 @@ def _start_redis(spec: ClusterSpec, children: list[_Child], stopping: threading.
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("--redis without a URL needs redis-server on PATH (or pass --redis redis://host:6379/0)")
-    port = _free_port()
+    port = free_port()
     child = _Child("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                    "--loglevel", "warning"])
     children.append(child)
@@ -213,7 +213,8 @@ def _wait_ready(url: str, child: _Child, stopping: threading.Event, timeout_s: f
     raise RuntimeError(f"{child.name} not ready at {url}" if not stopping.is_set() else "interrupted")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback (the OS picks; it is free again once the probe socket closes)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

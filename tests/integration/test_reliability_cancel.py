@@ -11,7 +11,6 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest

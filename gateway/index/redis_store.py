@@ -184,7 +184,10 @@ class RedisIndex:
             while self._pending or self._degraded:
                 try:
                     if self._degraded:
-                        await self._writer.ping()
+                        # A restarted Redis has lost the scripts: load them now, so the first
+                        # lookup after recovery is one round trip, not a NOSCRIPT retry.
+                        await self._writer.script_load(_MATCH_LUA)
+                        await self._writer.script_load(_RECORD_LUA)
                         self._degraded = False
                         log.info("index_redis_recovered", store=self.params.store, queued=len(self._pending))
                     await self.flush()

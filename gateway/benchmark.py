@@ -82,23 +82,28 @@ def bench_compare(policies: list[str], sessions: list[Session], cluster: Cluster
 
 def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpec,
                       policy_params: dict[str, dict[str, Any]] | None = None, show: bool = True,
-                      effective: dict[str, Any] | None = None) -> Runs:
+                      effective: dict[str, Any] | None = None, evidence: tuple[str, ...] | list[str] = ("history",),
+                      ) -> Runs:
     """`policy_params`: per policy name, its routing params (the policy's defaults otherwise).
-    `effective` receives every policy's full parameters as run (defaults included), for the record."""
+    `effective` receives every policy's full parameters as run (defaults included), for the record.
+    `evidence`: "history" and/or "events" (KV events); an events run is named `<policy>+events`."""
     effective = {} if effective is None else effective
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(spec.replicas)]
     for policy in policies:
         params = (policy_params or {}).get(policy, {})
-        started_at = time.perf_counter()
-        simulation = Simulation(dataclasses.replace(spec, policy=policy, policy_params=params), on_result=None)
-        effective[policy] = dataclasses.asdict(simulation.router.policy.params)
-        with progress(policy, num_requests(sessions), show) as on_result:
-            simulation.on_result = on_result
-            results = simulation.run(sessions)
-        summary = summarise(results, target_session_rate=target_rate(sessions, spec.concurrency), replicas=names)
-        console.print(f"{policy}: {len(results)} requests simulated in {time.perf_counter() - started_at:.1f} s")
-        runs[policy] = (summary, results)
+        for source in evidence:
+            name = policy if source == "history" else f"{policy}+events"
+            started_at = time.perf_counter()
+            simulation = Simulation(dataclasses.replace(spec, policy=policy, policy_params=params,
+                                                        kv_events=source == "events"), on_result=None)
+            effective[policy] = dataclasses.asdict(simulation.router.policy.params)
+            with progress(name, num_requests(sessions), show) as on_result:
+                simulation.on_result = on_result
+                results = simulation.run(sessions)
+            summary = summarise(results, target_session_rate=target_rate(sessions, spec.concurrency), replicas=names)
+            console.print(f"{name}: {len(results)} requests simulated in {time.perf_counter() - started_at:.1f} s")
+            runs[name] = (summary, results)
     return runs
 
 

@@ -63,6 +63,9 @@ def add_simulate(commands: Subparsers) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--speedup", type=float, default=1.0, help="divide every step time by this (as the stub does)")
     p.add_argument("--scrape-interval", type=float, default=0.25, help="gateway load scrape period, seconds")
+    p.add_argument("--evidence", default="history", metavar="history,events",
+                   help="what the gateway knows of the replicas' caches: its own routing history (character "
+                        "keys, no tokenizer) and/or their KV events (token keys); each policy runs once per value")
     p.set_defaults(run=_simulate)
 
 
@@ -137,8 +140,13 @@ def _simulate(args: argparse.Namespace) -> int:
                 stub={k: v for k, v in dataclasses.asdict(stub).items() if k in _STUB_KEYS})
     effective: dict[str, Any] = {}
     meta["effective_policy_params"] = effective
+    evidence = [e.strip() for e in args.evidence.split(",") if e.strip()]
+    if not evidence or set(evidence) - {"history", "events"}:
+        print(f"affinity-gateway simulate: --evidence takes history and/or events, got {args.evidence!r}")
+        return 2
+    meta["evidence"] = evidence
     runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet,
-                                       effective=effective)
+                                       effective=effective, evidence=evidence)
     return _finish(args, runs, meta)
 
 

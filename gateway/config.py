@@ -23,6 +23,7 @@ from gateway.admission import AdmissionConfig
 from gateway.auth import AuthConfig
 from gateway.errors import ConfigError
 from gateway.index.base import IndexParams
+from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
@@ -46,6 +47,7 @@ class ReplicaConfig:
     url: str
     name: str = ""  # defaults to host:port of `url`
     weight: float = 1.0
+    kv_events: KVEventsConfig | None = None  # the replica's ZMQ KV-event feed: exact cache state
 
     def validate(self, key: str) -> None:
         parts = urlsplit(self.url)
@@ -103,6 +105,9 @@ class PoolConfig:
                 raise ConfigError(f"duplicate replica {replica.replica_id!r} (give each a distinct name)",
                                   key=f"{key}.replicas[{i}]")
             seen.add(replica.replica_id)
+            if replica.kv_events is not None and self.routing.prefix.tokenizer is None:
+                raise ConfigError("KV events carry token ids: set routing.prefix.tokenizer so requests are keyed "
+                                  "by the same tokens", key=f"{key}.replicas[{i}].kv_events")
         # Build once to validate the policy name and its parameters; the pool builds its own.
         build_policy(self.routing.policy, self.routing.params, f"{key}.routing")
 

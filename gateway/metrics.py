@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.index.exact import ExactTables
+from gateway.kv_events import KVEventSubscriber
 from gateway.replicas import ReplicaPool
 from gateway.replicas.breaker import STATE_VALUES
 from gateway.routing_metrics import RoutingMetrics
@@ -54,6 +56,10 @@ class Metrics:
         """Export the replicas of these pools (read at every scrape)."""
         self.registry.register(_PoolCollector(pools))
 
+    def watch_feeds(self, feeds: Callable[[], Iterable[tuple[str, str, KVEventSubscriber, ExactTables]]]) -> None:
+        """Export the KV-event subscribers and their exact tables (read at every scrape)."""
+        self.registry.register(_FeedCollector(feeds))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -90,3 +96,34 @@ class _PoolCollector(Collector):
                 families["breaker"].add_metric(key, STATE_VALUES[replica.breaker.state(now)])
                 families["opened"].add_metric(key, replica.breaker.opened_total)
         yield from families.values()
+
+
+class _FeedCollector(Collector):
+    """Each KV-event feed's health (certain, gaps, replays, restarts seen) and its table's size."""
+
+    _COUNTERS = (("batches", "Event batches applied"), ("gaps", "Sequence gaps seen"),
+                 ("replays", "Replay requests sent to fill a gap or rebuild"),
+                 ("replay_failures", "Replays that timed out or could not fill the gap"),
+                 ("resets", "Publisher restarts seen (sequence went back): table rebuilt"),
+                 ("decode_errors", "Batches that did not decode"))
+
+    def __init__(self, feeds: Callable[[], Iterable[tuple[str, str, KVEventSubscriber, ExactTables]]]) -> None:
+        self._feeds = feeds
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "replica"]
+        certain = GaugeMetricFamily("affinity_gateway_kv_events_certain", "1 while the replica's exact table is "
+                                    "known to mirror its KV cache (else routing also consults history)", labels=labels)
+        blocks = GaugeMetricFamily("affinity_gateway_kv_events_blocks", "Blocks the replica holds, from its KV events",
+                                   labels=labels)
+        counters = {name: CounterMetricFamily(f"affinity_gateway_kv_events_{name}", text, labels=labels)
+                    for name, text in self._COUNTERS}
+        for model, replica_id, feed, exact in self._feeds():
+            key = [model, replica_id]
+            certain.add_metric(key, float(exact.certain(replica_id)))
+            blocks.add_metric(key, exact.size(replica_id))
+            for name, family in counters.items():
+                family.add_metric(key, getattr(feed, name))
+        yield certain
+        yield blocks
+        yield from counters.values()

@@ -12,8 +12,10 @@ turn n's messages and answer, so its rendering starts with turn n's and shares i
 The preamble (tools and leading system messages) is measured too: a policy may treat it as
 shared by every conversation rather than as a reason to pin one.
 Character blocks approximate token blocks (`block_chars` ≈ `chars_per_token` × the replica's
-KV block size); token ids sent by the client (completions) are hashed in blocks of
-`block_tokens` directly. A tokenizer-backed mode would produce token ids here too.
+KV block size); token ids sent by the client (completions), or produced by the pool's tokenizer
+(`gateway.tokenize`: the model's chat template and tokenizer, exactly as the replica runs them),
+are hashed in blocks of `block_tokens`, the replica's KV block size: those keys name the
+replica's own KV blocks, and KV events (`gateway.index.exact`) key stored blocks the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
@@ -29,9 +32,13 @@ import xxhash
 from gateway.errors import ConfigError
 from gateway.view import RequestView
 
+if TYPE_CHECKING:
+    from gateway.tokenize import TokenizedPrompt
+
 _hash = xxhash.xxh3_64_intdigest
 _ROLE = "\x1e"  # record separator: cannot be confused with JSON or ordinary prompt text
 _FIELD = "\x1f"
+TOKENS, CHARACTERS = "tokens", "characters"
 
 
 @dataclass(frozen=True)
@@ -43,13 +50,19 @@ class PrefixParams:
     block_tokens: int = 16  # for prompts given as token ids; the replica's KV block size
     salt_by_tenant: bool = False
     max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
+    # Token-exact keys: "sim" (the replica stub's simulator), a folder with the model's
+    # tokenizer.json (+ chat template), or "model:smollm2"; None = character blocks.
+    tokenizer: str | None = None
+    tokenize_budget_ms: float = 50.0  # slower than this: character blocks for this request (counted)
+    speculative_ttl_s: float = 2.0  # KV-event replicas: a dispatched prompt counts as cached this long
 
     def validate(self, key: str) -> None:
         for name in ("block_chars", "block_tokens", "max_blocks"):
             if getattr(self, name) < 1:
                 raise ConfigError("must be at least 1", key=f"{key}.{name}")
-        if self.chars_per_token <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.chars_per_token")
+        for name in ("chars_per_token", "tokenize_budget_ms", "speculative_ttl_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", key=f"{key}.{name}")
 
     @property
     def tokens_per_block(self) -> float:
@@ -68,6 +81,7 @@ class Prefix:
     tokens_per_block: float
     preamble_tokens: int  # blocks wholly inside the tools + leading system messages, in tokens
     preamble_key: int = 0  # hash of the last of those blocks (0: none); names the preamble
+    kind: str = CHARACTERS  # or "tokens": keys comparable with the replica's KV blocks (events)
 
 
 def compute(view: RequestView, params: PrefixParams) -> Prefix:
@@ -81,22 +95,56 @@ def compute(view: RequestView, params: PrefixParams) -> Prefix:
         return Prefix(blocks, math.ceil(len(source) / params.chars_per_token), per_block,
                       int(inside * per_block), blocks[inside - 1] if inside else 0)
     blocks = chain_hash_tokens(source, params.block_tokens, seed, params.max_blocks)
-    return Prefix(blocks, len(source), float(params.block_tokens), 0)
+    return Prefix(blocks, len(source), float(params.block_tokens), 0, kind=TOKENS)
 
 
-def with_answer(view: RequestView, params: PrefixParams, answer: str) -> tuple[int, ...]:
-    """The chain of `view`'s prompt followed by its answer, as the conversation's next turn will
-    start. Only the blocks past `view.block_hashes` are hashed (the chain continues from its last)."""
+def attach(view: RequestView, keyed: Prefix) -> None:
+    """Keep the keys on the view: a retry of the request reuses them."""
+    view.block_hashes, view.preamble_tokens = keyed.block_hashes, keyed.preamble_tokens
+    view.preamble_key, view.tokens_per_block, view.key_kind = keyed.preamble_key, keyed.tokens_per_block, keyed.kind
+    view.prompt_tokens_estimate = view.prompt_tokens_estimate or keyed.prompt_tokens
+
+
+def from_tokens(view: RequestView, params: PrefixParams, prompt: TokenizedPrompt) -> Prefix:
+    """Hash a token-exact prompt in the replica's KV blocks (`block_tokens`)."""
+    blocks = chain_hash_tokens(prompt.token_ids, params.block_tokens, _seed(view, params), params.max_blocks)
+    inside = min(prompt.preamble_tokens // params.block_tokens, len(blocks))
+    return Prefix(blocks, len(prompt.token_ids), float(params.block_tokens), inside * params.block_tokens,
+                  blocks[inside - 1] if inside else 0, kind=TOKENS)
+
+
+def model_seed(model: str) -> int:
+    """The first block's seed without any salt: what a KV event's chain starts from."""
+    return _hash(model.encode())
+
+
+def is_salted(view: RequestView, params: PrefixParams) -> bool:
+    """Whether `view`'s chain is seeded with more than the model (tenant or cache_salt): its keys
+    can never equal keys derived from KV events, which do not carry the salt."""
+    return (params.salt_by_tenant and bool(view.tenant)) or isinstance(view.body.get("cache_salt"), str)
+
+
+def body_with_answer(view: RequestView, answer: str) -> dict[str, Any] | None:
+    """`view`'s request as the conversation's next turn will repeat it: the prompt followed by
+    its answer (None when that cannot be written down, e.g. a prompt of token ids)."""
     if view.endpoint == "chat":
         messages = view.body.get("messages")
         if not isinstance(messages, list):
-            return view.block_hashes
-        text, _ = render_chat({**view.body, "messages": [*messages, {"role": "assistant", "content": answer}]})
-    else:
-        prompt, _ = prompt_source(view.endpoint, view.body)
-        if not isinstance(prompt, str):
-            return view.block_hashes  # token ids: the answer's ids are not known here
-        text = prompt + answer
+            return None
+        return {**view.body, "messages": [*messages, {"role": "assistant", "content": answer}],
+                "add_generation_prompt": False}
+    prompt, _ = prompt_source(view.endpoint, view.body)
+    return {**view.body, "prompt": prompt + answer} if isinstance(prompt, str) else None
+
+
+def with_answer(view: RequestView, params: PrefixParams, answer: str) -> tuple[int, ...]:
+    """The character chain of `view`'s prompt followed by its answer. Only the blocks past
+    `view.block_hashes` are hashed (the chain continues from its last)."""
+    body = body_with_answer(view, answer)
+    if body is None:
+        return view.block_hashes
+    text, _ = prompt_source(view.endpoint, body)
+    assert isinstance(text, str)
     done = len(view.block_hashes)
     seed = view.block_hashes[-1] if done else _seed(view, params)
     rest = chain_hash_text(text[done * params.block_chars:], params.block_chars, seed, params.max_blocks - done)
@@ -194,16 +242,17 @@ def chain_hash_text(text: str, block_chars: int, seed: int, max_blocks: int) -> 
     return tuple(hashes)
 
 
-def chain_hash_tokens(tokens: list[int], block_tokens: int, seed: int, max_blocks: int) -> tuple[int, ...]:
-    """The same chain over token ids packed as little-endian uint32."""
+def chain_hash_tokens(tokens: Sequence[int], block_tokens: int, seed: int, max_blocks: int) -> tuple[int, ...]:
+    """The same chain over token ids packed as uint64 (the simulator's ids are 48-bit). The
+    gateway keys a request's tokens and a KV event's tokens with this one function."""
     n = min(len(tokens) // block_tokens, max_blocks)
     if n == 0:
         return ()
     try:
-        data = array("I", tokens[: n * block_tokens]).tobytes()
-    except (OverflowError, TypeError):  # not a list of uint32 token ids
+        data = array("Q", tokens[: n * block_tokens]).tobytes()
+    except (OverflowError, TypeError):  # not a list of token ids
         return ()
-    step = 4 * block_tokens
+    step = 8 * block_tokens
     hashes = []
     h = seed
     view = memoryview(data)

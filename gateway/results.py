@@ -31,6 +31,7 @@ class Result:
     completion_tokens: int = 0
     replica: str = ""
     error: str = ""
+    predicted_cached_tokens: int | None = None  # the router's prediction (simulate only)
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class Summary:
     lag_p99_s: float
     lag_max_s: float
     replica_share: dict[str, int] = field(default_factory=dict)
+    prediction_error_tokens: float | None = None  # mean |predicted - reported cached tokens| (simulate only)
 
     @property
     def busiest_over_mean(self) -> float:
@@ -79,6 +81,7 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
     prompt = sum(r.prompt_tokens for r in ok)
     share = Counter({name: 0 for name in replicas or ()})
     share.update(r.replica for r in ok)
+    errors = [abs(r.predicted_cached_tokens - r.cached_tokens) for r in ok if r.predicted_cached_tokens is not None]
     return Summary(
         requests=len(results), errors=len(results) - len(ok), duration_s=duration,
         ttft_p50_s=quantile(ttfts, 0.50), ttft_p90_s=quantile(ttfts, 0.90), ttft_p99_s=quantile(ttfts, 0.99),
@@ -90,6 +93,7 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
         target_session_rate=target_session_rate, achieved_session_rate=achieved,
         lag_p50_s=quantile(lags, 0.50), lag_p99_s=quantile(lags, 0.99), lag_max_s=lags[-1] if lags else 0.0,
         replica_share=dict(sorted(share.items())),
+        prediction_error_tokens=statistics.fmean(errors) if errors else None,
     )
 
 
@@ -104,11 +108,12 @@ def quantile(sorted_values: list[float], q: float) -> float:
 def table(summaries: dict[str, Summary]) -> str:
     """A Markdown table, one row per run (policy), the columns a reader compares first."""
     head = ("| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | ITL p50 ms | e2e p90 s | "
-            "out tok/s | cached | busiest/mean | lag p99 ms |")
-    rows = [head, "|" + "---|" * 12]
+            "out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok |")
+    rows = [head, "|" + "---|" * 13]
     for name, s in summaries.items():
+        error = "-" if s.prediction_error_tokens is None else f"{s.prediction_error_tokens:.1f}"
         rows.append(f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
                     f"{s.ttft_p99_s:.3f} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
                     f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {s.busiest_over_mean:.2f} | "
-                    f"{s.lag_p99_s * 1000:.1f} |")
+                    f"{s.lag_p99_s * 1000:.1f} | {error} |")
     return "\n".join(rows)

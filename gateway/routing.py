@@ -1,15 +1,26 @@
 """Router: turns a request and the pool's candidates into a Decision, for one pool.
 
 The request path calls `route()` once per attempt and `finished()` once per request.
-For policies that need the prefix, the Router hashes the prompt once (kept on the view for
-retries), asks the warm index about all candidates in one call, and after the pick records
-the request's blocks as warm on the chosen replica (the answer cannot be recorded: the gateway
-relays it without buffering). It keeps the chosen replica's prediction per request until
-`finished()`, to learn from the observed TTFT and to export how right the prediction was.
+For policies that need the prefix, the Router keys the prompt once (kept on the view for
+retries): token-exact when the pool names its tokenizer (`gateway.tokenize`, off the event
+loop, within a budget), else in character blocks. Each candidate's warm prefix then comes
+from the best evidence there is for it, the exactness ladder:
+
+- `events`: the replica publishes KV events and its exact table (`index.exact`) is certain;
+- `speculative`: ...plus blocks of requests just sent there, before their events arrive;
+- `history`: token keys looked up in the warm index of requests routed there (memory or Redis,
+  one round trip for every candidate that needs it), also the fallback of an uncertain table;
+- `characters`: the same history, keyed by character blocks (no tokenizer, or over budget).
+
+After the pick it records the request's blocks for the chosen replica (history, and a
+speculative entry where events run), and on finish the answer too (the next turn starts with
+it). It keeps the chosen replica's prediction per request until `finished()`, to learn from
+the observed TTFT and to export how right the prediction was, per rung.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -18,57 +29,71 @@ from typing import Any
 from gateway import prefix
 from gateway.index import MemoryIndex, WarmIndex
 from gateway.index.base import IndexParams
+from gateway.index.exact import ExactTables
 from gateway.policies import Candidate, Decision, Outcome, Policy, Score
-from gateway.prefix import PrefixParams
+from gateway.prefix import TOKENS, PrefixParams
 from gateway.routing_metrics import RoutingMetrics
+from gateway.tokenize import PromptKeys
 from gateway.view import RequestView
 
 MAX_TRACKED = 100_000  # predictions kept for requests not yet finished (bounds a leak if one never is)
+HISTORY, CHARACTERS = "history", "characters"
 
 
 class Router:
     def __init__(self, policy: Policy, prefix_params: PrefixParams | None = None, index: WarmIndex | None = None,
-                 metrics: RoutingMetrics | None = None, pool: str = "default") -> None:
-        """`index` is owned (closed by `close()`); a fresh in-memory one when not given."""
+                 metrics: RoutingMetrics | None = None, pool: str = "default", keys: PromptKeys | None = None,
+                 exact: ExactTables | None = None) -> None:
+        """`index` and `keys` are owned (closed by `close()`); a fresh in-memory index when not given.
+        `keys`: token-exact prompts; `exact`: tables fed by the replicas' KV events (needs `keys`)."""
         self.policy = policy
         self.prefix_params = prefix_params or PrefixParams()
         self.index: WarmIndex = index if index is not None else MemoryIndex(IndexParams().capacity_blocks)
         self.metrics = metrics
         self.pool = pool
-        self._predicted: dict[str, Score] = {}
+        self.keys = keys
+        self.exact = exact
+        self._predicted: dict[str, tuple[Score, str]] = {}  # request id -> chosen row and its evidence
+        self._background: set[asyncio.Task[None]] = set()
 
     async def route(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         start = time.perf_counter()
-        await self._fill(view, candidates)
+        evidence = await self._fill(view, candidates)
         decision = self.policy.choose(view, candidates)
         replica_id = decision.replica_id
         self.policy.on_dispatched(view, replica_id)
         if self.policy.needs_index and view.block_hashes:
             self.index.record(replica_id, view.block_hashes)
+            if self._exact_applies(view):
+                self.exact.speculate(replica_id, view.block_hashes)  # type: ignore[union-attr]
         chosen = next((s for s in decision.scores if s.replica_id == replica_id), None)
+        rung = evidence.get(replica_id, "")
         if chosen is not None:
-            self._track(view.request_id, chosen)
+            self._track(view.request_id, chosen, rung)
         if self.metrics is not None:
-            self._observe(decision, chosen, time.perf_counter() - start)
+            self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
 
-    def finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+    def finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> Score | None:
         """An attempt ended: once per failed replica and once for the one that answered (if any).
-        `outcome` carries the observed TTFT and the replica's usage counts."""
-        predicted = self._predicted.get(view.request_id)
-        if predicted is not None and predicted.replica_id == replica_id:
+        `outcome` carries the observed TTFT and the replica's usage counts. Returns what was
+        predicted for this attempt's replica (None for an earlier, failed attempt)."""
+        tracked = self._predicted.get(view.request_id)
+        predicted: Score | None = None
+        if tracked is not None and tracked[0].replica_id == replica_id:
             del self._predicted[view.request_id]
-        else:
-            predicted = None  # an earlier attempt that failed; the latest attempt is reported separately
+            predicted, rung = tracked
+        # else: an earlier attempt that failed; the latest attempt is reported separately
         if predicted is not None and outcome.ok and self.metrics is not None:
             if outcome.cached_tokens is not None:
-                self.metrics.cached_error.labels(self.pool).observe(predicted.cached_tokens - outcome.cached_tokens)
+                self.metrics.cached_error.labels(self.pool, rung).observe(
+                    predicted.cached_tokens - outcome.cached_tokens)
             if outcome.ttft_s is not None and self.policy.needs_index:
                 self.metrics.ttft_error.labels(self.pool).observe(predicted.score - outcome.ttft_s)
         if outcome.ok and outcome.answer and self.records_answers:
-            # The replica keeps the answer's KV too; the conversation's next turn starts with it.
-            self.index.record(replica_id, prefix.with_answer(view, self.prefix_params, outcome.answer))
+            self._record_answer(view, replica_id, outcome.answer)
         self.policy.on_finished(view, replica_id, dataclasses.replace(outcome, predicted=predicted))
+        return predicted
 
     @property
     def records_answers(self) -> bool:
@@ -77,50 +102,123 @@ class Router:
 
     async def explain(self, view: RequestView, candidates: Sequence[Candidate]) -> dict[str, Any]:
         """Dry run: what `route` would decide now, recording nothing (a rotating policy still rotates)."""
-        await self._fill(view, candidates)
+        evidence = await self._fill(view, candidates)
         decision = self.policy.choose(view, candidates)
         return {
             "policy": self.policy.type,
             "prompt_tokens_estimate": view.prompt_tokens_estimate,
             "prefix_blocks": len(view.block_hashes),
+            "prefix_keys": view.key_kind or None,
             "preamble_tokens": view.preamble_tokens,
             "index_degraded": self.index.degraded,
+            "evidence": evidence,
             **decision.explain(),
         }
 
     async def close(self) -> None:
         self._predicted.clear()
+        for task in list(self._background):
+            task.cancel()
+        if self.keys is not None:
+            self.keys.close()
         await self.index.close()
 
-    async def _fill(self, view: RequestView, candidates: Sequence[Candidate]) -> None:
-        """Hash the prompt once per request and fill each candidate's warm-prefix length."""
+    async def _fill(self, view: RequestView, candidates: Sequence[Candidate]) -> dict[str, str]:
+        """Key the prompt once per request, then fill each candidate's warm-prefix length from the
+        best evidence for it. Returns each candidate's rung."""
         if not self.policy.needs_prefix:
-            return
+            return {}
         if not view.block_hashes:
-            hashed = prefix.compute(view, self.prefix_params)
-            view.block_hashes, view.preamble_tokens = hashed.block_hashes, hashed.preamble_tokens
-            view.preamble_key, view.tokens_per_block = hashed.preamble_key, hashed.tokens_per_block
-            view.prompt_tokens_estimate = view.prompt_tokens_estimate or hashed.prompt_tokens
+            prefix.attach(view, await self._key(view))
         if not self.policy.needs_index or not view.block_hashes:
-            return
+            return {}
+        evidence: dict[str, str] = {}
+        rest: list[Candidate] = []  # candidates the history index must answer for
+        if self._exact_applies(view):
+            exact = self.exact
+            assert exact is not None
+            for c in candidates:
+                if exact.covers(c.replica_id):
+                    blocks, evidence[c.replica_id] = exact.match(view.block_hashes, c.replica_id)
+                    c.cached_tokens = self._tokens(view, blocks)
+                    if exact.certain(c.replica_id):
+                        continue
+                rest.append(c)
+        else:
+            rest = list(candidates)
+        if not rest:
+            return evidence
         if self.index.degraded and self.metrics is not None:
             self.metrics.index_fallbacks.labels(self.pool).inc()
-        matched = await self.index.match(view.block_hashes, [c.replica_id for c in candidates])
-        for c in candidates:
-            c.cached_tokens = min(int(matched.get(c.replica_id, 0) * view.tokens_per_block),
-                                  view.prompt_tokens_estimate)
+        matched = await self.index.match(view.block_hashes, [c.replica_id for c in rest])
+        estimate = HISTORY if view.key_kind == TOKENS else CHARACTERS
+        for c in rest:
+            tokens = self._tokens(view, matched.get(c.replica_id, 0))
+            if c.replica_id not in evidence or tokens > c.cached_tokens:  # an uncertain table: the larger
+                c.cached_tokens, evidence[c.replica_id] = tokens, estimate
+        return evidence
 
-    def _track(self, request_id: str, chosen: Score) -> None:
+    async def _key(self, view: RequestView) -> prefix.Prefix:
+        """Token-exact keys when a tokenizer is configured and answers within budget, else characters."""
+        if self.keys is not None and view.endpoint in ("chat", "completions"):
+            tokenized = await self.keys.encode(view.endpoint, view.body)
+            if tokenized is not None:
+                return prefix.from_tokens(view, self.prefix_params, tokenized)
+            if self.metrics is not None:
+                self.metrics.tokenize_fallbacks.labels(self.pool).inc()
+        return prefix.compute(view, self.prefix_params)
+
+    def _exact_applies(self, view: RequestView) -> bool:
+        """Event-derived keys are unsalted token keys: only such a request can match them."""
+        return (self.exact is not None and view.key_kind == TOKENS
+                and not prefix.is_salted(view, self.prefix_params))
+
+    @staticmethod
+    def _tokens(view: RequestView, blocks: int) -> int:
+        """Cached prompt tokens for `blocks` warm blocks. With token keys this is exact: the engine
+        always computes the last prompt token, so a prompt ending on a block boundary never hits
+        its last block (vLLM caps hits at prompt_tokens - 1)."""
+        if view.key_kind == TOKENS:
+            per_block = int(view.tokens_per_block)
+            return min(blocks, (view.prompt_tokens_estimate - 1) // per_block) * per_block
+        return min(int(blocks * view.tokens_per_block), view.prompt_tokens_estimate)
+
+    def _record_answer(self, view: RequestView, replica_id: str, answer: str) -> None:
+        """The replica keeps the answer's KV too; the conversation's next turn starts with it.
+        A certain event table learns that from the replica itself; history needs it recorded."""
+        if self._exact_applies(view) and self.exact.certain(replica_id):  # type: ignore[union-attr]
+            return
+        if view.key_kind != TOKENS:
+            self.index.record(replica_id, prefix.with_answer(view, self.prefix_params, answer))
+            return
+        if self.keys is None:
+            return  # token ids from the client: the answer's ids are not known here
+        task = asyncio.get_running_loop().create_task(self._record_answer_tokens(view, replica_id, answer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _record_answer_tokens(self, view: RequestView, replica_id: str, answer: str) -> None:
+        """Tokenize the conversation with its answer off the request path (this also warms the
+        tokenizer's cache for the next turn) and record its chain."""
+        assert self.keys is not None
+        body = prefix.body_with_answer(view, answer)
+        tokenized = await self.keys.encode(view.endpoint, body) if body is not None else None
+        if tokenized is not None:
+            self.index.record(replica_id, prefix.from_tokens(view, self.prefix_params, tokenized).block_hashes)
+
+    def _track(self, request_id: str, chosen: Score, rung: str) -> None:
         self._predicted.pop(request_id, None)  # a retry replaces the earlier attempt's prediction
         if len(self._predicted) >= MAX_TRACKED:
             del self._predicted[next(iter(self._predicted))]
-        self._predicted[request_id] = chosen
+        self._predicted[request_id] = (chosen, rung)
 
-    def _observe(self, decision: Decision, chosen: Score | None, elapsed_s: float) -> None:
+    def _observe(self, decision: Decision, chosen: Score | None, rung: str, elapsed_s: float) -> None:
         assert self.metrics is not None
         m, pool = self.metrics, self.pool
         m.decisions.labels(pool, self.policy.type, decision.reason).inc()
         m.route_seconds.labels(pool).observe(elapsed_s)
         if self.policy.needs_index:
             m.matched_tokens.labels(pool).observe(chosen.cached_tokens if chosen else 0)
+            if rung:
+                m.evidence.labels(pool, rung).inc()
             m.index_degraded.labels(pool).set(1 if self.index.degraded else 0)

@@ -22,7 +22,15 @@ class RoutingMetrics:
             "on the chosen replica", ["pool"], buckets=_TOKENS, registry=registry)
         self.cached_error = Histogram(
             "affinity_gateway_route_cached_tokens_error_tokens", "Predicted minus replica-reported "
-            "cached prompt tokens on the chosen replica", ["pool"], buckets=_ERROR_TOKENS, registry=registry)
+            "cached prompt tokens on the chosen replica, by the evidence the prediction used",
+            ["pool", "evidence"], buckets=_ERROR_TOKENS, registry=registry)
+        self.evidence = Counter(
+            "affinity_gateway_route_evidence_total", "Routing decisions by the evidence behind the chosen "
+            "replica's warm prefix: events, speculative, history or characters", ["pool", "evidence"],
+            registry=registry)
+        self.tokenize_fallbacks = Counter(
+            "affinity_gateway_tokenize_fallback_total", "Requests keyed by character blocks because the "
+            "tokenizer failed or exceeded its budget", ["pool"], registry=registry)
         self.ttft_error = Histogram(
             "affinity_gateway_route_ttft_error_seconds", "Predicted minus observed time to first token",
             ["pool"], buckets=_ERROR_S, registry=registry)

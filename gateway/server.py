@@ -54,6 +54,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[METRICS] = registry = Metrics()
     app[STATE] = state = GatewayState(config, config_path, registry.routing)
     registry.watch(state.pools)
+    registry.watch_feeds(state.all_feeds)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
     app[RATE_LIMITS] = RateLimits()
     app[LIFECYCLE] = Lifecycle()
@@ -195,9 +196,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def admin_replicas(request: web.Request) -> web.Response:
-    routes = request.app[STATE].routes.values()
-    return _json({r.model: {"policy": r.routing.policy, "replicas": [rep.describe() for rep in r.pool]}
-                  for r in routes})
+    state = request.app[STATE]
+    return _json({r.model: {"policy": r.routing.policy, "replicas": [_describe(state, r, rep) for rep in r.pool]}
+                  for r in state.routes.values()})
+
+
+def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[str, Any]:
+    """A replica's health and load, and its KV-event feed with the exact table it fills, if any."""
+    feed = state.feeds(route.model).get(replica.replica_id)
+    if feed is None or route.router.exact is None:
+        return replica.describe()
+    return {**replica.describe(), "kv_events": {**feed.describe(), **route.router.exact.describe(replica.replica_id)}}
 
 
 async def admin_explain(request: web.Request) -> web.Response:

@@ -8,6 +8,10 @@ fields the server builds: exact in-flight counts and a periodic "scrape" of runn
 KV usage. Prompts are tokenized by the stub's tokenizer and chat template, answers are words
 of the stub's vocabulary, so the cache sees exactly what a real sim replica would see.
 
+With `kv_events`, each replica's block pool feeds the gateway's exact tables directly (the KV-event
+rung with zero delivery delay) and requests are keyed by the same stub tokens; without it, the
+gateway routes from its own history in character blocks, as a gateway without a tokenizer does.
+
 What it leaves out: network and event-loop time (the real stub adds a little per step), health
 probes and failures, and the engine's random answer lengths (like `bench`, every answer is
 exactly `max_tokens` long: `ignore_eos`).
@@ -24,14 +28,17 @@ from typing import Any
 
 import xxhash
 
+from gateway import prefix
 from gateway.cost import CostModel
+from gateway.index.exact import ExactTables
 from gateway.policies import Candidate, Outcome, Policy, build_policy
 from gateway.prefix import PrefixParams
 from gateway.results import Result
 from gateway.routing import Router
+from gateway.tokenize import TokenizedPrompt
 from gateway.view import RequestView
 from gateway.workloads import Session
-from replica_stub.block_pool import BlockPool
+from replica_stub.block_pool import BlockPool, BlockStored, KVEvent
 from replica_stub.config import StubConfig
 from replica_stub.engine.simulated import SimEngine
 from replica_stub.kv_cache import KVCacheManager
@@ -57,6 +64,7 @@ class SimSpec:
     concurrency: int = 0  # > 0: closed loop, this many sessions at a time (start times ignored)
     itl_every: int = 8  # keep every n-th inter-token gap (memory: 100k requests × 256 tokens)
     seed: int = 0
+    kv_events: bool = False  # route from the replicas' KV events (token keys) instead of history
 
 
 @dataclass(slots=True)
@@ -98,11 +106,15 @@ class Simulation:
         self.engine = SimEngine(stub.timing, speedup=stub.speedup)
         self.tokenizer = self.engine.tokenizer
         self._encoded: dict[str, list[int]] = {}
+        self.prefix = dataclasses.replace(spec.prefix, block_tokens=stub.block_size)
+        self.exact = ExactTables(prefix.model_seed(spec.model), stub.block_size, self.prefix.speculative_ttl_s,
+                                 clock=self.clock) if spec.kv_events else None
         self.replicas = {name: _Replica(name, Scheduler(
-            KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size)), max_num_seqs=stub.max_num_seqs,
-            max_num_batched_tokens=stub.max_num_batched_tokens, max_model_len=stub.max_model_len))
+            KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size, self._event_sink(name))),
+            max_num_seqs=stub.max_num_seqs, max_num_batched_tokens=stub.max_num_batched_tokens,
+            max_model_len=stub.max_model_len))
             for name in (f"replica-{i}" for i in range(spec.replicas))}
-        self.router = Router(_policy(spec, self.clock), spec.prefix, pool=spec.model)
+        self.router = Router(_policy(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
         capacity = spec.prefix.index_blocks(stub.num_gpu_blocks, stub.block_size)
         for name in self.replicas:
             self.router.index.set_capacity(name, capacity)
@@ -117,6 +129,20 @@ class Simulation:
 
     def clock(self) -> float:
         return self.now
+
+    def _event_sink(self, name: str) -> Callable[[KVEvent], None] | None:
+        """The replica's KV events, delivered to the gateway's exact table at once."""
+        exact = self.exact
+        if exact is None:
+            return None
+        exact.set_certain(name, True)
+
+        def deliver(event: KVEvent) -> None:
+            if isinstance(event, BlockStored):
+                exact.stored(name, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+            else:
+                exact.removed(name, event.block_hashes)
+        return deliver
 
     def run(self, sessions: list[Session]) -> list[Result]:
         """Simulate until every session has finished; returns one Result per request."""
@@ -185,6 +211,9 @@ class Simulation:
         body = {"model": spec.model, "messages": list(active.messages), "max_tokens": session.max_tokens,
                 "stream": True}
         view = RequestView(request_id, "chat", spec.model, True, body, b"", session_key=session.session_id)
+        if self.exact is not None:  # token keys, as a gateway with the model's tokenizer computes them
+            system = len(self._encode_message(active.messages[0], cache=True)) if session.system else 0
+            prefix.attach(view, prefix.from_tokens(view, self.prefix, TokenizedPrompt(prompt_ids, system)))
         candidates = [Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage)
                       for r in self.replicas.values()]
         replica = self.replicas[_sync(self.router.route(view, candidates)).replica_id]
@@ -241,9 +270,11 @@ class Simulation:
         result.prompt_tokens, result.completion_tokens = request.num_prompt_tokens, len(request.output_token_ids)
         result.cached_tokens = request.num_cached_tokens or 0
         answer = "".join(self._word[t] for t in request.output_token_ids)
-        self.router.finished(view, replica.name, Outcome(
+        predicted = self.router.finished(view, replica.name, Outcome(
             ok=True, ttft_s=result.ttft_s, prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
             answer=answer if self.router.records_answers else None))
+        if predicted is not None and self.router.policy.needs_index:
+            result.predicted_cached_tokens = predicted.cached_tokens
         self._record(result)
         active.messages.append({"role": "assistant", "content": answer})
         # The tokenizer is prefix-stable and the answer is whole vocabulary words, so the next turn's

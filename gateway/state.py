@@ -4,6 +4,8 @@ A reload builds everything new *before* touching the running state, so a bad fil
 Requests in flight keep the router they started with; pools keep their replicas' counts and health.
 A pool whose routing section is unchanged keeps its router, and with it its warm-prefix index.
 A pool with `discovery` also holds the replicas its DNS name resolves to (`gateway.discovery`).
+A replica with `kv_events` gets a subscriber feeding its router's exact tables; it follows
+the router (a new router starts from a fresh feed) and goes with the replica.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ import structlog
 from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
 from gateway.discovery import Discovery, Resolver, resolve_dns
 from gateway.errors import NotFoundError
+from gateway import prefix
 from gateway.index import build_index
+from gateway.index.exact import ExactTables
+from gateway.kv_events import KVEventsConfig, KVEventSubscriber
 from gateway.log import setup_logging
 from gateway.policies import build_policy
 from gateway.replicas import Replica, ReplicaPool
 from gateway.routing import Router
 from gateway.routing_metrics import RoutingMetrics
+from gateway.tokenize import PromptKeys, build_prompt_tokenizer
 
 log = structlog.get_logger("gateway.state")
 
@@ -48,6 +54,8 @@ class GatewayState:
         self.resolver: Resolver = resolve_dns  # DNS discovery's resolver; replaceable before start()
         self._discovery: Discovery | None = None
         self._found: dict[str, list[ReplicaConfig]] = {}  # per model: the replicas DNS gave last
+        # per (model, replica): its KV-event subscriber, the tables it feeds and the feed's config
+        self._feeds: dict[tuple[str, str], tuple[KVEventSubscriber, ExactTables, KVEventsConfig]] = {}
 
     async def start(self) -> None:
         """Build pools and routers inside the running loop (a Redis index needs one), then discover."""
@@ -55,10 +63,13 @@ class GatewayState:
         self._discovery = Discovery(self.resolver, self._discovered)
         self._discovery.sync(_discovery_specs(self.config))
         await self._discovery.resolved(timeout_s=5.0)
+        await self._sync_feeds()
 
     async def close(self) -> None:
         if self._discovery is not None:
             await self._discovery.close()
+        await asyncio.gather(*(feed.close() for feed, _, _ in self._feeds.values()))
+        self._feeds.clear()
         await asyncio.gather(*(route.router.close() for route in self.routes.values()))
 
     def route_for(self, model: str) -> ModelRoute:
@@ -91,6 +102,7 @@ class GatewayState:
             for replica_id in removed.get(route.model, ()):
                 await route.router.index.forget(replica_id)
         await asyncio.gather(*(router.close() for router in retired))
+        await self._sync_feeds()
         if self._discovery is not None:
             self._discovery.sync(_discovery_specs(config))
         setup_logging(config.logging.level, config.logging.format)
@@ -139,8 +151,46 @@ class GatewayState:
         current = self.routes.get(model)
         if current is not None and current.routing == pool.routing and config.state == self.config.state:
             return current.router
-        policy = build_policy(pool.routing.policy, pool.routing.params, f"pools.{model}.routing")
-        return Router(policy, pool.routing.prefix, build_index(config.state), self._routing_metrics, pool=model)
+        key = f"pools.{model}.routing"
+        policy = build_policy(pool.routing.policy, pool.routing.params, key)
+        params = pool.routing.prefix
+        keys = exact = None
+        if params.tokenizer is not None:
+            keys = PromptKeys(build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"),
+                              budget_s=params.tokenize_budget_ms / 1000)
+            if any(r.kv_events is not None for r in pool.replicas):
+                exact = ExactTables(prefix.model_seed(model), params.block_tokens, params.speculative_ttl_s)
+        return Router(policy, params, build_index(config.state), self._routing_metrics, pool=model,
+                      keys=keys, exact=exact)
+
+    async def _sync_feeds(self) -> None:
+        """One subscriber per replica with `kv_events`, feeding its current router's exact tables."""
+        wanted: dict[tuple[str, str], tuple[ExactTables, KVEventsConfig]] = {}
+        for model, route in self.routes.items():
+            exact = route.router.exact
+            if exact is None:
+                continue
+            for replica in self.config.pools[model].replicas:
+                if replica.kv_events is not None:
+                    wanted[(model, replica.replica_id)] = (exact, replica.kv_events)
+        for key, (feed, exact, events) in list(self._feeds.items()):
+            if wanted.get(key) != (exact, events):
+                del self._feeds[key]
+                await feed.close()
+                exact.forget(key[1])
+        for key, (exact, events) in wanted.items():
+            if key not in self._feeds:
+                feed = KVEventSubscriber(key[1], events, exact)
+                feed.start()
+                self._feeds[key] = (feed, exact, events)
+
+    def feeds(self, model: str) -> dict[str, KVEventSubscriber]:
+        """The model's KV-event subscribers by replica (for /admin/replicas)."""
+        return {replica_id: feed for (m, replica_id), (feed, _, _) in self._feeds.items() if m == model}
+
+    def all_feeds(self) -> Iterator[tuple[str, str, KVEventSubscriber, ExactTables]]:
+        """(model, replica, subscriber, the tables it fills) for every feed (for /metrics)."""
+        return ((model, replica_id, feed, exact) for (model, replica_id), (feed, exact, _) in list(self._feeds.items()))
 
 
 def _discovery_specs(config: Config) -> dict[str, DiscoveryConfig]:

@@ -23,3 +23,4 @@ class RequestView:
     preamble_tokens: int = 0  # tokens of the blocks wholly inside the leading tools + system prompt
     preamble_key: int = 0  # chain hash of the last block inside the preamble (0: none); names the preamble
     tokens_per_block: float = 0.0  # prompt tokens one hashed block stands for
+    key_kind: str = ""  # "tokens" (token-exact, comparable with KV events) or "characters"

@@ -3,8 +3,8 @@ are free, and in what order free blocks are reused (LRU).
 
 Mirrors vLLM v1's `BlockPool` + `FreeKVCacheBlockQueue`: a free block keeps its hash (so a
 later request can still hit on it) until it is popped for reuse; that pop is the eviction.
-All stores and evictions go through `_store`/`_evict`, which call the `on_event` hook, so a
-KV-event publisher (BlockStored/BlockRemoved) plugs in here without touching the scheduler.
+All stores, evictions and resets call the `on_event` hook, so a KV-event publisher
+(BlockStored/BlockRemoved/AllBlocksCleared) plugs in here without touching the scheduler.
 A real engine indexes its KV tensors by `block_id`.
 """
 
@@ -36,7 +36,12 @@ class BlockRemoved:
     block_hashes: tuple[int, ...]
 
 
-KVEvent = BlockStored | BlockRemoved
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 class FreeKVCacheBlockQueue:
@@ -155,6 +160,18 @@ class BlockPool:
             self._stored(run, run_start, block_hashes, parent_hash, token_ids)
             run = []
         self._stored(run, run_start, block_hashes, parent_hash, token_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's reset does: only when no block is in use (a
+        running request's blocks must keep their hashes), else False and nothing changes."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()
+        if self.on_event is not None:
+            self.on_event(AllBlocksCleared())
+        return True
 
     def _stored(self, run: list[int], start: int, block_hashes: Sequence[int], parent_hash: int | None,
                 token_ids: Sequence[int]) -> None:

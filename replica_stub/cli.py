@@ -24,6 +24,7 @@ from gateway.log import setup_logging
 from replica_stub.config import StubConfig, load_config
 from replica_stub.engine.registry import ENGINES
 from replica_stub.engine.timing import TimingModel
+from replica_stub.kv_events import ENCODINGS
 
 SUBCOMMANDS = ("serve", "calibrate")
 _TIMING_HELP = {
@@ -58,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-cache-mb", type=float, help="real engine: KV cache memory in MiB (default 256)")
     serve.add_argument("--torch-threads", type=int, help="real engine: torch threads (default min(2, CPUs))")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    serve.add_argument("--kv-events-endpoint",
+                       help="publish vLLM KV events on this ZMQ PUB endpoint, bound (e.g. tcp://*:5557; default off)")
+    serve.add_argument("--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint answering replay requests (default off)")
+    serve.add_argument("--kv-events-topic", help="topic frame of every KV event message (default empty)")
+    serve.add_argument("--kv-events-encoding", choices=ENCODINGS,
+                       help="events as vLLM's tagged arrays (<= 0.11) or tagged maps (newer) (default array)")
+    serve.add_argument("--kv-events-buffer-steps", type=int, help="batches kept for replay (default 10000)")
     for field in dataclasses.fields(TimingModel):
         flag = "--" + field.name.replace("_", "-")
         serve.add_argument(flag, type=float, help=f"{_TIMING_HELP[field.name]} (default {field.default})")

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from replica_stub.engine.timing import TimingModel
+from replica_stub.kv_events import ENCODINGS, ENDPOINT_SCHEMES, Encoding
 
 DEFAULT_MAX_MODEL_LEN = 8192
 
@@ -36,6 +37,11 @@ class StubConfig:
     kv_cache_mb: float = 256.0  # real engine: KV memory budget; sets num_gpu_blocks
     torch_threads: int = 0  # real engine: 0 -> min(2, CPU count)
     log_level: str = "info"
+    kv_events_endpoint: str = ""  # "" -> no KV events; else the ZMQ PUB endpoint to bind
+    kv_events_replay_endpoint: str = ""  # "" -> no replay; else the ZMQ ROUTER endpoint to bind
+    kv_events_topic: str = ""
+    kv_events_encoding: Encoding = "array"  # "array" (vLLM <= 0.11 tagged arrays) or "map" (newer tagged maps)
+    kv_events_buffer_steps: int = 10_000  # batches kept for replay
     timing: TimingModel = field(default_factory=TimingModel)
 
     def resolved(self) -> StubConfig:
@@ -60,7 +66,20 @@ class StubConfig:
         if not 1 <= low <= high:
             raise ValueError("sim_output_len must be [min, max] with 1 <= min <= max")
         config.timing.validate()
+        config._check_kv_events()
         return config
+
+    def _check_kv_events(self) -> None:
+        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            value = getattr(self, name)
+            if value and not value.startswith(ENDPOINT_SCHEMES):
+                raise ValueError(f"{name} must start with {', '.join(ENDPOINT_SCHEMES)}, got {value!r}")
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("kv_events_replay_endpoint needs kv_events_endpoint")
+        if self.kv_events_encoding not in ENCODINGS:
+            raise ValueError(f"kv_events_encoding must be one of {', '.join(ENCODINGS)}")
+        if self.kv_events_buffer_steps < 1:
+            raise ValueError("kv_events_buffer_steps must be >= 1")
 
 
 def load_config(path: str | None, overrides: Mapping[str, Any]) -> StubConfig:

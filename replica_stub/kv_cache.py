@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from replica_stub.block_pool import BlockPool, KVCacheBlock
-from replica_stub.request import ROOT_HASH, Request
+from replica_stub.request import Request
 
 
 class KVCacheManager:
@@ -57,7 +57,7 @@ class KVCacheManager:
         num_full = min(num_full, len(request.block_hashes))
         if num_full <= start:
             return
-        parent = request.block_hashes[start - 1] if start else ROOT_HASH
+        parent = request.block_hashes[start - 1] if start else None  # None: a prompt's first block
         tokens = request.all_token_ids[start * self.block_size:num_full * self.block_size]
         self.pool.cache_full_blocks(held[start:num_full], request.block_hashes[start:num_full], parent, tokens)
         self._num_cached[request.request_id] = num_full

@@ -2,13 +2,15 @@
 
 Handlers `submit()` a request and await its `RequestStream`; they `abort()` it when their
 client goes away, which frees its KV blocks at once. The loop sleeps on an event while there
-is no work, so an idle replica costs nothing.
+is no work, so an idle replica costs nothing. `publish_events` (the KV-event publisher's flush)
+runs after every step, before its outputs reach the streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -23,8 +25,10 @@ DISPATCH_SLICE = 64  # streams woken per event-loop iteration; bounds the latenc
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, engine: Engine, metrics: StubMetrics) -> None:
+    def __init__(self, scheduler: Scheduler, engine: Engine, metrics: StubMetrics,
+                 publish_events: Callable[[], None] | None = None) -> None:
         self.scheduler, self.engine, self.metrics = scheduler, engine, metrics
+        self._publish_events = publish_events or (lambda: None)
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = asyncio.Event()
         self.dead: BaseException | None = None
@@ -46,6 +50,12 @@ class EngineLoop:
         self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
         log.info("request_aborted", request_id=request_id, output_tokens=stream.num_output_tokens)
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's /reset_prefix_cache; the AllBlocksCleared event goes out now, the loop may be idle."""
+        done = self.scheduler.kv.pool.reset_prefix_cache()
+        self._publish_events()
+        return done
+
     async def run(self) -> None:
         try:
             while True:
@@ -62,7 +72,9 @@ class EngineLoop:
                     await self._wakeup.wait()
                     continue
                 sampled = await self.engine.execute(step)
-                await self._dispatch(self.scheduler.update_from_output(step, sampled))
+                outputs = self.scheduler.update_from_output(step, sampled)
+                self._publish_events()
+                await self._dispatch(outputs)
         except Exception as exc:
             self.dead = exc
             log.exception("engine_dead")

@@ -27,6 +27,7 @@ from replica_stub.engine.registry import build_engine
 from replica_stub.engine.base import Engine
 from replica_stub.gate import ArrivalGate
 from replica_stub.kv_cache import KVCacheManager
+from replica_stub.kv_events import KVEventPublisher
 from replica_stub.loop import EngineLoop, probe_loop_lag
 from replica_stub.metrics import StubMetrics
 from replica_stub.output import RequestStream
@@ -42,6 +43,7 @@ ENGINE = web.AppKey("engine", Engine)
 ENGINE_LOOP = web.AppKey("engine_loop", EngineLoop)
 ARRIVALS = web.AppKey("arrivals", ArrivalGate)
 METRICS = web.AppKey("metrics", StubMetrics)
+KV_EVENTS = web.AppKey("kv_events", KVEventPublisher)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -52,18 +54,29 @@ class UnsupportedMediaError(GatewayError):
     status, type = 415, "UnsupportedMediaTypeError"
 
 
+class BlocksInUseError(GatewayError):
+    """409: the prefix cache can only be reset while no request holds blocks (as in vLLM)."""
+
+    status, type = 409, "ConflictError"
+
+
 _ids = itertools.count()
 
 
 def make_app(config: StubConfig) -> web.Application:
     config, engine = build_engine(config)
-    pool = BlockPool(config.num_gpu_blocks, config.block_size)
+    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    publisher = _kv_event_publisher(config)
+    if publisher is not None:
+        app[KV_EVENTS] = publisher
+    # Both engines schedule through this one pool (the real one indexes its KV tensors by its block ids),
+    # so both publish KV events.
+    pool = BlockPool(config.num_gpu_blocks, config.block_size, on_event=publisher.on_event if publisher else None)
     scheduler = Scheduler(KVCacheManager(pool), max_num_seqs=config.max_num_seqs,
                           max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len)
     metrics = StubMetrics(config, scheduler)
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
     app[CONFIG], app[ENGINE], app[METRICS] = config, engine, metrics
-    app[ENGINE_LOOP] = EngineLoop(scheduler, engine, metrics)
+    app[ENGINE_LOOP] = EngineLoop(scheduler, engine, metrics, publish_events=publisher.flush if publisher else None)
     app[ARRIVALS] = ArrivalGate()
     app.on_response_prepare.append(add_replica_headers)
     app.cleanup_ctx.append(background_tasks)
@@ -76,17 +89,32 @@ def make_app(config: StubConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_get("/debug/kv_cache", kv_cache_state)
     return app
 
 
+def _kv_event_publisher(config: StubConfig) -> KVEventPublisher | None:
+    if not config.kv_events_endpoint:
+        return None
+    return KVEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint or None,
+                            topic=config.kv_events_topic, buffer_steps=config.kv_events_buffer_steps,
+                            encoding=config.kv_events_encoding)
+
+
 async def background_tasks(app: web.Application) -> AsyncIterator[None]:
-    """The engine loop and the lag probe live exactly as long as the app."""
+    """The engine loop, the lag probe and the KV-event replay server live exactly as long as the app."""
     tasks = [asyncio.create_task(app[ENGINE_LOOP].run(), name="engine-loop"),
              asyncio.create_task(probe_loop_lag(app[METRICS], app[ENGINE_LOOP].scheduler), name="loop-lag-probe")]
+    publisher = app.get(KV_EVENTS)
+    if publisher is not None:
+        publisher.start()
     yield
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if publisher is not None:
+        await publisher.close()
     await app[ENGINE].close()
 
 
@@ -245,6 +273,21 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 async def version(request: web.Request) -> web.Response:
     return _json({"version": __version__})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """Drop every cached prefix (AllBlocksCleared); 409 while a request holds blocks."""
+    if not request.app[ENGINE_LOOP].reset_prefix_cache():
+        raise BlocksInUseError("Cannot reset the prefix cache while requests hold KV blocks; retry when idle")
+    return web.Response()
+
+
+async def kv_cache_state(request: web.Request) -> web.Response:
+    """What the prefix cache holds now (not a vLLM endpoint): lets tests compare a router's view of
+    this replica with the truth."""
+    pool = request.app[ENGINE_LOOP].scheduler.kv.pool
+    return _json({"block_size": pool.block_size, "num_gpu_blocks": pool.num_blocks, "cached_blocks": len(pool.cached),
+                  "free_blocks": pool.num_free_blocks})
 
 
 async def tokenize(request: web.Request) -> web.Response:

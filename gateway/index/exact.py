@@ -1,0 +1,167 @@
+"""Exact warm-prefix tables, fed by the replicas' own KV events, plus speculative entries.
+
+The top rungs of the evidence ladder (see `gateway.routing`). A replica that publishes KV
+events (`gateway.kv_events`) tells us every block it stores and evicts, with the block's
+token ids. We never reproduce the engine's block hashes (they depend on its hash algorithm
+and PYTHONHASHSEED): each stored block gets the gateway's own chain key, computed from its
+token ids exactly as `gateway.prefix` keys a token-exact request, seeded with its parent's own
+key, and an engine-hash → own-key map turns later removals into our keys (dual keys).
+
+Events arrive after the replica has run the prefill. Between dispatch and the event, a burst
+of sibling requests would see nothing: `speculate` inserts the dispatched request's blocks
+for a few seconds, and a lookup counts a block as held if the events or an unexpired
+speculation say so.
+
+A table is *certain* when it is known to mirror the replica's cache (the subscriber saw its
+whole event history); an uncertain table still answers, and the router takes the larger of
+it and the routing-history estimate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from gateway.prefix import chain_hash_tokens
+
+log = structlog.get_logger("gateway.index.exact")
+
+EngineHash = int | bytes
+EVENTS, SPECULATIVE = "events", "speculative"
+
+
+@dataclass(slots=True)
+class _Table:
+    own_key: dict[EngineHash, int] = field(default_factory=dict)  # engine hash -> our chain key
+    held: dict[int, int] = field(default_factory=dict)  # our key -> engine blocks holding it (1 nearly always)
+    speculative: dict[int, float] = field(default_factory=dict)  # our key -> expiry (monotonic seconds)
+    next_sweep: float = 0.0
+    certain: bool = False
+    orphans: int = 0  # stored blocks whose parent we never saw: no key can name them
+
+
+class ExactTables:
+    """Per-replica tables for replicas with a KV-event feed; implements `kv_events.EventSink`."""
+
+    def __init__(self, root_seed: int, block_tokens: int, speculative_ttl_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`root_seed`: the chain seed of a request's first block (`prefix.model_seed`);
+        `clock`: what speculative entries expire by (the simulator's virtual time there)."""
+        self.root_seed = root_seed
+        self.clock = clock
+        self.block_tokens = block_tokens
+        self.speculative_ttl_s = speculative_ttl_s
+        self._tables: dict[str, _Table] = {}
+        self._warned_block_size = False
+
+    # -- what a subscriber feeds in (EventSink) --
+
+    def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
+               token_ids: Sequence[int], block_size: int) -> None:
+        table = self._table(replica_id)
+        seed = self.root_seed if parent is None else table.own_key.get(parent)
+        if seed is None:
+            table.orphans += len(block_hashes)
+            return
+        if block_size != self.block_tokens and not self._warned_block_size:
+            self._warned_block_size = True
+            log.warning("kv_events_block_size_mismatch", replica=replica_id, replica_block_size=block_size,
+                        gateway_block_tokens=self.block_tokens)
+        keys = chain_hash_tokens(list(token_ids), block_size, seed, len(block_hashes))
+        for engine_hash, key in zip(block_hashes, keys):
+            if engine_hash in table.own_key:
+                continue  # at-least-once delivery: already counted
+            table.own_key[engine_hash] = key
+            table.held[key] = table.held.get(key, 0) + 1
+            table.speculative.pop(key, None)  # confirmed: from now on the events say when it goes
+
+    def removed(self, replica_id: str, block_hashes: Sequence[EngineHash]) -> None:
+        table = self._table(replica_id)
+        for engine_hash in block_hashes:
+            key = table.own_key.pop(engine_hash, None)
+            if key is None:
+                continue
+            left = table.held[key] - 1
+            if left:
+                table.held[key] = left
+            else:
+                del table.held[key]
+
+    def cleared(self, replica_id: str) -> None:
+        table = self._table(replica_id)
+        table.own_key.clear()
+        table.held.clear()
+
+    def set_certain(self, replica_id: str, certain: bool) -> None:
+        self._table(replica_id).certain = certain
+
+    # -- what the router asks --
+
+    def covers(self, replica_id: str) -> bool:
+        """Whether this replica has an event feed (a table, certain or not)."""
+        return replica_id in self._tables
+
+    def certain(self, replica_id: str) -> bool:
+        table = self._tables.get(replica_id)
+        return table is not None and table.certain
+
+    def match(self, hashes: Sequence[int], replica_id: str) -> tuple[int, str]:
+        """Leading blocks of `hashes` the replica holds, and whether any was only speculated."""
+        table = self._tables.get(replica_id)
+        if table is None:
+            return 0, EVENTS
+        now = self.clock()
+        held, speculative = table.held, table.speculative
+        evidence = EVENTS
+        n = 0
+        for key in hashes:
+            if key not in held:
+                if speculative.get(key, 0.0) <= now:
+                    break
+                evidence = SPECULATIVE
+            n += 1
+        return n, evidence
+
+    def speculate(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """The request was sent there: its blocks count as held until the events catch up."""
+        table = self._tables.get(replica_id)
+        if table is None or not hashes:
+            return
+        now = self.clock()
+        expiry = now + self.speculative_ttl_s
+        speculative = table.speculative
+        for key in hashes:
+            if key not in table.held:
+                speculative[key] = expiry
+        if now >= table.next_sweep:  # drop expired entries once per TTL: bounded by recent traffic
+            table.next_sweep = now + self.speculative_ttl_s
+            table.speculative = {k: t for k, t in speculative.items() if t > now}
+
+    def forget(self, replica_id: str) -> None:
+        """The replica left the pool (its subscriber is closed)."""
+        self._tables.pop(replica_id, None)
+
+    def describe(self, replica_id: str) -> dict[str, object]:
+        table = self._tables.get(replica_id)
+        if table is None:
+            return {}
+        return {"certain": table.certain, "blocks": len(table.own_key), "speculative": len(table.speculative),
+                "orphan_blocks": table.orphans}
+
+    def size(self, replica_id: str) -> int:
+        table = self._tables.get(replica_id)
+        return len(table.own_key) if table else 0
+
+    def keys(self, replica_id: str) -> set[int]:
+        """Our keys of every block the replica holds (tests compare this with the replica's cache)."""
+        table = self._tables.get(replica_id)
+        return set(table.held) if table else set()
+
+    def _table(self, replica_id: str) -> _Table:
+        table = self._tables.get(replica_id)
+        if table is None:
+            table = self._tables[replica_id] = _Table()
+        return table

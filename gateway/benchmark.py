@@ -68,16 +68,23 @@ def bench_url(url: str, model: str, sessions: list[Session], *, concurrency: int
 
 
 def bench_compare(policies: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
-                  timeout_s: float = 300.0, show: bool = True) -> Runs:
-    """One fresh cluster (replicas + gateway) per policy, the same sessions against each."""
+                  timeout_s: float = 300.0, show: bool = True, evidence: list[str] | tuple[str, ...] = ("history",),
+                  ) -> Runs:
+    """One fresh cluster (replicas + gateway) per policy and evidence, the same sessions against each."""
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(cluster.replicas)]
     for policy in policies:
-        spec = dataclasses.replace(cluster, policy=policy, port=free_port())
-        with started(spec) as running:
-            runs[policy] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
-                                     timeout_s=timeout_s, label=policy, show=show, replicas=names)
+        for source in evidence:
+            name = run_name(policy, source)
+            spec = dataclasses.replace(cluster, policy=policy, port=free_port(), kv_events=source == "events")
+            with started(spec) as running:
+                runs[name] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
+                                       timeout_s=timeout_s, label=name, show=show, replicas=names)
     return runs
+
+
+def run_name(policy: str, evidence: str) -> str:
+    return policy if evidence == "history" else f"{policy}+events"
 
 
 def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpec,
@@ -93,7 +100,7 @@ def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpe
     for policy in policies:
         params = (policy_params or {}).get(policy, {})
         for source in evidence:
-            name = policy if source == "history" else f"{policy}+events"
+            name = run_name(policy, source)
             started_at = time.perf_counter()
             simulation = Simulation(dataclasses.replace(spec, policy=policy, policy_params=params,
                                                         kv_events=source == "events"), on_result=None)

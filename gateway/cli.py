@@ -77,6 +77,8 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--gateways", type=int, default=1, help="gateway processes, on --port, --port+1, ...")
     p.add_argument("--redis", nargs="?", const=START_REDIS, metavar="URL",
                    help="share warm-prefix tables through this Redis; without URL, start a private redis-server")
+    p.add_argument("--no-kv-events", dest="kv_events", action="store_false",
+                   help="route from the gateway's own history instead of the replicas' KV events")
     p.set_defaults(run=_up)
 
 
@@ -85,5 +87,5 @@ def _up(args: argparse.Namespace) -> int:
 
     spec = ClusterSpec(replicas=args.replicas, port=args.port, host=args.host, policy=args.policy,
                        model=args.model, engine=args.engine, speedup=args.speedup, log_level=args.log_level,
-                       gateways=args.gateways, redis=args.redis)
+                       gateways=args.gateways, redis=args.redis, kv_events=args.kv_events)
     return run_cluster(spec)

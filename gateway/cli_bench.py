@@ -35,6 +35,10 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for result.json, table.md, PNGs")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
+    p.add_argument("--evidence", default="history", metavar="history,events",
+                   help="simulate / bench --compare: what the gateway knows of the replicas' caches: its own routing "
+                        "history (character keys, no tokenizer) and/or their KV events (token keys); each policy "
+                        "runs once per value, an events run named <policy>+events")
 
 
 def add_bench(commands: Subparsers) -> None:
@@ -46,6 +50,7 @@ def add_bench(commands: Subparsers) -> None:
                    help=f"start fresh sim replicas + a gateway per policy instead of URL ('all' = {','.join(ALL_POLICIES)})")
     p.add_argument("--replicas", type=int, default=4, help="with --compare: replica stubs per cluster")
     p.add_argument("--speedup", type=float, default=10.0, help="with --compare: sim replicas' speed factor")
+    p.add_argument("--num-gpu-blocks", type=int, help="with --compare: KV capacity per replica in 16-token blocks")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (for servers that reject it; answers may then be shorter)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
@@ -63,9 +68,6 @@ def add_simulate(commands: Subparsers) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--speedup", type=float, default=1.0, help="divide every step time by this (as the stub does)")
     p.add_argument("--scrape-interval", type=float, default=0.25, help="gateway load scrape period, seconds")
-    p.add_argument("--evidence", default="history", metavar="history,events",
-                   help="what the gateway knows of the replicas' caches: its own routing history (character "
-                        "keys, no tokenizer) and/or their KV events (token keys); each policy runs once per value")
     p.set_defaults(run=_simulate)
 
 
@@ -101,14 +103,17 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     try:
         sessions, meta = _sessions(args)
+        evidence = _evidence(args.evidence)
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway bench: {exc}")
         return 2
     if args.compare:
-        cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error")
-        meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup)
+        cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error",
+                              num_gpu_blocks=args.num_gpu_blocks)
+        meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup,
+                    num_gpu_blocks=args.num_gpu_blocks, evidence=evidence)
         runs = benchmark.bench_compare(_policies(args.compare), sessions, cluster, concurrency=args.concurrency,
-                                       timeout_s=args.timeout, show=not args.quiet)
+                                       timeout_s=args.timeout, show=not args.quiet, evidence=evidence)
     else:
         meta.update(mode="bench", url=args.url)
         runs = {"bench": benchmark.bench_url(args.url, args.model, sessions, concurrency=args.concurrency,
@@ -131,6 +136,7 @@ def _simulate(args: argparse.Namespace) -> int:
             policy_params.setdefault(policy, {})[name] = float(value) if _is_number(value) else value
         stub = StubConfig(num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
                           speedup=args.speedup).resolved()
+        evidence = _evidence(args.evidence)
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway simulate: {exc}")
         return 2
@@ -140,14 +146,17 @@ def _simulate(args: argparse.Namespace) -> int:
                 stub={k: v for k, v in dataclasses.asdict(stub).items() if k in _STUB_KEYS})
     effective: dict[str, Any] = {}
     meta["effective_policy_params"] = effective
-    evidence = [e.strip() for e in args.evidence.split(",") if e.strip()]
-    if not evidence or set(evidence) - {"history", "events"}:
-        print(f"affinity-gateway simulate: --evidence takes history and/or events, got {args.evidence!r}")
-        return 2
     meta["evidence"] = evidence
     runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet,
                                        effective=effective, evidence=evidence)
     return _finish(args, runs, meta)
+
+
+def _evidence(value: str) -> list[str]:
+    evidence = [e.strip() for e in value.split(",") if e.strip()]
+    if not evidence or set(evidence) - {"history", "events"}:
+        raise ValueError(f"--evidence takes history and/or events, got {value!r}")
+    return evidence
 
 
 def _is_number(value: str) -> bool:

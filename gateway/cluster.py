@@ -39,6 +39,8 @@ class ClusterSpec:
     log_level: str = "info"
     gateways: int = 1
     redis: str | None = None  # shared index: redis:// URL, START_REDIS = a private redis-server, None = memory
+    kv_events: bool = True  # replicas publish KV events; the gateway keys prompts by the model's tokens
+    num_gpu_blocks: int | None = None  # replicas' KV capacity (None: the stub's default)
 
 
 START_REDIS = "start"
@@ -69,12 +71,20 @@ class _Child:
             self.popen.wait()
 
 
-def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memory") -> dict[str, object]:
-    """One config for every gateway; each gets its own port through `--port`."""
-    replicas = [{"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"} for i, port in enumerate(replica_ports)]
+def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memory",
+                 event_ports: list[tuple[int, int]] | None = None) -> dict[str, object]:
+    """One config for every gateway; each gets its own port through `--port`. With `event_ports`
+    ((publisher, replay) per replica) the pool subscribes to the replicas' KV events."""
+    replicas: list[dict[str, object]] = [{"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"}
+                                         for i, port in enumerate(replica_ports)]
+    routing: dict[str, object] = {"policy": spec.policy}
+    if event_ports:
+        for replica, (pub, replay) in zip(replicas, event_ports):
+            replica["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+        routing["prefix"] = {"tokenizer": "sim" if spec.engine == "sim" else "model:smollm2"}
     return {
         "listen": {"host": spec.host, "port": spec.port},
-        "pools": {spec.model: {"replicas": replicas, "routing": {"policy": spec.policy}}},
+        "pools": {spec.model: {"replicas": replicas, "routing": routing}},
         "health": {"interval_s": 1.0},
         "load": {"interval_s": 0.25},
         "logging": {"level": spec.log_level},
@@ -120,15 +130,16 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
     try:
         store = _start_redis(spec, children, stopping) if spec.redis == START_REDIS else spec.redis or "memory"
         ports = [free_port() for _ in range(spec.replicas)]
+        events = [(free_port(), free_port()) for _ in ports] if spec.kv_events else []
         replicas = [_Child(f"replica-{i}", [
             sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
             "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
-            "--log-level", spec.log_level, *_engine_flags(spec)])
+            "--log-level", spec.log_level, *_engine_flags(spec), *_replica_flags(spec, events[i] if events else None)])
             for i, port in enumerate(ports)]
         children.extend(replicas)
         for child, port in zip(replicas, ports):
             _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
-        yaml.safe_dump(build_config(spec, ports, store), config_file)
+        yaml.safe_dump(build_config(spec, ports, store, events), config_file)
         config_file.close()
         host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
         urls = []
@@ -177,9 +188,11 @@ def _start_redis(spec: ClusterSpec, children: list[_Child], stopping: threading.
 
 def _banner(spec: ClusterSpec, urls: list[str], store: str, config_path: str) -> str:
     url = urls[0]
+    evidence = "exact cache state from KV events" if spec.kv_events else "cache state from routing history"
     gateways = "" if len(urls) == 1 else f"  gateways: {', '.join(urls)} (send to any; they share {store})\n"
     return f"""
-Affinity Gateway is up at {url}  ({spec.replicas} {spec.engine} replicas, policy {spec.policy}, config {config_path})
+Affinity Gateway is up at {url}  ({spec.replicas} {spec.engine} replicas, policy {spec.policy}, {evidence},
+  config {config_path})
 {gateways}
   curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{spec.model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
@@ -196,6 +209,14 @@ def _engine_flags(spec: ClusterSpec) -> list[str]:
     if spec.engine != "real":
         return []
     return ["--torch-threads", str(max(1, (os.cpu_count() or 1) // spec.replicas))]
+
+
+def _replica_flags(spec: ClusterSpec, events: tuple[int, int] | None) -> list[str]:
+    flags = [] if spec.num_gpu_blocks is None else ["--num-gpu-blocks", str(spec.num_gpu_blocks)]
+    if events is not None:
+        flags += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events[0]}",
+                  "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{events[1]}"]
+    return flags
 
 
 def _wait_ready(url: str, child: _Child, stopping: threading.Event, timeout_s: float = 60.0) -> None:

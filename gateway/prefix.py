@@ -21,6 +21,7 @@ replica's own KV blocks, and KV events (`gateway.index.exact`) key stored blocks
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from array import array
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -63,6 +64,10 @@ class PrefixParams:
         for name in ("chars_per_token", "tokenize_budget_ms", "speculative_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError("must be > 0", key=f"{key}.{name}")
+        spec = self.tokenizer
+        if spec is not None and spec != "sim" and not spec.startswith("model:") and not Path(spec).expanduser().exists():
+            raise ConfigError(f"{spec!r}: no such file or folder (expected \"sim\", \"model:smollm2\" or the path of "
+                              "the model's tokenizer.json or its folder)", key=f"{key}.tokenizer")
 
     @property
     def tokens_per_block(self) -> float:

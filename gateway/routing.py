@@ -64,8 +64,9 @@ class Router:
         self.policy.on_dispatched(view, replica_id)
         if self.policy.needs_index and view.block_hashes:
             self.index.record(replica_id, view.block_hashes)
-            if self._exact_applies(view):
-                self.exact.speculate(replica_id, view.block_hashes)  # type: ignore[union-attr]
+            exact = self._exact_for(view)
+            if exact is not None:
+                exact.speculate(replica_id, view.block_hashes)
         chosen = next((s for s in decision.scores if s.replica_id == replica_id), None)
         rung = evidence.get(replica_id, "")
         if chosen is not None:
@@ -91,7 +92,7 @@ class Router:
             if outcome.ttft_s is not None and self.policy.needs_index:
                 self.metrics.ttft_error.labels(self.pool).observe(predicted.score - outcome.ttft_s)
         if outcome.ok and outcome.answer and self.records_answers:
-            self._record_answer(view, replica_id, outcome.answer)
+            self._record_answer(view, replica_id, outcome)
         self.policy.on_finished(view, replica_id, dataclasses.replace(outcome, predicted=predicted))
         return predicted
 
@@ -134,9 +135,8 @@ class Router:
             return {}
         evidence: dict[str, str] = {}
         rest: list[Candidate] = []  # candidates the history index must answer for
-        if self._exact_applies(view):
-            exact = self.exact
-            assert exact is not None
+        exact = self._exact_for(view)
+        if exact is not None:
             for c in candidates:
                 if exact.covers(c.replica_id):
                     blocks, evidence[c.replica_id] = exact.match(view.block_hashes, c.replica_id)
@@ -168,10 +168,11 @@ class Router:
                 self.metrics.tokenize_fallbacks.labels(self.pool).inc()
         return prefix.compute(view, self.prefix_params)
 
-    def _exact_applies(self, view: RequestView) -> bool:
-        """Event-derived keys are unsalted token keys: only such a request can match them."""
-        return (self.exact is not None and view.key_kind == TOKENS
-                and not prefix.is_salted(view, self.prefix_params))
+    def _exact_for(self, view: RequestView) -> ExactTables | None:
+        """The event tables, if `view` can match them: event-derived keys are unsalted token keys."""
+        if view.key_kind != TOKENS or prefix.is_salted(view, self.prefix_params):
+            return None
+        return self.exact
 
     @staticmethod
     def _tokens(view: RequestView, blocks: int) -> int:
@@ -183,28 +184,36 @@ class Router:
             return min(blocks, (view.prompt_tokens_estimate - 1) // per_block) * per_block
         return min(int(blocks * view.tokens_per_block), view.prompt_tokens_estimate)
 
-    def _record_answer(self, view: RequestView, replica_id: str, answer: str) -> None:
+    def _record_answer(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         """The replica keeps the answer's KV too; the conversation's next turn starts with it.
         A certain event table learns that from the replica itself; history needs it recorded."""
-        if self._exact_applies(view) and self.exact.certain(replica_id):  # type: ignore[union-attr]
+        exact = self._exact_for(view)
+        if exact is not None and exact.certain(replica_id):
             return
+        assert outcome.answer is not None
         if view.key_kind != TOKENS:
-            self.index.record(replica_id, prefix.with_answer(view, self.prefix_params, answer))
+            self.index.record(replica_id, prefix.with_answer(view, self.prefix_params, outcome.answer))
             return
         if self.keys is None:
             return  # token ids from the client: the answer's ids are not known here
-        task = asyncio.get_running_loop().create_task(self._record_answer_tokens(view, replica_id, answer))
+        task = asyncio.get_running_loop().create_task(self._record_answer_tokens(view, replica_id, outcome))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _record_answer_tokens(self, view: RequestView, replica_id: str, answer: str) -> None:
+    async def _record_answer_tokens(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         """Tokenize the conversation with its answer off the request path (this also warms the
-        tokenizer's cache for the next turn) and record its chain."""
-        assert self.keys is not None
-        body = prefix.body_with_answer(view, answer)
+        tokenizer's cache for the next turn) and record its chain, as far as the replica holds
+        it: the prompt and every generated token but the last (which is never computed)."""
+        assert self.keys is not None and outcome.answer is not None
+        body = prefix.body_with_answer(view, outcome.answer)
         tokenized = await self.keys.encode(view.endpoint, body) if body is not None else None
-        if tokenized is not None:
-            self.index.record(replica_id, prefix.from_tokens(view, self.prefix_params, tokenized).block_hashes)
+        if tokenized is None:
+            return
+        chain = prefix.from_tokens(view, self.prefix_params, tokenized).block_hashes
+        if outcome.prompt_tokens is not None and outcome.completion_tokens is not None:
+            held = outcome.prompt_tokens + outcome.completion_tokens - 1
+            chain = chain[:held // self.prefix_params.block_tokens]
+        self.index.record(replica_id, chain)
 
     def _track(self, request_id: str, chosen: Score, rung: str) -> None:
         self._predicted.pop(request_id, None)  # a retry replaces the earlier attempt's prediction

@@ -132,7 +132,7 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         route.router.finished(view, exchange.replica_id, Outcome(
             ok=ok, ttft_s=exchange.ttft_s if exchange.streamed and ok else None,
             prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-            answer="".join(usage.answer) if usage.answer else None))
+            completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
     total_s = time.perf_counter() - exchange.started
     m = app[METRICS]
     m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()

@@ -77,6 +77,7 @@ class Outcome:
     ttft_s: float | None = None
     prompt_tokens: int | None = None  # usage.prompt_tokens, when the replica reported it
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    completion_tokens: int | None = None  # usage.completion_tokens, when reported
     predicted: Score | None = None  # the chosen replica's row at dispatch; attached by the Router
     answer: str | None = None  # the answer's text, when the Router asked for it (records_answers)
 

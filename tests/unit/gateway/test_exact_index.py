@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from gateway import prefix
+from gateway.config import load_config
+from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
 from gateway.index.exact import EVENTS, SPECULATIVE, ExactTables
 from gateway.policies import Candidate, Outcome, build_policy
@@ -199,3 +203,19 @@ def test_a_stored_event_replaces_the_speculation_so_a_later_eviction_counts_at_o
     engine = store(tables, "a", ids)
     tables.removed("a", engine)
     assert tables.match(own_chain(ids), "a") == (0, EVENTS)
+
+
+@pytest.mark.parametrize(("change", "key", "text"), [
+    ({"tokenizer": "/no/such/folder"}, "routing.prefix.tokenizer", "no such file"),
+    ({"kv_events_without_tokenizer": True}, "replicas[0].kv_events", "set routing.prefix.tokenizer"),
+])
+def test_config_names_the_key_of_a_bad_tokenizer_or_a_feed_without_one(tmp_path: Path, change: dict[str, Any],
+                                                                       key: str, text: str) -> None:
+    replica: dict[str, Any] = {"url": "http://127.0.0.1:9", "kv_events": {"endpoint": "tcp://127.0.0.1:5557"}}
+    prefix_section = {} if "kv_events_without_tokenizer" in change else {"tokenizer": change["tokenizer"]}
+    pool = {"replicas": [replica], "routing": {"policy": "prefix_affinity", "prefix": prefix_section}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"pools": {MODEL: pool}}))
+    with pytest.raises(ConfigError) as failed:
+        load_config(path)
+    assert f"pools.{MODEL}.{key}" in str(failed.value) and text in str(failed.value)

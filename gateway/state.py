@@ -154,14 +154,16 @@ class GatewayState:
         key = f"pools.{model}.routing"
         policy = build_policy(pool.routing.policy, pool.routing.params, key)
         params = pool.routing.prefix
+        index = build_index(config.state)
         keys = exact = None
         if params.tokenizer is not None:
             keys = PromptKeys(build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"),
                               budget_s=params.tokenize_budget_ms / 1000)
             if any(r.kv_events is not None for r in pool.replicas):
-                exact = ExactTables(prefix.model_seed(model), params.block_tokens, params.speculative_ttl_s)
-        return Router(policy, params, build_index(config.state), self._routing_metrics, pool=model,
-                      keys=keys, exact=exact)
+                shared = config.state.store != "memory"  # other gateways read what the events say
+                exact = ExactTables(prefix.model_seed(model), params.block_tokens, params.speculative_ttl_s,
+                                    share=index.record if shared else None)
+        return Router(policy, params, index, self._routing_metrics, pool=model, keys=keys, exact=exact)
 
     async def _sync_feeds(self) -> None:
         """One subscriber per replica with `kv_events`, feeding its current router's exact tables."""

@@ -15,6 +15,11 @@ speculation say so.
 A table is *certain* when it is known to mirror the replica's cache (the subscriber saw its
 whole event history); an uncertain table still answers, and the router takes the larger of
 it and the routing-history estimate.
+
+With a shared (Redis) store, stored blocks are also written to the replica's history table
+(`share`): a gateway whose own feed is uncertain, or that has none, then sees what the replica
+stored even for requests that never went through any gateway. Removals are not written: the
+history table's capacity trim and TTL age blocks out, as they do for routed requests.
 """
 
 from __future__ import annotations
@@ -47,11 +52,14 @@ class ExactTables:
     """Per-replica tables for replicas with a KV-event feed; implements `kv_events.EventSink`."""
 
     def __init__(self, root_seed: int, block_tokens: int, speculative_ttl_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 share: Callable[[str, Sequence[int]], None] | None = None) -> None:
         """`root_seed`: the chain seed of a request's first block (`prefix.model_seed`);
-        `clock`: what speculative entries expire by (the simulator's virtual time there)."""
+        `clock`: what speculative entries expire by (the simulator's virtual time there);
+        `share`: called with each replica's newly stored keys (a shared index's `record`)."""
         self.root_seed = root_seed
         self.clock = clock
+        self.share = share
         self.block_tokens = block_tokens
         self.speculative_ttl_s = speculative_ttl_s
         self._tables: dict[str, _Table] = {}
@@ -77,6 +85,8 @@ class ExactTables:
             table.own_key[engine_hash] = key
             table.held[key] = table.held.get(key, 0) + 1
             table.speculative.pop(key, None)  # confirmed: from now on the events say when it goes
+        if self.share is not None and keys:
+            self.share(replica_id, keys)
 
     def removed(self, replica_id: str, block_hashes: Sequence[EngineHash]) -> None:
         table = self._table(replica_id)

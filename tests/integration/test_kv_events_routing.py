@@ -49,12 +49,14 @@ def start_replica(name: str = "replica-0", port: int | None = None, events: str 
     return Replica(stub, events, replay)
 
 
-def gateway_for(tmp_path: Path, replica: Replica, events_endpoint: str | None = None) -> Gateway:
-    pool = {"replicas": [{"url": replica.stub.url, "name": replica.stub.replica_id,
-                          "kv_events": {"endpoint": events_endpoint or replica.events,
-                                        "replay_endpoint": replica.replay}}],
+def gateway_for(tmp_path: Path, replica: Replica, events_endpoint: str | None = None, subscribe: bool = True,
+                **sections: Any) -> Gateway:
+    entry: dict[str, Any] = {"url": replica.stub.url, "name": replica.stub.replica_id}
+    if subscribe:
+        entry["kv_events"] = {"endpoint": events_endpoint or replica.events, "replay_endpoint": replica.replay}
+    pool = {"replicas": [entry],
             "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim", "block_tokens": 16}}}
-    return start_gateway(tmp_path, {MODEL: pool})
+    return start_gateway(tmp_path, {MODEL: pool}, **sections)
 
 
 def feed(gateway: Gateway, replica: Replica) -> dict[str, Any]:
@@ -212,3 +214,21 @@ def test_a_restarted_stub_resets_the_table(tmp_path: Path) -> None:
         expected, evidence = predicted(gateway, prompt("before"))  # only what "after" shares: the system prompt
         assert evidence == "events" and expected < 3 * 16
         assert chat(gateway.url, prompt("before"))["usage"]["prompt_tokens_details"]["cached_tokens"] == expected
+
+
+@pytest.mark.redis
+def test_with_redis_what_the_events_say_reaches_gateways_without_a_feed(tmp_path: Path, redis_url: str) -> None:
+    state = {"store": redis_url, "key_prefix": f"kv-events-{free_port()}:"}
+    with running() as track:
+        replica = start_replica()
+        track(replica.stub)
+        subscribed = track(gateway_for(tmp_path, replica, state=state))
+        unsubscribed = track(gateway_for(tmp_path, replica, subscribe=False, state=state))
+        eventually(lambda: feed(subscribed, replica)["certain"], timeout_s=10)
+        messages = prompt("direct")
+        chat(replica.stub.url, messages)  # straight to the replica: no gateway routed it
+        eventually(lambda: mirrors(subscribed, replica), timeout_s=5)
+        eventually(lambda: predicted(unsubscribed, messages)[0] > 0, timeout_s=5)
+        expected, evidence = predicted(unsubscribed, messages)
+        assert evidence == "history"
+        assert chat(unsubscribed.url, messages)["usage"]["prompt_tokens_details"]["cached_tokens"] == expected

@@ -219,3 +219,12 @@ def test_config_names_the_key_of_a_bad_tokenizer_or_a_feed_without_one(tmp_path:
     with pytest.raises(ConfigError) as failed:
         load_config(path)
     assert f"pools.{MODEL}.{key}" in str(failed.value) and text in str(failed.value)
+
+
+async def test_stored_blocks_are_shared_with_the_history_index_when_asked() -> None:
+    history = MemoryIndex(10_000)
+    tables = ExactTables(prefix.model_seed(MODEL), BS, share=history.record)
+    ids = tokens(3 * BS)
+    first = store(tables, "a", ids[:2 * BS])
+    store(tables, "a", ids[2 * BS:], parent=first[-1])
+    assert await history.match(own_chain(ids), ["a", "b"]) == {"a": 3, "b": 0}

@@ -69,14 +69,16 @@ def bench_url(url: str, model: str, sessions: list[Session], *, concurrency: int
 
 def bench_compare(policies: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
                   timeout_s: float = 300.0, show: bool = True, evidence: list[str] | tuple[str, ...] = ("history",),
-                  ) -> Runs:
-    """One fresh cluster (replicas + gateway) per policy and evidence, the same sessions against each."""
+                  policy_params: dict[str, dict[str, Any]] | None = None) -> Runs:
+    """One fresh cluster (replicas + gateway) per policy and evidence, the same sessions against each.
+    `policy_params`: per policy name, its routing params (the policy's defaults otherwise)."""
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(cluster.replicas)]
     for policy in policies:
         for source in evidence:
             name = run_name(policy, source)
-            spec = dataclasses.replace(cluster, policy=policy, port=free_port(), kv_events=source == "events")
+            spec = dataclasses.replace(cluster, policy=policy, port=free_port(), kv_events=source == "events",
+                                       policy_params=(policy_params or {}).get(policy, {}))
             with started(spec) as running:
                 runs[name] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
                                        timeout_s=timeout_s, label=name, show=show, replicas=names)

@@ -35,6 +35,9 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for result.json, table.md, PNGs")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
+    p.add_argument("--policy-param", "-P", action="append", default=[], metavar="POLICY.NAME=VALUE",
+                   help="simulate / bench --compare: a routing parameter of one policy, "
+                        "e.g. -P prefix_affinity.load_epsilon=0.5")
     p.add_argument("--evidence", default="history", metavar="history,events",
                    help="simulate / bench --compare: what the gateway knows of the replicas' caches: its own routing "
                         "history (character keys, no tokenizer) and/or their KV events (token keys); each policy "
@@ -61,8 +64,6 @@ def add_simulate(commands: Subparsers) -> None:
     p = commands.add_parser("simulate", help="discrete-event simulation: N sim replicas, the real policies, virtual time")
     _workload_args(p)
     p.add_argument("--policies", default="all", help=f"comma-separated ('all' = {','.join(ALL_POLICIES)})")
-    p.add_argument("--policy-param", "-P", action="append", default=[], metavar="POLICY.NAME=VALUE",
-                   help="a routing parameter of one policy, e.g. -P prefix_affinity.load_epsilon=0.5")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--num-gpu-blocks", type=int, default=4096, help="KV capacity per replica in 16-token blocks")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -104,6 +105,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         sessions, meta = _sessions(args)
         evidence = _evidence(args.evidence)
+        policy_params = _policy_params(args.policy_param)
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway bench: {exc}")
         return 2
@@ -111,9 +113,10 @@ def _bench(args: argparse.Namespace) -> int:
         cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error",
                               num_gpu_blocks=args.num_gpu_blocks)
         meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup,
-                    num_gpu_blocks=args.num_gpu_blocks, evidence=evidence)
+                    num_gpu_blocks=args.num_gpu_blocks, evidence=evidence, policy_params=policy_params)
         runs = benchmark.bench_compare(_policies(args.compare), sessions, cluster, concurrency=args.concurrency,
-                                       timeout_s=args.timeout, show=not args.quiet, evidence=evidence)
+                                       timeout_s=args.timeout, show=not args.quiet, evidence=evidence,
+                                       policy_params=policy_params)
     else:
         meta.update(mode="bench", url=args.url)
         runs = {"bench": benchmark.bench_url(args.url, args.model, sessions, concurrency=args.concurrency,
@@ -129,11 +132,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     try:
         sessions, meta = _sessions(args)
-        policy_params: dict[str, dict[str, Any]] = {}
-        for item in args.policy_param:
-            key, value = _pair(item)
-            policy, _, name = key.partition(".")
-            policy_params.setdefault(policy, {})[name] = float(value) if _is_number(value) else value
+        policy_params = _policy_params(args.policy_param)
         stub = StubConfig(num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
                           speedup=args.speedup).resolved()
         evidence = _evidence(args.evidence)
@@ -150,6 +149,18 @@ def _simulate(args: argparse.Namespace) -> int:
     runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet,
                                        effective=effective, evidence=evidence)
     return _finish(args, runs, meta)
+
+
+def _policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """`-P policy.name=value` flags → {policy: {name: value}} (numbers as floats)."""
+    params: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, value = _pair(item)
+        policy, _, name = key.partition(".")
+        if not name:
+            raise ValueError(f"expected POLICY.NAME=VALUE, got {item!r}")
+        params.setdefault(policy, {})[name] = float(value) if _is_number(value) else value
+    return params
 
 
 def _evidence(value: str) -> list[str]:

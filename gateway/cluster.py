@@ -19,10 +19,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import yaml
 
@@ -41,6 +42,7 @@ class ClusterSpec:
     redis: str | None = None  # shared index: redis:// URL, START_REDIS = a private redis-server, None = memory
     kv_events: bool = True  # replicas publish KV events; the gateway keys prompts by the model's tokens
     num_gpu_blocks: int | None = None  # replicas' KV capacity (None: the stub's default)
+    policy_params: Mapping[str, Any] = field(default_factory=dict)  # the pool's routing params
 
 
 START_REDIS = "start"
@@ -78,6 +80,8 @@ def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memo
     replicas: list[dict[str, object]] = [{"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"}
                                          for i, port in enumerate(replica_ports)]
     routing: dict[str, object] = {"policy": spec.policy}
+    if spec.policy_params:
+        routing["params"] = dict(spec.policy_params)
     if event_ports:
         for replica, (pub, replay) in zip(replicas, event_ports):
             replica["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,14 @@ def test_up_generates_a_valid_config() -> None:
     pool = config.pools["stub-model"]
     assert [r.url for r in pool.replicas] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
     assert pool.routing.policy == "least_loaded" and config.listen.port == 8123
+
+
+def test_up_config_subscribes_to_each_replicas_events_with_the_matching_tokenizer_and_params() -> None:
+    spec = ClusterSpec(replicas=2, policy="prefix_affinity", policy_params={"load_epsilon": 0.5})
+    config = parse_config(build_config(spec, [9001, 9002], event_ports=[(7001, 7002), (7003, 7004)]))
+    pool = config.pools["stub-model"]
+    assert [(r.kv_events.endpoint, r.kv_events.replay_endpoint) for r in pool.replicas if r.kv_events] == [
+        ("tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"), ("tcp://127.0.0.1:7003", "tcp://127.0.0.1:7004")]
+    assert pool.routing.prefix.tokenizer == "sim" and pool.routing.params == {"load_epsilon": 0.5}
+    real = parse_config(build_config(dataclasses.replace(spec, engine="real"), [9001], event_ports=[(7001, 7002)]))
+    assert real.pools["stub-model"].routing.prefix.tokenizer == "model:smollm2"

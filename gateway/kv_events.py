@@ -396,7 +396,6 @@ class KVEventSubscriber:
                 self.sink.cleared(self.replica_id)
         return True
 
-
     def _set_certain(self, certain: bool) -> None:
         if certain != self.certain:
             self.certain = certain

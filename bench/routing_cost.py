@@ -5,9 +5,12 @@ with the in-memory index and with the Redis index (one EVALSHA round trip per lo
 The index is warmed first: `--conversations` conversations of `--turns` turns each are routed, so
 every replica's table holds real chains and lookups walk real matches. Then `--requests` timed
 routes, each a next turn of a random conversation (long matches on one replica, short elsewhere).
-Also reports index memory: Python heap for the memory store, `MEMORY USAGE` for Redis.
+Also reports the index lookup alone (`match`, part of the route time), and index memory: Python
+heap for the memory store (all gateways' and the test data), `MEMORY USAGE` for Redis.
+`--gateways N` spreads the routes over N Routers sharing the Redis tables, so each one's local
+table (the Redis lookup's hints) holds only its own writes, as in a multi-gateway deployment.
 
-    .venv/bin/python -m bench.routing_cost --redis redis://127.0.0.1:6379/0
+    .venv/bin/python -m bench.routing_cost --redis redis://127.0.0.1:6379/0 [--gateways 2]
 """
 
 from __future__ import annotations
@@ -18,16 +21,36 @@ import random
 import time
 import tracemalloc
 import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.index import IndexParams, build_index
+from gateway.index import IndexParams, WarmIndex, build_index
 from gateway.policies import Candidate, build_policy
 from gateway.prefix import PrefixParams
 from gateway.results import quantile
 from gateway.routing import Router
 from gateway.view import RequestView
 from gateway.workloads import words
+
+
+class TimedIndex:
+    """The index, with `match` timed."""
+
+    def __init__(self, index: WarmIndex) -> None:
+        self.index = index
+        self.times: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.index, name)
+
+    async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
+        start = time.perf_counter()
+        try:
+            return await self.index.match(hashes, replica_ids)
+        finally:
+            self.times.append(time.perf_counter() - start)
 
 
 def view(messages: list[dict[str, str]], n: int) -> RequestView:
@@ -38,8 +61,10 @@ def view(messages: list[dict[str, str]], n: int) -> RequestView:
 async def measure(store: str, args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(0)
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
-    index = build_index(IndexParams(store=store, key_prefix=prefix))
-    router = Router(build_policy(args.policy, {"seed": 0}, "bench"), PrefixParams(), index)
+    gateways = 1 if store == "memory" else args.gateways
+    indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix))) for _ in range(gateways)]
+    routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixParams(), index)  # type: ignore[arg-type]
+               for g, index in enumerate(indexes)]
     replicas = [f"replica-{i}" for i in range(args.replicas)]
     # Sized by the gateway's own estimate (characters / 4), the number the Router and policy see.
     words_per_token = 1000 / (len(words(random.Random(1), 1000)) / PrefixParams().chars_per_token)
@@ -51,9 +76,12 @@ async def measure(store: str, args: argparse.Namespace) -> dict[str, float]:
     for _ in range(args.turns - 1):  # warm: every conversation grows to turns-1 turns
         for conv in convs:
             n += 1
-            await router.route(view(conv, n), [Candidate(r) for r in replicas])
-            conv += [{"role": "assistant", "content": words(rng, 50)}, {"role": "user", "content": words(rng, per_turn - 50)}]
-    await index.flush()
+            await routers[n % gateways].route(view(conv, n), [Candidate(r) for r in replicas])
+            conv += [{"role": "assistant", "content": words(rng, 50)},
+                     {"role": "user", "content": words(rng, per_turn - 50)}]
+    for index in indexes:
+        await index.flush()
+        index.times.clear()
     heap_mb = tracemalloc.get_traced_memory()[0] / 2**20
     tracemalloc.stop()
     times, tokens = [], []
@@ -62,19 +90,23 @@ async def measure(store: str, args: argparse.Namespace) -> dict[str, float]:
         v = view(conv, n := n + 1)
         candidates = [Candidate(r, in_flight=rng.randrange(8)) for r in replicas]
         start = time.perf_counter()
-        await router.route(v, candidates)
+        await routers[n % gateways].route(v, candidates)
         times.append(time.perf_counter() - start)
         tokens.append(v.prompt_tokens_estimate)
         await asyncio.sleep(0)  # let the background Redis writer run, as it would between requests
+    lookups = sorted(t for index in indexes for t in index.times)
     out = {"p50_ms": quantile(sorted(times), 0.5) * 1000, "p99_ms": quantile(sorted(times), 0.99) * 1000,
-           "max_ms": max(times) * 1000, "prompt_tokens": sum(tokens) / len(tokens), "heap_mb": heap_mb}
+           "max_ms": max(times) * 1000, "lookup_p50_ms": quantile(lookups, 0.5) * 1000,
+           "lookup_p99_ms": quantile(lookups, 0.99) * 1000, "prompt_tokens": sum(tokens) / len(tokens),
+           "heap_mb": heap_mb}
     if store != "memory":
         redis = Redis.from_url(store)  # default timeouts: the index's own clients fail fast by design
         keys = [f"{prefix}blocks:{r}" for r in replicas]
         out["redis_mb"] = sum([await redis.memory_usage(k) or 0 for k in keys]) / 2**20
         await redis.delete(*keys)
         await redis.aclose()
-    await router.close()
+    for router in routers:
+        await router.close()
     return out
 
 
@@ -87,13 +119,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--policy", default="prefix_affinity")
     parser.add_argument("--redis", help="also measure the Redis index at this URL (keys are removed afterwards)")
+    parser.add_argument("--gateways", type=int, default=1, help="Routers sharing the Redis tables, taking turns")
     args = parser.parse_args()
-    print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | gateway heap MB | Redis MB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | lookup p50 ms | lookup p99 ms "
+          "| gateway heap MB | Redis MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for store in ["memory"] + ([args.redis] if args.redis else []):
         r = asyncio.run(measure(store, args))
-        print(f"| {'memory' if store == 'memory' else 'redis'} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | "
-              f"{r['p99_ms']:.3f} | {r['max_ms']:.2f} | {r['heap_mb']:.1f} | {r.get('redis_mb', 0):.1f} |")
+        name = "memory" if store == "memory" else f"redis ×{args.gateways} gateways" if args.gateways > 1 else "redis"
+        print(f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
+              f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
+              f"| {r.get('redis_mb', 0):.1f} |")
 
 
 if __name__ == "__main__":

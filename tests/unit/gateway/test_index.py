@@ -151,6 +151,54 @@ async def test_background_flush_needs_no_explicit_call(redis_url: str) -> None:
 
 
 @pytest.mark.redis
+async def test_writes_and_lookups_survive_a_script_flush(redis_url: str) -> None:
+    """A Redis that lost the scripts (restarted between two calls) answers NOSCRIPT: both the
+    lookup and the background writes load them again instead of degrading."""
+    one = redis_index(redis_url)
+    two = RedisIndex(one.params)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        one.record("a", chain(15, 3))
+        await one.flush()
+        await client.script_flush()
+        one.record("b", chain(15, 5))
+        await one.flush()
+        await client.script_flush()
+        assert await two.match(chain(15, 5), ["a", "b", "c"]) == {"a": 3, "b": 5, "c": 0}
+        assert not one.degraded and not two.degraded and one.errors == two.errors == 0
+    finally:
+        await client.aclose()
+        await one.close()
+        await two.close()
+
+
+@pytest.mark.redis
+async def test_lookup_is_exact_whatever_the_hints(redis_url: str) -> None:
+    """The lookup's hints come from the local table, which knows only this gateway's writes (short
+    of what Redis holds, or empty): the answer is still what Redis holds, for many candidates
+    sharing a few answers, in any order."""
+    one = redis_index(redis_url, capacity_blocks=100)
+    two, three = RedisIndex(one.params), RedisIndex(one.params)
+    try:
+        trunk = chain(16, 20)
+        for i in range(40):
+            (one if i % 3 else two).record(f"r{i}", trunk[: 5 + i % 4] if i % 5 else trunk + chain(17 + i, i))
+        await one.flush()
+        await two.flush()
+        query = trunk + chain(27, 30)  # r10 holds trunk + chain(27, 10)
+        ids = [f"r{i}" for i in range(45)]  # five unknown replicas
+        want = {r: 0 for r in ids}
+        for i in range(40):
+            want[f"r{i}"] = 5 + i % 4 if i % 5 else 30 if i == 10 else 20
+        for index in (one, two, three):  # three knows nothing locally
+            assert await index.match(query, ids) == want
+            assert await index.match(query, list(reversed(ids))) == want
+    finally:
+        for index in (one, two, three):
+            await index.close()
+
+
+@pytest.mark.redis
 async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> None:
     binary = redis_server_binary()
     assert binary is not None  # redis_url already failed or skipped otherwise

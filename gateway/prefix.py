@@ -51,8 +51,9 @@ class PrefixParams:
     block_tokens: int = 16  # for prompts given as token ids; the replica's KV block size
     salt_by_tenant: bool = False
     max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
-    # Token-exact keys: "sim" (the replica stub's simulator), a folder with the model's
-    # tokenizer.json (+ chat template), or "model:smollm2"; None = character blocks.
+    # Token-exact keys: "replica" (the replicas' own /tokenize), "sim" (the replica stub's
+    # simulator), a folder with the model's tokenizer.json (+ chat template), or "model:smollm2";
+    # None = character blocks.
     tokenizer: str | None = None
     tokenize_budget_ms: float = 50.0  # slower than this: character blocks for this request (counted)
     speculative_ttl_s: float = 2.0  # KV-event replicas: a dispatched prompt counts as cached this long
@@ -65,9 +66,10 @@ class PrefixParams:
             if getattr(self, name) <= 0:
                 raise ConfigError("must be > 0", key=f"{key}.{name}")
         spec = self.tokenizer
-        if spec is not None and spec != "sim" and not spec.startswith("model:") and not Path(spec).expanduser().exists():
-            raise ConfigError(f"{spec!r}: no such file or folder (expected \"sim\", \"model:smollm2\" or the path of "
-                              "the model's tokenizer.json or its folder)", key=f"{key}.tokenizer")
+        if (spec is not None and spec not in ("sim", "replica") and not spec.startswith("model:")
+                and not Path(spec).expanduser().exists()):
+            raise ConfigError(f"{spec!r}: no such file or folder (expected \"replica\", \"sim\", \"model:smollm2\" "
+                              "or the path of the model's tokenizer.json or its folder)", key=f"{key}.tokenizer")
 
     @property
     def tokens_per_block(self) -> float:

@@ -121,7 +121,7 @@ class Router:
         for task in list(self._background):
             task.cancel()
         if self.keys is not None:
-            self.keys.close()
+            await self.keys.close()
         await self.index.close()
 
     async def _fill(self, view: RequestView, candidates: Sequence[Candidate]) -> dict[str, str]:

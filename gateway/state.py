@@ -30,7 +30,7 @@ from gateway.policies import build_policy
 from gateway.replicas import Replica, ReplicaPool
 from gateway.routing import Router
 from gateway.routing_metrics import RoutingMetrics
-from gateway.tokenize import PromptKeys, build_prompt_tokenizer
+from gateway.tokenize import PromptKeys, ReplicaTokenizer, build_prompt_tokenizer
 
 log = structlog.get_logger("gateway.state")
 
@@ -157,13 +157,19 @@ class GatewayState:
         index = build_index(config.state)
         keys = exact = None
         if params.tokenizer is not None:
-            keys = PromptKeys(build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"),
-                              budget_s=params.tokenize_budget_ms / 1000)
+            tokenizer = (ReplicaTokenizer(model, lambda: self._urls(model)) if params.tokenizer == "replica"
+                         else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"))
+            keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
             if any(r.kv_events is not None for r in pool.replicas):
                 shared = config.state.store != "memory"  # other gateways read what the events say
                 exact = ExactTables(prefix.model_seed(model), params.block_tokens, params.speculative_ttl_s,
                                     share=index.record if shared else None)
         return Router(policy, params, index, self._routing_metrics, pool=model, keys=keys, exact=exact)
+
+    def _urls(self, model: str) -> list[str]:
+        """The model's replicas taking traffic now (for the replicas' own /tokenize)."""
+        route = self.routes.get(model)
+        return [r.url for r in route.pool if r.is_available()] if route is not None else []
 
     async def _sync_feeds(self) -> None:
         """One subscriber per replica with `kv_events`, feeding its current router's exact tables."""

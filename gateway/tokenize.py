@@ -15,24 +15,29 @@ only from that special token on. Special tokens split the text before normalizat
 pre-tokenization and BPE, so nothing after one can change the tokens before it: the result is
 the same as tokenizing from scratch (tests check this on many conversations).
 
-`PromptKeys` runs encoding on one worker thread under a time budget; a request over budget (or
-one the tokenizer fails on) falls back to character blocks.
+Without local files, `ReplicaTokenizer` asks a replica's own `POST /tokenize` (vLLM and the
+stub render the chat template server-side): exact for any model, one round trip per request.
+
+`PromptKeys` runs encoding on one worker thread (or awaits the replica) under a time budget; a
+request over budget (or one the tokenizer fails on) falls back to character blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from abc import ABC, abstractmethod
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import structlog
 import xxhash
@@ -92,14 +97,10 @@ class PromptTokenizer(ABC):
             return self._encode_chat(body)
         if endpoint != "completions":
             return None
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch: route by the first, as prefix.prompt_source does
+        prompt = completion_prompt(body)
         if isinstance(prompt, str):
             return TokenizedPrompt(tuple(self.tokenize(prompt)[0]), 0)
-        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-            return TokenizedPrompt(tuple(prompt), 0)
-        return None
+        return None if prompt is None else TokenizedPrompt(tuple(prompt), 0)
 
     def _encode_chat(self, body: Mapping[str, Any]) -> TokenizedPrompt | None:
         raw = body.get("messages")
@@ -162,6 +163,18 @@ class PromptTokenizer(ABC):
         while self._cache and (len(self._cache) > self.max_entries or self._cached_tokens > self.max_cached_tokens):
             _, old = self._cache.popitem(last=False)
             self._cached_tokens -= len(old.head)
+
+
+def completion_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
+    """A completions request's prompt: text, token ids as given, or None for another shape."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch: route by the first, as prefix.prompt_source does
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    return None
 
 
 def _message(message: Any) -> dict[str, Any] | None:
@@ -300,19 +313,86 @@ def _compile(source: str) -> Any:
     return env.from_string(source)
 
 
-class PromptKeys:
-    """Encodes on one worker thread within `budget_s`; None (and a count) when over budget or failing."""
+class ReplicaTokenizer:
+    """The replicas' own `POST /tokenize`: the server renders its chat template and tokenizes, so
+    the ids are the engine's whatever the model. The preamble's length costs one more call per
+    distinct preamble (cached). `urls` gives the pool's replicas that take traffic now."""
 
-    def __init__(self, tokenizer: PromptTokenizer, budget_s: float = 0.05) -> None:
+    def __init__(self, model: str, urls: Callable[[], Sequence[str]], timeout_s: float = 5.0,
+                 max_preambles: int = 4096) -> None:
+        self.model, self.urls, self.timeout_s, self.max_preambles = model, urls, timeout_s, max_preambles
+        self.requests = 0  # /tokenize calls made
+        self._preambles: OrderedDict[int, int] = OrderedDict()
+        self._turn = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def encode(self, endpoint: str, body: Mapping[str, Any]) -> TokenizedPrompt | None:
+        urls = self.urls()
+        if not urls or endpoint not in ("chat", "completions"):
+            return None
+        url = urls[next(self._turn) % len(urls)]
+        if endpoint == "completions":
+            prompt = completion_prompt(body)
+            if isinstance(prompt, str):
+                return TokenizedPrompt(tuple(await self._tokenize(url, {"prompt": prompt})), 0)
+            return None if prompt is None else TokenizedPrompt(tuple(prompt), 0)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or body.get("continue_final_message"):
+            return None
+        extra = {k: body[k] for k in ("tools", "chat_template_kwargs") if body.get(k)}
+        ids = await self._tokenize(url, {"messages": messages, **extra,
+                                         "add_generation_prompt": body.get("add_generation_prompt", True) is not False})
+        return TokenizedPrompt(tuple(ids), await self._preamble(url, messages, extra))
+
+    async def _preamble(self, url: str, messages: list[Any], extra: dict[str, Any]) -> int:
+        n = next((i for i, m in enumerate(messages)
+                  if not isinstance(m, dict) or m.get("role") not in _PREAMBLE_ROLES), len(messages))
+        if n == 0:
+            return 0
+        key = xxhash.xxh3_64_intdigest(orjson.dumps([messages[:n], extra], option=orjson.OPT_SORT_KEYS))
+        tokens = self._preambles.get(key)
+        if tokens is None:
+            tokens = len(await self._tokenize(url, {"messages": messages[:n], **extra,
+                                                    "add_generation_prompt": False}))
+            self._preambles[key] = tokens
+            if len(self._preambles) > self.max_preambles:
+                self._preambles.popitem(last=False)
+        return tokens
+
+    async def _tokenize(self, url: str, payload: dict[str, Any]) -> list[int]:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        self.requests += 1
+        async with self._session.post(f"{url}/tokenize", data=orjson.dumps({"model": self.model, **payload}),
+                                      headers={"Content-Type": "application/json"}) as response:
+            data = orjson.loads(await response.read())
+        tokens = data.get("tokens") if response.status == 200 and isinstance(data, dict) else None
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            raise ValueError(f"{url}/tokenize answered {response.status} without a token list")
+        return tokens
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class PromptKeys:
+    """Encodes within `budget_s` (a local tokenizer on one worker thread, or a replica's /tokenize);
+    None (and a count) when over budget or failing."""
+
+    def __init__(self, tokenizer: PromptTokenizer | ReplicaTokenizer, budget_s: float = 0.05) -> None:
         self.tokenizer, self.budget_s = tokenizer, budget_s
         self.over_budget = 0
         self.errors = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-tokenizer")
 
     async def encode(self, endpoint: str, body: Mapping[str, Any]) -> TokenizedPrompt | None:
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self.tokenizer.encode, endpoint, body)
+        if isinstance(self.tokenizer, ReplicaTokenizer):
+            work: Any = self.tokenizer.encode(endpoint, body)
+        else:
+            work = asyncio.get_running_loop().run_in_executor(self._executor, self.tokenizer.encode, endpoint, body)
         try:
-            return await asyncio.wait_for(future, self.budget_s)
+            return await asyncio.wait_for(work, self.budget_s)
         except TimeoutError:
             self.over_budget += 1
             return None
@@ -321,8 +401,10 @@ class PromptKeys:
             log.warning("prompt_tokenize_failed", endpoint=endpoint, error=type(exc).__name__)
             return None
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self.tokenizer, ReplicaTokenizer):
+            await self.tokenizer.close()
 
 
 def build_prompt_tokenizer(spec: str, key: str = "") -> PromptTokenizer:

@@ -50,12 +50,12 @@ def start_replica(name: str = "replica-0", port: int | None = None, events: str 
 
 
 def gateway_for(tmp_path: Path, replica: Replica, events_endpoint: str | None = None, subscribe: bool = True,
-                **sections: Any) -> Gateway:
+                tokenizer: str = "sim", **sections: Any) -> Gateway:
     entry: dict[str, Any] = {"url": replica.stub.url, "name": replica.stub.replica_id}
     if subscribe:
         entry["kv_events"] = {"endpoint": events_endpoint or replica.events, "replay_endpoint": replica.replay}
     pool = {"replicas": [entry],
-            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim", "block_tokens": 16}}}
+            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": tokenizer, "block_tokens": 16}}}
     return start_gateway(tmp_path, {MODEL: pool}, **sections)
 
 
@@ -93,11 +93,12 @@ def predicted(gateway: Gateway, messages: list[dict[str, str]]) -> tuple[int, st
     return row["cached_tokens"], explained["evidence"][row["replica"]]
 
 
-def test_gateway_table_mirrors_the_stub_cache_through_hits_and_evictions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tokenizer", ["sim", "replica"])  # local files, or the replica's own /tokenize
+def test_gateway_table_mirrors_the_stub_cache_through_hits_and_evictions(tmp_path: Path, tokenizer: str) -> None:
     with running() as track:
         replica = start_replica()
         track(replica.stub)
-        gateway = track(gateway_for(tmp_path, replica))
+        gateway = track(gateway_for(tmp_path, replica, tokenizer=tokenizer))
         first = prompt("alpha")
         warm(gateway, replica, first)
         assert feed(gateway, replica)["blocks"] > 15

@@ -176,7 +176,7 @@ class SlowTokenizer(SimPromptTokenizer):
 
 async def test_over_budget_tokenizer_falls_back_to_characters_and_counts() -> None:
     router = token_router(ExactTables(prefix.model_seed(MODEL), BS))
-    router.keys.close()  # type: ignore[union-attr]
+    await router.keys.close()  # type: ignore[union-attr]
     router.keys = PromptKeys(SlowTokenizer(), budget_s=0.02)
     explained = await router.explain(chat("Hello there. " * 50), [Candidate("a")])
     assert explained["prefix_keys"] == "characters"

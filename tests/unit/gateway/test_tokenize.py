@@ -293,13 +293,13 @@ async def test_prompt_keys_budget_and_errors() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}]}
     keys = PromptKeys(SimPromptTokenizer())
     assert await keys.encode("chat", body) == SimPromptTokenizer().encode("chat", body)
-    keys.close()
+    await keys.close()
     slow = PromptKeys(Slow(), budget_s=0.02)
     assert await slow.encode("chat", body) is None
     assert (slow.over_budget, slow.errors) == (1, 0)
-    slow.close()
+    await slow.close()
     broken = PromptKeys(Broken())
     assert await broken.encode("chat", body) is None
     assert (broken.errors, broken.over_budget) == (1, 0)
     assert await broken.encode("completions", {"prompt": "fine"}) is not None
-    broken.close()
+    await broken.close()

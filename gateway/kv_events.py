@@ -226,14 +226,18 @@ class KVEventSubscriber:
         self._next: int | None = None  # the seq expected next; None: no history yet
         self._draining = False  # reading batches that queued up during a replay
         self._ctx: zmq.asyncio.Context | None = None
+        self._owns_ctx = True
         self._task: asyncio.Task[None] | None = None
 
     @property
     def last_seq(self) -> int | None:
         return None if self._next is None else self._next - 1
 
-    def start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
+    def start(self, ctx: zmq.asyncio.Context | None = None) -> None:
+        """`ctx`: a context shared by many subscribers (one ZMQ I/O thread for all; the caller
+        destroys it); without one the subscriber owns a context of its own."""
+        self._owns_ctx = ctx is None
+        self._ctx = zmq.asyncio.Context() if ctx is None else ctx
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kv-events-{self.replica_id}")
 
     async def close(self, timeout_s: float = 1.0) -> None:
@@ -241,9 +245,9 @@ class KVEventSubscriber:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=timeout_s)
-        if self._ctx is not None:
+        if self._ctx is not None and self._owns_ctx:
             self._ctx.destroy(linger=0)
-            self._ctx = None
+        self._ctx = None
 
     def describe(self) -> dict[str, Any]:
         """State and counters for the admin API."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+import zmq.asyncio
 
 from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
 from gateway.discovery import Discovery, Resolver, resolve_dns
@@ -56,6 +57,7 @@ class GatewayState:
         self._found: dict[str, list[ReplicaConfig]] = {}  # per model: the replicas DNS gave last
         # per (model, replica): its KV-event subscriber, the tables it feeds and the feed's config
         self._feeds: dict[tuple[str, str], tuple[KVEventSubscriber, ExactTables, KVEventsConfig]] = {}
+        self._zmq: zmq.asyncio.Context | None = None  # one ZMQ I/O thread for every feed
 
     async def start(self) -> None:
         """Build pools and routers inside the running loop (a Redis index needs one), then discover."""
@@ -70,6 +72,9 @@ class GatewayState:
             await self._discovery.close()
         await asyncio.gather(*(feed.close() for feed, _, _ in self._feeds.values()))
         self._feeds.clear()
+        if self._zmq is not None:
+            self._zmq.destroy(linger=0)
+            self._zmq = None
         await asyncio.gather(*(route.router.close() for route in self.routes.values()))
 
     def route_for(self, model: str) -> ModelRoute:
@@ -188,8 +193,9 @@ class GatewayState:
                 exact.forget(key[1])
         for key, (exact, events) in wanted.items():
             if key not in self._feeds:
+                self._zmq = self._zmq or zmq.asyncio.Context()
                 feed = KVEventSubscriber(key[1], events, exact)
-                feed.start()
+                feed.start(self._zmq)
                 self._feeds[key] = (feed, exact, events)
 
     def feeds(self, model: str) -> dict[str, KVEventSubscriber]:

@@ -233,3 +233,20 @@ def test_with_redis_what_the_events_say_reaches_gateways_without_a_feed(tmp_path
         expected, evidence = predicted(unsubscribed, messages)
         assert evidence == "history"
         assert chat(unsubscribed.url, messages)["usage"]["prompt_tokens_details"]["cached_tokens"] == expected
+
+
+def test_a_reload_that_drops_the_feed_closes_it_and_routes_from_history(tmp_path: Path) -> None:
+    with running() as track:
+        replica = start_replica()
+        track(replica.stub)
+        gateway = track(gateway_for(tmp_path, replica))
+        warm(gateway, replica, prompt("kept"))
+        data = gateway.data
+        del data["pools"][MODEL]["replicas"][0]["kv_events"]
+        gateway.rewrite(data)
+        assert httpx.post(f"{gateway.url}/admin/reload", timeout=10).status_code == 200
+        assert "kv_events" not in gateway.replicas()[replica.stub.replica_id]
+        assert "affinity_gateway_kv_events_certain{" not in httpx.get(f"{gateway.url}/metrics", timeout=5).text
+        expected, evidence = predicted(gateway, prompt("kept"))
+        assert evidence == "history"  # a new router (its routing section changed): its own history from now on
+        assert chat(gateway.url, prompt("kept"))["usage"]["prompt_tokens_details"]["cached_tokens"] >= expected

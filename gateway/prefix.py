@@ -52,7 +52,7 @@ class PrefixParams:
     salt_by_tenant: bool = False
     max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
     # Token-exact keys: "replica" (the replicas' own /tokenize), "sim" (the replica stub's
-    # simulator), a folder with the model's tokenizer.json (+ chat template), or "model:smollm2";
+    # simulator), a folder with the model's tokenizer.json (+ chat template), its .gguf, or "model:smollm2";
     # None = character blocks.
     tokenizer: str | None = None
     tokenize_budget_ms: float = 50.0  # slower than this: character blocks for this request (counted)
@@ -69,7 +69,7 @@ class PrefixParams:
         if (spec is not None and spec not in ("sim", "replica") and not spec.startswith("model:")
                 and not Path(spec).expanduser().exists()):
             raise ConfigError(f"{spec!r}: no such file or folder (expected \"replica\", \"sim\", \"model:smollm2\" "
-                              "or the path of the model's tokenizer.json or its folder)", key=f"{key}.tokenizer")
+                              "or the path of the model's tokenizer.json, its folder or its .gguf)", key=f"{key}.tokenizer")
 
     @property
     def tokens_per_block(self) -> float:

@@ -27,6 +27,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import shutil
+import tempfile
 from abc import ABC, abstractmethod
 from array import array
 from collections import OrderedDict
@@ -257,6 +260,34 @@ class HFPromptTokenizer(PromptTokenizer):
         return ids, [(i, *encoding.token_to_chars(i)) for i, t in enumerate(ids) if t in special]
 
 
+def _from_gguf(path: Path, key: str) -> Path:
+    """The tokenizer and chat template inside a GGUF, written once as a tokenizer folder in the
+    user's cache (keyed by the file's path, size and mtime). Needs transformers + gguf (`[model]`)."""
+    stat = path.stat()
+    name = f"{path.stem}-{xxhash.xxh3_64_hexdigest(f'{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}'.encode())}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "affinity-gateway" / "tokenizers"
+    folder = cache / name
+    if (folder / "tokenizer.json").is_file():
+        return folder
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(f"{str(path)!r}: reading a tokenizer from a GGUF needs transformers and gguf "
+                          "(pip install 'affinity-gateway[model]'), or point to a tokenizer.json", key=key) from None
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gguf-", dir=cache))
+    try:
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process wrote it first
+            if not (folder / "tokenizer.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
 def _token_text(token: Any) -> str:
     return token["content"] if isinstance(token, dict) else str(token)
 
@@ -408,7 +439,7 @@ class PromptKeys:
 
 
 def build_prompt_tokenizer(spec: str, key: str = "") -> PromptTokenizer:
-    """"sim", a model folder (or its tokenizer.json), or a model alias such as "model:smollm2"."""
+    """"sim", a model folder (or its tokenizer.json), a GGUF file, or an alias such as "model:smollm2"."""
     if spec == "sim":
         return SimPromptTokenizer()
     if spec.lower() in MODEL_ALIASES:
@@ -422,7 +453,7 @@ def build_prompt_tokenizer(spec: str, key: str = "") -> PromptTokenizer:
         path = Path(spec).expanduser()
         if not path.exists():
             raise ConfigError(f"{spec!r}: no such file or folder", key=key)
-        folder = path.parent if path.is_file() else path
+        folder = _from_gguf(path, key) if path.suffix == ".gguf" else path.parent if path.is_file() else path
         if not (folder / "tokenizer.json").is_file():
             raise ConfigError(f"{spec!r}: no tokenizer.json in {folder}", key=key)
     try:

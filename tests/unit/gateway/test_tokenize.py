@@ -179,6 +179,22 @@ def test_hf_equals_transformers_and_the_stub(model_folder: Path, hf: Any) -> Non
         assert list(tok.encode("completions", {"prompt": prompt}).token_ids) == stub.encode(prompt)  # type: ignore[union-attr]
 
 
+@pytest.mark.model
+def test_a_gguf_file_gives_the_same_tokens_as_the_converted_model(model_folder: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from replica_stub.engine.model import gguf_path
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    gguf = gguf_path()
+    assert gguf is not None
+    from_gguf, converted = build_prompt_tokenizer(str(gguf)), build_prompt_tokenizer("model:smollm2")
+    rng = random.Random(5)
+    for seed in range(5):
+        body = {"messages": conversation(rng, seed + 1)}
+        assert from_gguf.encode("chat", body) == converted.encode("chat", body)
+    assert list((tmp_path / "affinity-gateway" / "tokenizers").iterdir())  # written once, reused next time
+
+
 TEMPLATE = """{%- set ns = namespace(n=0) -%}
 {%- if tools %}<|im_start|>system
 Tools: {{ tools | tojson }}<|im_end|>

@@ -84,7 +84,8 @@ def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memo
         routing["params"] = dict(spec.policy_params)
     if event_ports:
         for replica, (pub, replay) in zip(replicas, event_ports):
-            replica["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+            replica["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{pub}",
+                                    "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
         routing["prefix"] = {"tokenizer": "sim" if spec.engine == "sim" else "model:smollm2"}
     return {
         "listen": {"host": spec.host, "port": spec.port},

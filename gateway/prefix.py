@@ -69,7 +69,8 @@ class PrefixParams:
         if (spec is not None and spec not in ("sim", "replica") and not spec.startswith("model:")
                 and not Path(spec).expanduser().exists()):
             raise ConfigError(f"{spec!r}: no such file or folder (expected \"replica\", \"sim\", \"model:smollm2\" "
-                              "or the path of the model's tokenizer.json, its folder or its .gguf)", key=f"{key}.tokenizer")
+                              "or the path of the model's tokenizer.json, its folder or its .gguf)",
+                              key=f"{key}.tokenizer")
 
     @property
     def tokens_per_block(self) -> float:

@@ -49,7 +49,8 @@ END_MARKER = (-1).to_bytes(8, "big", signed=True)
 def encode_event(event: KVEvent, encoding: Encoding) -> list[Any] | dict[str, Any]:
     """One event in vLLM's wire shape; `lora_id` is always None (the stub has no LoRA)."""
     if isinstance(event, BlockStored):
-        fields: dict[str, Any] = {"block_hashes": list(event.block_hashes), "parent_block_hash": event.parent_block_hash,
+        fields: dict[str, Any] = {"block_hashes": list(event.block_hashes),
+                                  "parent_block_hash": event.parent_block_hash,
                                   "token_ids": list(event.token_ids), "block_size": event.block_size,
                                   "lora_id": None, "medium": MEDIUM}
     elif isinstance(event, BlockRemoved):

@@ -38,7 +38,8 @@ async def test_ids_and_preamble_equal_the_engines_and_the_preamble_is_asked_once
     assert remote.requests == 3 + 1  # one per request, plus the shared system prompt once
     completion = {"model": MODEL, "prompt": "Once upon a time, in a land far away,"}
     assert await remote.encode("completions", completion) == local.encode("completions", completion)
-    assert (await remote.encode("completions", {"prompt": [5, 6, 7]})).token_ids == (5, 6, 7)  # type: ignore[union-attr]
+    ids = await remote.encode("completions", {"prompt": [5, 6, 7]})
+    assert ids is not None and ids.token_ids == (5, 6, 7)
     await remote.close()
 
 

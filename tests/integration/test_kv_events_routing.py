@@ -250,3 +250,14 @@ def test_a_reload_that_drops_the_feed_closes_it_and_routes_from_history(tmp_path
         expected, evidence = predicted(gateway, prompt("kept"))
         assert evidence == "history"  # a new router (its routing section changed): its own history from now on
         assert chat(gateway.url, prompt("kept"))["usage"]["prompt_tokens_details"]["cached_tokens"] >= expected
+
+
+def test_two_gateways_without_redis_converge_on_the_same_table(tmp_path: Path) -> None:
+    with running() as track:
+        replica = start_replica()
+        track(replica.stub)
+        first, second = track(gateway_for(tmp_path, replica)), track(gateway_for(tmp_path, replica))
+        warm(first, replica, prompt("shared"))  # routed by the first gateway only
+        eventually(lambda: mirrors(second, replica), timeout_s=5)
+        assert predicted(second, prompt("shared")) == predicted(first, prompt("shared"))
+        assert predicted(second, prompt("shared"))[1] == "events"

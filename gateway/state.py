@@ -19,10 +19,10 @@ from pathlib import Path
 import structlog
 import zmq.asyncio
 
+from gateway import prefix
 from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
 from gateway.discovery import Discovery, Resolver, resolve_dns
 from gateway.errors import NotFoundError
-from gateway import prefix
 from gateway.index import build_index
 from gateway.index.exact import ExactTables
 from gateway.kv_events import KVEventsConfig, KVEventSubscriber

@@ -21,10 +21,10 @@ replica's own KV blocks, and KV events (`gateway.index.exact`) key stored blocks
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from array import array
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -48,12 +48,12 @@ class PrefixParams:
 
     block_chars: int = 64  # ≈ 4 chars/token × vLLM's default block of 16 tokens
     chars_per_token: float = 4.0
-    block_tokens: int = 16  # for prompts given as token ids; the replica's KV block size
+    block_tokens: int = 16  # the replica's KV block size: blocks of token keys
     salt_by_tenant: bool = False
     max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
     # Token-exact keys: "replica" (the replicas' own /tokenize), "sim" (the replica stub's
-    # simulator), a folder with the model's tokenizer.json (+ chat template), its .gguf, or "model:smollm2";
-    # None = character blocks.
+    # simulator), a folder with the model's tokenizer.json (+ chat template), its .gguf, or
+    # "model:smollm2"; None = character blocks.
     tokenizer: str | None = None
     tokenize_budget_ms: float = 50.0  # slower than this: character blocks for this request (counted)
     speculative_ttl_s: float = 2.0  # KV-event replicas: a dispatched prompt counts as cached this long

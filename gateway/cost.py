@@ -19,7 +19,7 @@ scheduler step, network), which shifts all candidates alike and so only sharpens
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -70,16 +70,41 @@ class CostModel:
         return replica_id if self.params.calibrate == "replica" else ""
 
     def wait_s(self, candidate: Candidate, now: float) -> float:
-        own = max(0.0, self._drain_at.get(candidate.replica_id, now) - now)
-        scraped = candidate.waiting * self._mean_prefill_s
-        per_request_s = self.params.per_request_tokens * self.prefill_s_per_token(candidate.replica_id)
-        return max(own, scraped) + per_request_s * candidate.load
+        return self.predict_many([candidate], [candidate.load], 0, now)[0][0]
 
     def predict(self, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:
         """(wait_s, predicted_ttft_s) of sending a `prompt_tokens` prompt to `candidate`."""
-        wait = self.wait_s(candidate, now)
-        uncached = max(0, prompt_tokens - candidate.cached_tokens)
-        return wait, wait + self._base_s + self.prefill_s_per_token(candidate.replica_id) * uncached
+        waits, ttfts, _ = self.predict_many([candidate], [candidate.load], prompt_tokens, now)
+        return waits[0], ttfts[0]
+
+    def predict_many(self, candidates: Sequence[Candidate], loads: Sequence[float], prompt_tokens: int,
+                     now: float) -> tuple[list[float], list[float], list[float]]:
+        """`predict` for every candidate at once (`loads[i]` is `candidates[i].load`): their wait_s,
+        predicted_ttft_s and prefill_s_per_token. What is the same for every candidate is looked up once."""
+        params = self.params
+        default, per_request_tokens = params.prefill_s_per_token, params.per_request_tokens
+        mean_prefill_s, base_s, drain_at = self._mean_prefill_s, self._base_s, self._drain_at
+        if params.calibrate == "replica":
+            get = self._per_token.get
+            per_token = [get(c.replica_id, default) for c in candidates]
+        else:
+            per_token = [self._per_token.get("", default)] * len(candidates)
+        waits: list[float] = []
+        ttfts: list[float] = []
+        for c, load, s_per_token in zip(candidates, loads, per_token):
+            # The same arithmetic as max(own, scraped) + per_request_s × load, spelled out (no calls).
+            drain = drain_at.get(c.replica_id)
+            own = drain - now if drain is not None else 0.0
+            if not own > 0.0:
+                own = 0.0
+            scraped = c.waiting * mean_prefill_s
+            wait = (scraped if scraped > own else own) + per_request_tokens * s_per_token * load
+            uncached = prompt_tokens - c.cached_tokens
+            if uncached < 0:
+                uncached = 0
+            waits.append(wait)
+            ttfts.append(wait + base_s + s_per_token * uncached)
+        return waits, ttfts, per_token
 
     def dispatched(self, replica_id: str, uncached_tokens: int) -> float:
         """Queue the request's prefill; returns when it is expected to be done."""

@@ -17,9 +17,22 @@ from gateway.policies.base import Candidate
 
 def has_room(candidates: Sequence[Candidate], epsilon: float, min_requests: int) -> list[bool]:
     """For each candidate: may it take the next request without breaking the bound?"""
-    total = sum(c.load * c.weight for c in candidates) + 1
-    mean = total / sum(c.weight for c in candidates)
-    return [
-        c.load * c.weight + 1 <= max(math.ceil((1 + epsilon) * mean * c.weight - 1e-9), min_requests)
-        for c in candidates
-    ]
+    return has_room_loads([c.load for c in candidates], [c.weight for c in candidates], epsilon, min_requests)
+
+
+def has_room_loads(loads: Sequence[float], weights: Sequence[float], epsilon: float, min_requests: int) -> list[bool]:
+    """`has_room` given each candidate's load and weight (callers that have them computed already).
+    The limit is computed once per distinct weight (usually one), not once per candidate."""
+    weighted = [load * weight for load, weight in zip(loads, weights)]
+    scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
+    if len(set(weights)) == 1:  # alike replicas: one limit
+        limit = max(math.ceil(scaled_mean * weights[0] - 1e-9), min_requests)
+        return [requests + 1 <= limit for requests in weighted]
+    limits: dict[float, int] = {}
+    room = []
+    for requests, weight in zip(weighted, weights):
+        limit = limits.get(weight)
+        if limit is None:
+            limit = limits[weight] = max(math.ceil(scaled_mean * weight - 1e-9), min_requests)
+        room.append(requests + 1 <= limit)
+    return room

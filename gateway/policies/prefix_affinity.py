@@ -43,7 +43,7 @@ from gateway.cost import CostModel, CostParams
 from gateway.errors import ConfigError
 from gateway.policies import register
 from gateway.policies.base import Candidate, Decision, Outcome, Policy, Score
-from gateway.policies.bound import has_room
+from gateway.policies.bound import has_room_loads
 from gateway.view import RequestView
 
 MAX_TRACKED = 100_000  # dispatched requests remembered until they finish (bounds a leak if one never does)
@@ -88,8 +88,9 @@ class PrefixAffinityPolicy(Policy):
         super().__init__(params)
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)
-        # Uncached tokens per candidate of the last choice, for on_dispatched (one slot, never grows).
-        self._last: tuple[str, dict[str, int]] = ("", {})
+        # The last choice's request, prompt tokens, candidates and their cached tokens, for
+        # on_dispatched to queue the chosen one's uncached prefill (one slot, never grows).
+        self._last: tuple[str, int, list[str], list[int]] = ("", 0, [], [])
         # Expected prefill completion of each dispatched request, until it finishes (bounded).
         self._done_at: dict[str, tuple[str, float]] = {}
         # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
@@ -98,40 +99,57 @@ class PrefixAffinityPolicy(Policy):
         self._preambles: dict[int, tuple[float, float]] = {}
 
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        # One pass per quantity over the candidates, everything per-request looked up once: this
+        # runs on every request for every replica (64 replicas: well under a millisecond).
         p = self.params
         now = self.cost.clock()
-        prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
+        ids = [c.replica_id for c in candidates]
+        cached = [c.cached_tokens for c in candidates]
+        loads = [c.load for c in candidates]
+        most_cached = max(cached)
+        prompt = max(view.prompt_tokens_estimate, most_cached)
         # A home: some replica holds this conversation's own text, past the block that straddles
         # the end of the preamble (that one is often shared too, e.g. a common first-message opening).
-        has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens + view.tokens_per_block
-        discount = 1.0 - p.preamble_weight if not has_home and self._spread(view, candidates, now) else 0.0
-        rows, effective = [], []
-        for c in candidates:
-            wait, ttft = self.cost.predict(c, prompt, now)
-            rows.append(Score(c.replica_id, ttft, load=c.load, cached_tokens=c.cached_tokens, wait_s=wait))
-            shared = min(c.cached_tokens, view.preamble_tokens)
-            effective.append(ttft + discount * shared * self.cost.prefill_s_per_token(c.replica_id))
-        room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
-        eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(rows)))
-        best = min(effective[i] for i in eligible)
-        near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
+        has_home = most_cached > view.preamble_tokens + view.tokens_per_block
+        discount = 1.0 - p.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
+        waits, ttfts, per_token = self.cost.predict_many(candidates, loads, prompt, now)
+        rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
+        if discount:
+            preamble = view.preamble_tokens
+            effective = [ttft + discount * (n if n < preamble else preamble) * s_per_token
+                         for ttft, n, s_per_token in zip(ttfts, cached, per_token)]
+        else:
+            effective = ttfts  # + 0 × the preamble's prefill: the same numbers
+        room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
+        eligible = [i for i, ok in enumerate(room) if ok]
+        if len(eligible) == len(rows) or not eligible:
+            eligible = list(range(len(rows)))
+            best = min(effective)
+        else:
+            best = min([effective[i] for i in eligible])
+        cutoff = best + max(p.tie_s, p.tie_ratio * best)
+        near = [i for i in eligible if effective[i] <= cutoff]
         # Near-ties: the least loaded, then the one given the least recent work (new conversations
         # spread evenly, so their later turns do too), then a random one.
-        keys = {i: (rows[i].load, self._recent_work(rows[i].replica_id, now)) for i in near}
-        least = min(keys.values())
-        tied = [i for i in near if keys[i] == least]
+        least_load = min([loads[i] for i in near])
+        tied = [i for i in near if loads[i] == least_load]
+        if len(tied) > 1:  # only these need their recent work
+            recent = {i: self._recent_work(ids[i], now) for i in tied}
+            least = min(recent.values())
+            tied = [i for i in tied if recent[i] == least]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
-        self._last = (view.request_id, {r.replica_id: prompt - r.cached_tokens for r in rows})
+        self._last = (view.request_id, prompt, ids, cached)
         if len(eligible) < len(rows) and min(effective) < effective[pick]:
             reason = "load_bound"  # the fastest-looking replica was over the bound
         else:
-            common = max(min(r.cached_tokens for r in rows), view.preamble_tokens)
-            reason = "prefix_hit" if rows[pick].cached_tokens > common else "least_wait"
-        return Decision(rows[pick].replica_id, reason, tuple(rows))
+            common = max(min(cached), view.preamble_tokens)
+            reason = "prefix_hit" if cached[pick] > common else "least_wait"
+        return Decision(ids[pick], reason, rows)
 
-    def _spread(self, view: RequestView, candidates: Sequence[Candidate], now: float) -> bool:
+    def _spread(self, view: RequestView, cached: Sequence[int], now: float) -> bool:
         """Should this preamble go to more replicas than hold it now? Yes while its share of the
-        recent traffic wants more holders; a rarely seen preamble (one conversation's) wants one."""
+        recent traffic wants more holders; a rarely seen preamble (one conversation's) wants one.
+        `cached`: each candidate's warm prefix, in tokens."""
         if not view.preamble_key or not view.preamble_tokens:
             return False
         window = self.params.balance_window_s
@@ -139,8 +157,8 @@ class PrefixAffinityPolicy(Policy):
         if seen + 0.5 < self.params.shared_preamble_requests:  # a decayed count: round, don't truncate
             return False
         share = seen / max(seen, _decayed(self._preambles, 0, now, window))
-        wanted = math.ceil(len(candidates) * share * self.params.preamble_spread - 1e-9)
-        holders = sum(c.cached_tokens >= view.preamble_tokens for c in candidates)
+        wanted = math.ceil(len(cached) * share * self.params.preamble_spread - 1e-9)
+        holders = sum(1 for n in cached if n >= view.preamble_tokens)
         return holders < wanted
 
     def _recent_work(self, replica_id: str, now: float) -> float:
@@ -156,9 +174,10 @@ class PrefixAffinityPolicy(Policy):
             if len(self._preambles) >= MAX_TRACKED:
                 del self._preambles[next(k for k in self._preambles if k)]
             self._preambles[key] = (seen, now)
-        request_id, uncached = self._last
-        if request_id == view.request_id and replica_id in uncached:
-            done_at = self.cost.dispatched(replica_id, uncached[replica_id])
+        request_id, prompt, ids, cached = self._last
+        if request_id == view.request_id and replica_id in ids:
+            last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
+            done_at = self.cost.dispatched(replica_id, prompt - cached[last])
             self._done_at.pop(view.request_id, None)
             if len(self._done_at) >= MAX_TRACKED:
                 del self._done_at[next(iter(self._done_at))]
@@ -179,4 +198,4 @@ class PrefixAffinityPolicy(Policy):
 def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
     """A count that decays with time constant `window_s`, stored as (count, as of time)."""
     count, since = counts.get(key, (0.0, now))
-    return count * math.exp((since - now) / window_s)
+    return count if since == now else count * math.exp((since - now) / window_s)  # exp(0) = 1 exactly

@@ -113,3 +113,26 @@ def test_short_prefills_teach_the_fixed_part() -> None:
     assert cost.prefill_s_per_token("a") == pytest.approx(0.0001)  # the fixed 30 ms is not per-token cost
     wait, ttft = cost.predict(Candidate("a"), 100, clock.now)
     assert ttft == pytest.approx(0.03 + 100 * 0.0001)
+
+
+@pytest.mark.parametrize("calibrate", ["pool", "replica"])
+def test_predict_many_is_predict_for_each_candidate(calibrate: str) -> None:
+    """The batch form (what prefix_affinity calls per request) gives exactly the per-candidate formula."""
+    cost, clock = model(prefill_s_per_token=0.0003, per_request_tokens=40.0, calibrate=calibrate)
+    cost.observe("a", ttft_s=0.01, uncached_tokens=10, predicted_wait_s=0.0)  # a fixed part
+    cost.observe("b", ttft_s=0.9, uncached_tokens=2000, predicted_wait_s=0.1)  # a learned per-token cost
+    cost.dispatched("a", 3000)
+    cost.dispatched("c", 10)
+    clock.now += 0.5  # c's queue has drained, a's has not
+    candidates = [Candidate("a", in_flight=2, cached_tokens=500), Candidate("b", waiting=3, running=1, weight=2.0),
+                  Candidate("c", cached_tokens=5000), Candidate("d", in_flight=1, waiting=4, cached_tokens=900)]
+    waits, ttfts, per_token = cost.predict_many(candidates, [c.load for c in candidates], 1000, clock.now)
+    for c, wait, ttft, s_per_token in zip(candidates, waits, ttfts, per_token):
+        expected_wait = (max(max(0.0, cost._drain_at.get(c.replica_id, clock.now) - clock.now),
+                             c.waiting * cost._mean_prefill_s)
+                         + cost.params.per_request_tokens * cost.prefill_s_per_token(c.replica_id) * c.load)
+        assert wait == expected_wait and wait == cost.wait_s(c, clock.now)
+        assert s_per_token == cost.prefill_s_per_token(c.replica_id)
+        assert ttft == expected_wait + cost._base_s + s_per_token * max(0, 1000 - c.cached_tokens)
+        assert (wait, ttft) == cost.predict(c, 1000, clock.now)
+    assert ttfts[2] == waits[2] + cost._base_s  # more cached than the prompt: nothing to prefill

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.policies import Candidate, Outcome, Policy, Score, build_policy
-from gateway.policies.bound import has_room
+from gateway.policies.bound import has_room, has_room_loads
 from gateway.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.policies.session_affinity import home_replica
 from gateway.view import RequestView
@@ -126,6 +126,75 @@ def test_load_bound_holds_for_random_fleets() -> None:
         chosen = [c.replica_id for c in candidates].index(decision.replica_id)
         assert room[chosen] or not any(room)
 
+
+
+def test_has_room_is_the_bound_per_candidate() -> None:
+    """The bound's limit is computed once per distinct weight: the same answers as per candidate."""
+    rng = random.Random(2)
+    for _ in range(300):
+        candidates = [Candidate(f"r{i}", in_flight=rng.randint(0, 12), running=rng.randint(0, 3),
+                                weight=rng.choice([1.0, 1.0, 0.5, 2.0, 3.0])) for i in range(rng.randint(1, 8))]
+        epsilon, floor = rng.choice([0.0, 0.25, 1.0]), rng.choice([0, 2, 4])
+        mean = (sum(c.load * c.weight for c in candidates) + 1) / sum(c.weight for c in candidates)
+        expected = [c.load * c.weight + 1 <= max(math.ceil((1 + epsilon) * mean * c.weight - 1e-9), floor)
+                    for c in candidates]
+        assert has_room(candidates, epsilon, floor) == expected
+        assert has_room_loads([c.load for c in candidates], [c.weight for c in candidates], epsilon, floor) == expected
+
+
+def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates: list[Candidate]) -> tuple[str, str]:
+    """The choice rule spelled out candidate by candidate, from the policy's own state (no side effects)."""
+    p, now = policy.params, policy.cost.clock()
+    prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
+    has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens + view.tokens_per_block
+    discount = 1.0 - p.preamble_weight if not has_home and policy._spread(
+        view, [c.cached_tokens for c in candidates], now) else 0.0
+    effective = [policy.cost.predict(c, prompt, now)[1] + discount * min(c.cached_tokens, view.preamble_tokens)
+                 * policy.cost.prefill_s_per_token(c.replica_id) for c in candidates]
+    room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
+    eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(candidates)))
+    best = min(effective[i] for i in eligible)
+    near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
+    keys = {i: (candidates[i].load, policy._recent_work(candidates[i].replica_id, now)) for i in near}
+    tied = [i for i in near if keys[i] == min(keys.values())]
+    if len(tied) > 1:
+        return "tie", ""
+    pick = tied[0]
+    if len(eligible) < len(candidates) and min(effective) < effective[pick]:
+        return candidates[pick].replica_id, "load_bound"
+    common = max(min(c.cached_tokens for c in candidates), view.preamble_tokens)
+    return candidates[pick].replica_id, "prefix_hit" if candidates[pick].cached_tokens > common else "least_wait"
+
+
+@pytest.mark.parametrize("preamble_weight", [0.0, 0.5])
+def test_choice_and_rows_match_the_rule_per_candidate(preamble_weight: float) -> None:
+    """choose() computes in bulk; its rows and (untied) picks are the per-candidate rule's."""
+    rng = random.Random(3)
+    policy = prefix_policy(preamble_weight=preamble_weight, calibrate="replica")
+    now = 100.0
+    policy.cost.clock = lambda: now
+    ids = [f"r{i}" for i in range(16)]
+    for _ in range(300):
+        now += rng.choice([0.0, 0.01, 0.5])
+        view = make_view(prompt_tokens=rng.choice([100, 2000, 8000]))
+        view.preamble_tokens, view.preamble_key, view.tokens_per_block = rng.choice([(0, 0), (512, 42)]) + (16.0,)
+        candidates = [Candidate(r, in_flight=rng.randint(0, 8), waiting=rng.choice([0, 0, 2]),
+                                weight=rng.choice([1.0, 1.0, 2.0]),
+                                cached_tokens=rng.choice([0, view.preamble_tokens, rng.randint(0, 8000)]))
+                      for r in rng.sample(ids, rng.randint(1, len(ids)))]
+        expected = reference_choice(policy, view, candidates)
+        decision = policy.choose(view, candidates)
+        prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
+        assert decision.scores == tuple(Score(c.replica_id, policy.cost.predict(c, prompt, now)[1], c.load,
+                                              c.cached_tokens, policy.cost.predict(c, prompt, now)[0])
+                                        for c in candidates)
+        if expected[0] != "tie":
+            assert (decision.replica_id, decision.reason) == expected
+        policy.on_dispatched(view, decision.replica_id)
+        if rng.random() < 0.3:
+            policy.on_finished(view, decision.replica_id, Outcome(
+                ok=True, ttft_s=rng.random(), prompt_tokens=view.prompt_tokens_estimate,
+                predicted=next(s for s in decision.scores if s.replica_id == decision.replica_id)))
 
 def test_near_ties_go_to_the_less_loaded() -> None:
     policy = prefix_policy(per_request_tokens=0.0)

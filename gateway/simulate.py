@@ -28,7 +28,7 @@ from typing import Any
 
 import xxhash
 
-from gateway import prefix
+from gateway import prefix, workloads
 from gateway.cost import CostModel
 from gateway.index.exact import ExactTables
 from gateway.policies import Candidate, Outcome, Policy, build_policy
@@ -79,6 +79,18 @@ class _Replica:
 
 
 @dataclass(slots=True)
+class _DecodeRun:
+    """Plain decode steps of one replica, fast-forwarded (`Scheduler.decode_only_steps`): each step
+    still has its own event at its own time, but the scheduler is only brought up to date (tokens,
+    inter-token gaps) when the run ends."""
+
+    requests: list[Request]
+    contexts: list[int]  # each request's context in the run's first step
+    steps: int  # at most this many
+    times: list[float]  # when the run started, then when each step ended
+
+
+@dataclass(slots=True)
 class _Active:
     """A session in flight: its history so far, in stub tokens and in chat messages."""
 
@@ -89,12 +101,15 @@ class _Active:
     answer_rng: random.Random
     view: RequestView | None = None
     replica: _Replica | None = None
+    request: Request | None = None  # the one in flight
     result: Result | None = None
     last_token_s: float = 0.0
     answer_ids: list[int] = field(default_factory=list)
 
 
 class Simulation:
+    fast_forward = True  # run plain decode steps without the scheduler's per-step bookkeeping (same results)
+
     def __init__(self, spec: SimSpec, on_result: OnResult | None = None) -> None:
         self.spec = spec
         self.now = 0.0
@@ -166,8 +181,9 @@ class Simulation:
 
     def _scrape(self) -> None:
         for r in self.replicas.values():
-            r.running, r.waiting = r.scheduler.num_running, r.scheduler.num_waiting
-            r.kv_usage = r.scheduler.kv.usage()
+            scheduler = r.scheduler
+            r.running, r.waiting = len(scheduler.running), len(scheduler.waiting)
+            r.kv_usage = scheduler.kv.pool.usage()
         if self._heap:  # anything left to happen
             self._at(self.now + self.spec.scrape_interval_s, self._scrape)
 
@@ -222,8 +238,8 @@ class Simulation:
         request = Request(request_id, prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                           stub.block_size, eos_token_id=self.tokenizer.eos_token_id, arrival_time=self.now)
         vocab = self._vocab_ids
-        active.answer_ids = [vocab[active.answer_rng.randrange(len(vocab))] for _ in range(max_tokens)]
-        active.view, active.replica = view, replica
+        active.answer_ids = [vocab[i] for i in workloads.below(active.answer_rng, len(vocab), max_tokens)]
+        active.view, active.replica, active.request = view, replica, request
         active.result = Result(session.session_id, active.turn, ok=False, scheduled_s=self.now, sent_s=self.now,
                                replica=replica.name)
         self._by_request[request_id] = active
@@ -232,39 +248,82 @@ class Simulation:
             self._step(replica)
 
     def _step(self, replica: _Replica) -> None:
+        if self.fast_forward:
+            steps = replica.scheduler.decode_only_steps()
+            if steps:
+                running = list(replica.scheduler.running)
+                replica.busy = True
+                self._decode_step(replica, _DecodeRun(running, [r.num_computed_tokens for r in running], steps,
+                                                      [self.now]))
+                return
         out = replica.scheduler.schedule()
         if not out.scheduled:
             replica.busy = False
             return
         replica.busy = True
-        self._at(self.now + self.engine.step_ms(out) / 1000 / self.engine.speedup,
-                 lambda: self._step_done(replica, out))
+        engine = self.engine
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + engine.step_ms(out) / 1000 / engine.speedup, self._seq,
+                                    lambda: self._step_done(replica, out)))
+
+    def _decode_step(self, replica: _Replica, run: _DecodeRun) -> None:
+        """Start the run's next step: what `_step` does for it (the engine's cost of a decode-only step)."""
+        done = len(run.times) - 1
+        engine = self.engine
+        step_ms = engine.timing.step_ms((), [context + done for context in run.contexts])
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + step_ms / 1000 / engine.speedup, self._seq,
+                                    lambda: self._decode_step_done(replica, run)))
+
+    def _decode_step_done(self, replica: _Replica, run: _DecodeRun) -> None:
+        run.times.append(self.now)
+        if len(run.times) - 1 < run.steps and not replica.scheduler.waiting:
+            self._decode_step(replica, run)  # the next step is a plain decode step too
+            return
+        # Bring the scheduler and the results to where `_step_done` would have left them after each step.
+        every, times, by_request = self.spec.itl_every, run.times, self._by_request
+        steps = len(times) - 1
+        for request in run.requests:
+            active = by_request[request.request_id]
+            result = active.result
+            assert result is not None and result.ttft_s is not None  # past its first token
+            done = len(request.output_token_ids)
+            replica.scheduler.advance_decode(request, active.answer_ids[done:done + steps])
+            last = active.last_token_s
+            for step in range(1, steps + 1):
+                if (done + step) % every == 0:
+                    result.itl_s.append(times[step] - last)
+                last = times[step]
+            active.last_token_s = last
+        self._step(replica)
 
     def _step_done(self, replica: _Replica, out: SchedulerOutput) -> None:
         by_request = self._by_request
-        sampled = {s.request.request_id: by_request[s.request.request_id].answer_ids[len(s.request.output_token_ids)]
-                   for s in out.scheduled if s.samples}
-        requests = {s.request.request_id: s.request for s in out.scheduled}
-        every = self.spec.itl_every
+        sampled = {}
+        for s in out.scheduled:
+            request = s.request
+            if request.num_computed_tokens + s.num_new_tokens == len(request.all_token_ids):  # s.samples
+                request_id = request.request_id
+                sampled[request_id] = by_request[request_id].answer_ids[len(request.output_token_ids)]
+        every, now = self.spec.itl_every, self.now
         for output in replica.scheduler.update_from_output(out, sampled):
             active = by_request[output.request_id]
-            result = active.result
-            assert result is not None
+            result, request = active.result, active.request
+            assert result is not None and request is not None
             if result.ttft_s is None:
-                result.ttft_s = self.now - result.sent_s
-            else:
-                n = len(requests[output.request_id].output_token_ids)
-                if n % every == 0:
-                    result.itl_s.append(self.now - active.last_token_s)
-            active.last_token_s = self.now
+                result.ttft_s = now - result.sent_s
+            elif len(request.output_token_ids) % every == 0:
+                result.itl_s.append(now - active.last_token_s)
+            active.last_token_s = now
             if output.finish_reason is not None:
-                self._finish(active, requests[output.request_id])
+                self._finish(active, request)
         self._step(replica)
 
     def _finish(self, active: _Active, request: Request) -> None:
         result, replica, view = active.result, active.replica, active.view
         assert result is not None and replica is not None and view is not None
         del self._by_request[request.request_id]
+        active.request = None
         replica.in_flight -= 1
         result.ok, result.status, result.e2e_s = True, 200, self.now - result.sent_s
         result.prompt_tokens, result.completion_tokens = request.num_prompt_tokens, len(request.output_token_ids)

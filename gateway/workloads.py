@@ -45,8 +45,26 @@ class Session:
     think_s: float = 0.0
 
 
+def below(rng: random.Random, n: int, count: int) -> list[int]:
+    """`count` draws of `rng.randrange(n)` (n >= 1), which is also what `rng.choice` of an n-long
+    sequence draws. For a plain `random.Random` they are inlined: `randrange(n)` is `_randbelow(n)`,
+    which draws `n.bit_length()` bits until below `n`; so the same state gives the same numbers and
+    leaves the same state (tests/unit/gateway/test_simulate.py)."""
+    if type(rng) is not random.Random:
+        return [rng.randrange(n) for _ in range(count)]
+    getrandbits, k = rng.getrandbits, n.bit_length()
+    out = []
+    for _ in range(count):
+        r = getrandbits(k)
+        while r >= n:
+            r = getrandbits(k)
+        out.append(r)
+    return out
+
+
 def words(rng: random.Random, count: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(count))
+    """`count` words, each `rng.choice(_WORDS)`."""
+    return " ".join([_WORDS[i] for i in below(rng, len(_WORDS), count)])
 
 
 def _arrivals(rng: random.Random, count: int, rate_per_s: float) -> list[float]:

@@ -35,6 +35,15 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
         """Reserve blocks for `num_new_tokens` more tokens; False (and no change) if they don't fit."""
+        if not new_computed_blocks:  # fast path: a running request growing inside the blocks it holds
+            held = self._blocks.get(request.request_id)
+            if held:
+                total = request.num_computed_tokens + num_new_tokens
+                if -(-total // self.block_size) <= len(held):
+                    num_full = total // self.block_size
+                    if num_full > self._num_cached.get(request.request_id, 0):
+                        self._cache_full_blocks(request, held, num_full)
+                    return True
         held = self._blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total = num_computed + num_new_tokens
@@ -51,6 +60,16 @@ class KVCacheManager:
         self._block_ids.setdefault(request.request_id, []).extend(b.block_id for b in new_blocks)
         self._cache_full_blocks(request, held, total // self.block_size)
         return True
+
+    def steady_tokens(self, request: Request) -> int:
+        """How far (in tokens) `request` can grow from its computed tokens before `allocate_slots`
+        must take a new block or register a newly full one: within it, growing changes nothing here."""
+        held = self._blocks.get(request.request_id)
+        if not held:
+            return 0
+        start = self._num_cached.get(request.request_id, 0)
+        limit = min(len(held) * self.block_size, (start + 1) * self.block_size - 1)
+        return max(0, limit - request.num_computed_tokens)
 
     def _cache_full_blocks(self, request: Request, held: list[KVCacheBlock], num_full: int) -> None:
         start = self._num_cached.get(request.request_id, 0)

@@ -13,16 +13,17 @@ from the prefix cache).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, RequestStatus
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScheduledRequest:
-    """One request's share of a step. The engine reads `request` but never mutates it."""
+    """One request's share of a step. The engine reads `request` but never mutates it (read-only by
+    contract, not frozen: one is built per running request per step, and frozen init costs 5x)."""
 
     request: Request
     num_new_tokens: int
@@ -49,8 +50,8 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
+@dataclass(slots=True)
+class RequestOutput:  # read-only by contract (one per generated token: not frozen, see ScheduledRequest)
     request_id: str
     new_token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | None
@@ -104,12 +105,13 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preemptions_before = self.num_preemptions
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+        running, scheduled, kv = self.running, out.scheduled, self.kv
+        while index < len(running) and budget > 0:
+            request = running[index]
+            num_new = min(len(request.all_token_ids) - request.num_computed_tokens, budget)
             if not self._allocate_or_preempt(request, num_new):
                 continue  # `request` itself was preempted; running shrank
-            out.scheduled.append(ScheduledRequest(request, num_new, self.kv.block_ids(request)))
+            scheduled.append(ScheduledRequest(request, num_new, kv.block_ids(request)))
             budget -= num_new
             index += 1
         if index < len(self.running) or self.num_preemptions > preemptions_before:
@@ -130,6 +132,37 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(request, num_new, self.kv.block_ids(request)))
             budget -= num_new
         return out
+
+    def decode_only_steps(self) -> int:
+        """How many of the next steps are plain decode steps that change nothing but each running
+        request's own tokens: nothing waiting, every running request one sampled token ahead of its
+        computed ones (past its prompt, `ignore_eos`), no KV block to allocate or register, none
+        finishing. Each such `schedule()` would schedule every running request for one token and
+        each `update_from_output` append one token and finish none; 0 if the next step is not one.
+        The simulator fast-forwards these steps (`advance_decode`) without calling `schedule()`, so
+        the ids finished before them are reported by the `schedule()` after them (it has no engine)."""
+        running = self.running
+        if self.waiting or not running or len(running) > self.max_num_batched_tokens:
+            return 0
+        steps = self.max_model_len
+        for request in running:
+            num_tokens, num_computed = len(request.all_token_ids), request.num_computed_tokens
+            if (num_tokens - num_computed != 1 or num_computed < len(request.prompt_token_ids)
+                    or not request.sampling.ignore_eos or request.status is not RequestStatus.RUNNING):
+                return 0
+            steps = min(steps, self.kv.steady_tokens(request),
+                        request.sampling.max_tokens - len(request.output_token_ids) - 1,
+                        self.max_model_len - num_tokens - 1)
+            if steps <= 0:
+                return 0
+        return steps
+
+    def advance_decode(self, request: Request, token_ids: Sequence[int]) -> None:
+        """Apply `len(token_ids)` of the steps `decode_only_steps` vouched for to `request` at
+        once: what `update_from_output` does for it in each (compute the token, append the next)."""
+        for token_id in token_ids:
+            request.num_computed_tokens += 1
+            request.append_output_token(token_id)
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Grow `request`, preempting the newest running requests until it fits. Running
@@ -153,12 +186,14 @@ class Scheduler:
     def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[RequestOutput]:
         """Advance each scheduled request; append its sampled token; finish on EOS or length."""
         outputs = []
+        running_status = RequestStatus.RUNNING
         for item in out.scheduled:
             request = item.request
-            if request.is_finished or request.status is not RequestStatus.RUNNING:
+            if request.status is not running_status:  # (a finished request is never RUNNING)
                 continue  # aborted (or preempted) while the step ran
-            samples = item.samples
-            request.num_computed_tokens += item.num_new_tokens
+            num_new = item.num_new_tokens
+            samples = request.num_computed_tokens + num_new == len(request.all_token_ids)  # item.samples
+            request.num_computed_tokens += num_new
             token_id = sampled.get(request.request_id)
             if not samples or token_id is None:
                 continue

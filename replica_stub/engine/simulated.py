@@ -63,10 +63,12 @@ class SimEngine:
     def step_ms(self, step: SchedulerOutput) -> float:
         prefills, decodes = [], []
         for s in step.scheduled:
-            if s.num_new_tokens == 1 and s.num_computed_tokens >= s.request.num_prompt_tokens:
-                decodes.append(s.num_computed_tokens)
+            request, num_new = s.request, s.num_new_tokens
+            num_computed = request.num_computed_tokens
+            if num_new == 1 and num_computed >= len(request.prompt_token_ids):
+                decodes.append(num_computed)
             else:
-                prefills.append((s.num_new_tokens, s.num_computed_tokens))
+                prefills.append((num_new, num_computed))
         return self.timing.step_ms(prefills, decodes)
 
     async def _spend(self, modelled_ms: float) -> None:

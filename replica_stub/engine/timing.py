@@ -48,8 +48,11 @@ class TimingModel:
     def step_ms(self, prefills: Iterable[tuple[int, int]], decode_contexts: Iterable[int]) -> float:
         """Cost of one step: `prefills` are (num_new, num_computed) chunks, `decode_contexts`
         the context length of each decoding sequence."""
-        prefill = [self.prefill_ms(n, c) for n, c in prefills]
-        decode = [self.decode_ms(ctx) for ctx in decode_contexts]
+        # prefill_ms / decode_ms inlined (the simulator calls this once per step), same arithmetic
+        token_ms, attention_ms = self.prefill_token_ms, self.prefill_attention_ms
+        prefill = [token_ms * n + attention_ms * n * (c + n / 2) / 1000 for n, c in prefills]
+        seq_ms, context_ms = self.decode_seq_ms, self.decode_context_ms
+        decode = [seq_ms + context_ms * ctx / 1000 for ctx in decode_contexts]
         if not prefill and not decode:
             return 0.0
         base = self.prefill_base_ms if prefill else self.decode_base_ms

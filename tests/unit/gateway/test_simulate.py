@@ -82,3 +82,33 @@ def test_a_prompt_over_the_context_length_fails_like_the_stub() -> None:
     session = Session("long", 0.0, "", ("word " * 9000,), 10)
     [result] = simulate([session], SimSpec(replicas=1))
     assert not result.ok and result.status == 400
+
+
+def test_words_and_below_draw_exactly_what_choice_and_randrange_draw() -> None:
+    """`workloads.below` inlines `random.Random.randrange`: same seed, same numbers, same RNG state after."""
+    import random
+
+    for seed in range(20):
+        fast, reference = random.Random(seed), random.Random(seed)
+        for count in (0, 1, 5, 300):
+            assert workloads.words(fast, count) == " ".join(reference.choice(workloads._WORDS) for _ in range(count))
+        for n in (1, 2, 55, 64, 200, 1000):
+            assert workloads.below(fast, n, 50) == [reference.randrange(n) for _ in range(50)]
+        assert fast.random() == reference.random()
+
+
+def test_fast_forwarded_decode_steps_change_no_result(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Plain decode steps skip the scheduler's per-step bookkeeping: every result is bit-identical."""
+    cases = [
+        (workloads.multi_turn(users=8, rounds=3, rate_per_s=2.0, seed=3),
+         SimSpec(replicas=2, policy="prefix_affinity")),
+        (workloads.multi_turn(users=16, rounds=3, rate_per_s=2.0, seed=0),  # preempts
+         SimSpec(replicas=2, policy="prefix_affinity", kv_events=True, stub=StubConfig(num_gpu_blocks=300).resolved())),
+        (workloads.hot_prefix(requests=40, rate_per_s=20.0, seed=2), SimSpec(replicas=3, policy="least_loaded")),
+        (workloads.agent_loop(sessions=6, seed=1), SimSpec(replicas=2, policy="round_robin", concurrency=3)),
+    ]
+    for sessions, spec in cases:
+        monkeypatch.setattr(Simulation, "fast_forward", False)
+        stepwise = Simulation(spec).run(sessions)
+        monkeypatch.setattr(Simulation, "fast_forward", True)
+        assert Simulation(spec).run(sessions) == stepwise

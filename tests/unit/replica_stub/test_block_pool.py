@@ -73,3 +73,13 @@ def test_chain_hash_names_the_whole_prefix() -> None:
     other = chain_hashes([99] + tokens[1:], 4)
     assert other[1] != hashes[1]  # same block tokens, different parent -> different hash
     assert chain_hashes(tokens[:8] + [42, 43], 4) == hashes
+
+
+def test_chain_hashes_equal_block_by_block_hashing_with_any_tail() -> None:
+    tokens = [(i * 7919) % 50_021 for i in range(70)]
+    for length in (0, 3, 4, 5, 16, 69, 70):
+        parent, expected = 11, []
+        for start in range(0, length - 4 + 1, 4):
+            parent = hash_block_tokens(parent, tokens[start:start + 4])
+            expected.append(parent)
+        assert chain_hashes(tokens[:length], 4, 11) == expected

@@ -81,13 +81,22 @@ class DiscoveryConfig:
     interval_s: float = 5.0
     scheme: Literal["http", "https"] = "http"
     weight: float = 1.0
+    kv_events_port: int | None = None  # each replica publishes KV events on tcp://<address>:<this port>
+    kv_events_replay_port: int | None = None  # ...and answers replays on this one
 
     def validate(self, key: str) -> None:
         if not self.dns or "/" in self.dns or ":" in self.dns:
             raise ConfigError(f"expected a host name like replicas.default.svc, got {self.dns!r}", key=f"{key}.dns")
-        if not 1 <= self.port <= 65535:
-            raise ConfigError(f"port must be 1..65535, got {self.port}", key=f"{key}.port")
+        for name in ("port", "kv_events_port", "kv_events_replay_port"):
+            port = getattr(self, name)
+            if port is not None and not 1 <= port <= 65535:
+                raise ConfigError(f"port must be 1..65535, got {port}", key=f"{key}.{name}")
+        if self.kv_events_replay_port is not None and self.kv_events_port is None:
+            raise ConfigError("a replay port needs kv_events_port", key=f"{key}.kv_events_replay_port")
         _positive(self, key, "interval_s", "weight")
+
+
+_EVENTS_NEED_TOKENS = "KV events carry token ids: set routing.prefix.tokenizer so requests are keyed by the same tokens"
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,12 @@ class PoolConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     discovery: DiscoveryConfig | None = None  # adds the replicas a DNS name resolves to
+
+    @property
+    def has_kv_events(self) -> bool:
+        """Whether any replica (static or discovered) publishes KV events."""
+        return (any(r.kv_events is not None for r in self.replicas)
+                or (self.discovery is not None and self.discovery.kv_events_port is not None))
 
     def validate(self, key: str) -> None:
         if not self.replicas and self.discovery is None:
@@ -106,8 +121,10 @@ class PoolConfig:
                                   key=f"{key}.replicas[{i}]")
             seen.add(replica.replica_id)
             if replica.kv_events is not None and self.routing.prefix.tokenizer is None:
-                raise ConfigError("KV events carry token ids: set routing.prefix.tokenizer so requests are keyed "
-                                  "by the same tokens", key=f"{key}.replicas[{i}].kv_events")
+                raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.replicas[{i}].kv_events")
+        if self.discovery is not None and self.discovery.kv_events_port is not None \
+                and self.routing.prefix.tokenizer is None:
+            raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.discovery.kv_events_port")
         # Build once to validate the policy name and its parameters; the pool builds its own.
         build_policy(self.routing.policy, self.routing.params, f"{key}.routing")
 

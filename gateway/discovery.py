@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import structlog
 
 from gateway.config import DiscoveryConfig, ReplicaConfig
+from gateway.kv_events import KVEventsConfig
 
 log = structlog.get_logger("gateway.discovery")
 
@@ -54,7 +55,11 @@ def replica_configs(spec: DiscoveryConfig, addresses: Sequence[str]) -> list[Rep
     replicas = []
     for address in sorted(set(addresses)):
         host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
-        replicas.append(ReplicaConfig(url=f"{spec.scheme}://{host}:{spec.port}", weight=spec.weight))
+        events = None
+        if spec.kv_events_port is not None:
+            replay = f"tcp://{host}:{spec.kv_events_replay_port}" if spec.kv_events_replay_port else None
+            events = KVEventsConfig(f"tcp://{host}:{spec.kv_events_port}", replay)
+        replicas.append(ReplicaConfig(url=f"{spec.scheme}://{host}:{spec.port}", weight=spec.weight, kv_events=events))
     return replicas
 
 

@@ -147,6 +147,7 @@ class GatewayState:
         removed = before - {r.replica_id for r in wanted}
         for replica_id in removed:
             await route.router.index.forget(replica_id)
+        await self._sync_feeds()
         if added or removed:
             log.info("discovery_changed", model=model, dns=pool_config.discovery.dns, added=sorted(added),
                      removed=sorted(removed), replicas=len(route.pool))
@@ -165,7 +166,7 @@ class GatewayState:
             tokenizer = (ReplicaTokenizer(model, lambda: self._urls(model)) if params.tokenizer == "replica"
                          else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"))
             keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
-            if any(r.kv_events is not None for r in pool.replicas):
+            if pool.has_kv_events:
                 shared = config.state.store != "memory"  # other gateways read what the events say
                 exact = ExactTables(prefix.model_seed(model), params.block_tokens, params.speculative_ttl_s,
                                     share=index.record if shared else None)
@@ -183,7 +184,7 @@ class GatewayState:
             exact = route.router.exact
             if exact is None:
                 continue
-            for replica in self.config.pools[model].replicas:
+            for replica in self._members(model, self.config.pools[model]):
                 if replica.kv_events is not None:
                     wanted[(model, replica.replica_id)] = (exact, replica.kv_events)
         for key, (feed, exact, events) in list(self._feeds.items()):

@@ -19,12 +19,17 @@ NAME = "replica.affinity.svc.cluster.local"
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
 
+EVENTS_PORT, REPLAY_PORT = free_port(), free_port()  # every stub publishes KV events on these, at its address
+
+
 @pytest.fixture(scope="module")
 def stubs() -> Iterator[int]:
     """One replica stub per loopback address, all on the same port; yields the port."""
     port = free_port()
     procs = [Proc(python_module("replica_stub", "--host", address, "--port", str(port), "--engine", "sim",
-                                "--speedup", "50", "--replica-id", f"{address}:{port}", "--log-level", "warning"))
+                                "--speedup", "50", "--replica-id", f"{address}:{port}", "--log-level", "warning",
+                                "--kv-events-endpoint", f"tcp://{address}:{EVENTS_PORT}",
+                                "--kv-events-replay-endpoint", f"tcp://{address}:{REPLAY_PORT}"))
              for address in ADDRESSES]
     try:
         for address, proc in zip(ADDRESSES, procs):
@@ -97,3 +102,35 @@ async def test_routing_follows_the_records(stubs: int) -> None:
         await until(lambda: len(pool()) == 1)
         assert (await client.get("/ready")).status == 200
         assert set(await served(3)) == {"127.0.0.2"}
+
+
+async def test_discovered_replicas_get_their_kv_event_feeds(stubs: int) -> None:
+    port = stubs
+    records: dict[str, list[str]] = {NAME: list(ADDRESSES[:2])}
+
+    async def resolve(name: str, _port: int) -> list[str]:
+        return records[name]
+
+    config = parse_config({
+        "pools": {"stub-model": {
+            "discovery": {"dns": NAME, "port": port, "interval_s": 0.05, "kv_events_port": EVENTS_PORT,
+                          "kv_events_replay_port": REPLAY_PORT},
+            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim"}}}},
+        "health": {"interval_s": 0.1, "timeout_s": 0.5},
+        "logging": {"level": "warning", "requests": False},
+    })
+    app = make_app(config)
+    app[STATE].resolver = resolve
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+
+        async def feeds() -> dict[str, bool]:
+            listed = (await (await client.get("/admin/replicas")).json())["stub-model"]["replicas"]
+            return {r["id"].split(":")[0]: r["kv_events"]["certain"] for r in listed if "kv_events" in r}
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while await feeds() != {"127.0.0.2": True, "127.0.0.3": True}:
+            assert asyncio.get_running_loop().time() < deadline, await feeds()
+            await asyncio.sleep(0.05)
+        records[NAME] = ["127.0.0.3"]  # a pod goes away: so does its feed
+        await until(lambda: len(app[STATE].feeds("stub-model")) == 1)
+        assert await feeds() == {"127.0.0.3": True}

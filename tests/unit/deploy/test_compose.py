@@ -106,6 +106,12 @@ def test_gateway_config_loads_and_names_only_services_that_listen_there(name: st
             command = SERVICES[host]["command"]
             assert port == replica_listen_port(host)
             assert flag(command, "--model") == model and flag(command, "--replica-id") == replica.name
+            if replica.kv_events is not None:  # it subscribes where that replica publishes
+                for field, option in (("endpoint", "--kv-events-endpoint"),
+                                      ("replay_endpoint", "--kv-events-replay-endpoint")):
+                    host_of, port_of = host_port(getattr(replica.kv_events, field).replace("tcp://", "http://"), 0)
+                    assert host_of == host and flag(command, option) == f"tcp://*:{port_of}"
+                assert pool.routing.prefix.tokenizer is not None
     drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s
     assert _seconds(service["stop_grace_period"]) > drain_s  # docker's SIGKILL comes after the drain
     assert config.state.store.startswith("redis://")

@@ -107,13 +107,20 @@ def test_gateway_discovers_the_headless_replica_service_and_shares_the_redis_ser
     assert pool.discovery is not None and not pool.replicas
     headless = find(DOCS, "Service", pool.discovery.dns)
     assert headless["spec"]["clusterIP"] == "None"
-    (port,) = headless["spec"]["ports"]
+    ports = {p["name"]: p for p in headless["spec"]["ports"]}
     (replicas,) = selected(headless["spec"]["selector"])
     assert replicas["kind"] == "StatefulSet" and replicas["spec"]["serviceName"] == pool.discovery.dns
     c = container(replicas)
-    assert port["port"] == port_number(c, port["targetPort"]) == pool.discovery.port
+    http, events, replay = ports["http"], ports["kv-events"], ports["kv-replay"]
+    assert http["port"] == port_number(c, http["targetPort"]) == pool.discovery.port
     args = stub_args(c["args"])
     assert args.model == model and args.port == pool.discovery.port and args.host == "0.0.0.0"
+    # the KV-event feeds: what the gateway subscribes to is what each pod publishes
+    assert events["port"] == port_number(c, events["targetPort"]) == pool.discovery.kv_events_port
+    assert replay["port"] == port_number(c, replay["targetPort"]) == pool.discovery.kv_events_replay_port
+    assert args.kv_events_endpoint == f"tcp://*:{pool.discovery.kv_events_port}"
+    assert args.kv_events_replay_endpoint == f"tcp://*:{pool.discovery.kv_events_replay_port}"
+    assert pool.routing.prefix.tokenizer == "sim" and args.engine == "sim"
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # DNS lists only ready pods
     host, redis_port = host_port(config.state.store, 6379)
     redis_service = find(DOCS, "Service", host)

@@ -15,6 +15,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity",
                 "prefix_affinity")
 _STUB_KEYS = ("speedup", "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
@@ -152,14 +154,23 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
-    """`-P policy.name=value` flags → {policy: {name: value}} (numbers as floats)."""
+    """`-P policy.name=value` flags → {policy: {name: value}}, values read as YAML scalars (as the
+    config file would give them) and checked by the policy now, not when a run starts."""
+    from gateway.errors import ConfigError
+    from gateway.policies import build_policy
+
     params: dict[str, dict[str, Any]] = {}
     for item in items:
         key, value = _pair(item)
         policy, _, name = key.partition(".")
         if not name:
             raise ValueError(f"expected POLICY.NAME=VALUE, got {item!r}")
-        params.setdefault(policy, {})[name] = float(value) if _is_number(value) else value
+        params.setdefault(policy, {})[name] = yaml.safe_load(value)
+    for policy, values in params.items():
+        try:
+            build_policy(policy, values, f"-P {policy}")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
     return params
 
 
@@ -168,14 +179,6 @@ def _evidence(value: str) -> list[str]:
     if not evidence or set(evidence) - {"history", "events"}:
         raise ValueError(f"--evidence takes history and/or events, got {value!r}")
     return evidence
-
-
-def _is_number(value: str) -> bool:
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:

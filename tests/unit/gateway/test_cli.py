@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,14 @@ def test_up_config_subscribes_to_each_replicas_events_with_the_matching_tokenize
     assert pool.routing.prefix.tokenizer == "sim" and pool.routing.params == {"load_epsilon": 0.5}
     real = parse_config(build_config(dataclasses.replace(spec, engine="real"), [9001], event_ports=[(7001, 7002)]))
     assert real.pools["stub-model"].routing.prefix.tokenizer == "model:smollm2"
+
+
+def test_policy_params_are_yaml_scalars_checked_before_any_run(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["simulate", "-w", "hot-prefix", "-p", "requests=20", "--policies", "prefix_affinity", "-q",
+            "--no-plots", "--out", str(tmp_path)]
+    assert main([*base, "-P", "prefix_affinity.min_bound_requests=abc"]) == 2
+    assert "min_bound_requests: expected an integer" in capsys.readouterr().out
+    assert main([*base, "-P", "prefix_affinity.min_bound_requests=2", "-P", "prefix_affinity.load_epsilon=0.5"]) == 0
+    meta = json.loads((tmp_path / "result.json").read_text())["meta"]
+    assert meta["effective_policy_params"]["prefix_affinity"]["min_bound_requests"] == 2

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -25,6 +25,7 @@ from tests.integration.reliability_tools import eventually
 
 pytestmark = pytest.mark.timeout(60)
 NUM_BLOCKS = 64  # 1024 tokens: four of the prompts below (~18 blocks each) do not fit together
+T = TypeVar("T")
 SYSTEM = "You answer questions about the history of maps and navigation, briefly. "
 
 
@@ -79,6 +80,15 @@ def chat(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
     return answer.json()
 
 
+@contextmanager
+def replica_and_gateway(tmp_path: Path, tokenizer: str = "sim") -> Iterator[tuple[Callable[[T], T], Replica, Gateway]]:
+    """One publishing stub and one gateway subscribing to it; `track` stops whatever else the test starts."""
+    with running() as track:
+        replica = start_replica()
+        track(replica.stub)
+        yield track, replica, track(gateway_for(tmp_path, replica, tokenizer=tokenizer))
+
+
 def warm(gateway: Gateway, replica: Replica, messages: list[dict[str, str]]) -> None:
     """Once the feed is in sync, one request through the gateway, then wait until the tables agree."""
     eventually(lambda: feed(gateway, replica)["certain"], timeout_s=10)
@@ -95,10 +105,7 @@ def predicted(gateway: Gateway, messages: list[dict[str, str]]) -> tuple[int, st
 
 @pytest.mark.parametrize("tokenizer", ["sim", "replica"])  # local files, or the replica's own /tokenize
 def test_gateway_table_mirrors_the_stub_cache_through_hits_and_evictions(tmp_path: Path, tokenizer: str) -> None:
-    with running() as track:
-        replica = start_replica()
-        track(replica.stub)
-        gateway = track(gateway_for(tmp_path, replica, tokenizer=tokenizer))
+    with replica_and_gateway(tmp_path, tokenizer) as (_, replica, gateway):
         first = prompt("alpha")
         warm(gateway, replica, first)
         assert feed(gateway, replica)["blocks"] > 15
@@ -200,10 +207,7 @@ def test_batches_lost_on_the_wire_come_back_through_replay(tmp_path: Path) -> No
 
 
 def test_a_restarted_stub_resets_the_table(tmp_path: Path) -> None:
-    with running() as track:
-        replica = start_replica()
-        track(replica.stub)
-        gateway = track(gateway_for(tmp_path, replica))
+    with replica_and_gateway(tmp_path) as (track, replica, gateway):
         warm(gateway, replica, prompt("before"))
         replica.stub.stop()
         again = track(start_replica(port=replica.stub.port, events=replica.events, replay=replica.replay).stub)
@@ -236,10 +240,7 @@ def test_with_redis_what_the_events_say_reaches_gateways_without_a_feed(tmp_path
 
 
 def test_a_reload_that_drops_the_feed_closes_it_and_routes_from_history(tmp_path: Path) -> None:
-    with running() as track:
-        replica = start_replica()
-        track(replica.stub)
-        gateway = track(gateway_for(tmp_path, replica))
+    with replica_and_gateway(tmp_path) as (_, replica, gateway):
         warm(gateway, replica, prompt("kept"))
         data = gateway.data
         del data["pools"][MODEL]["replicas"][0]["kv_events"]
@@ -253,10 +254,8 @@ def test_a_reload_that_drops_the_feed_closes_it_and_routes_from_history(tmp_path
 
 
 def test_two_gateways_without_redis_converge_on_the_same_table(tmp_path: Path) -> None:
-    with running() as track:
-        replica = start_replica()
-        track(replica.stub)
-        first, second = track(gateway_for(tmp_path, replica)), track(gateway_for(tmp_path, replica))
+    with replica_and_gateway(tmp_path) as (track, replica, first):
+        second = track(gateway_for(tmp_path, replica))
         warm(first, replica, prompt("shared"))  # routed by the first gateway only
         eventually(lambda: mirrors(second, replica), timeout_s=5)
         assert predicted(second, prompt("shared")) == predicted(first, prompt("shared"))

@@ -174,13 +174,15 @@ def test_dashboard_queries_only_metrics_the_gateway_and_replicas_export() -> Non
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     gateway_metrics = Metrics()
     gateway_metrics.watch(lambda: [ReplicaPool("m", [Replica("r", "http://r:1")])])
+    gateway_metrics.watch_feeds(lambda: [])  # the KV-event families are described even with no feed
     exported = set(re.findall(r"^# TYPE (\S+)", gateway_metrics.render().decode() + _stub_metrics_text(), re.M))
     used = {m for e in exprs for m in re.findall(r"\b((?:affinity_gateway|vllm)[a-z_:]*)", e)}
     assert used and {re.sub(r"_(bucket|sum|count|total)$", "", m) for m in used} <= exported | {
         m.removesuffix("_total") for m in exported}
     # TTFT, cached-token ratio, load per replica, routing decisions
     assert {"affinity_gateway_ttft_seconds_bucket", "vllm:prefix_cache_hits_total", "vllm:num_requests_running",
-            "affinity_gateway_route_decisions_total"} <= used
+            "affinity_gateway_route_decisions_total", "affinity_gateway_route_evidence_total",
+            "affinity_gateway_kv_events_certain"} <= used
 
 
 def _stub_metrics_text() -> str:

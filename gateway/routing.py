@@ -206,7 +206,7 @@ class Router:
         it: the prompt and every generated token but the last (which is never computed)."""
         assert self.keys is not None and outcome.answer is not None
         body = prefix.body_with_answer(view, outcome.answer)
-        tokenized = await self.keys.encode(view.endpoint, body) if body is not None else None
+        tokenized = await self.keys.encode_later(view.endpoint, body) if body is not None else None
         if tokenized is None:
             return
         chain = prefix.from_tokens(view, self.prefix_params, tokenized).block_hashes

@@ -409,21 +409,56 @@ class ReplicaTokenizer:
 
 class PromptKeys:
     """Encodes within `budget_s` (a local tokenizer on one worker thread, or a replica's /tokenize);
-    None (and a count) when over budget or failing."""
+    None (and a count) when over budget or failing.
 
-    def __init__(self, tokenizer: PromptTokenizer | ReplicaTokenizer, budget_s: float = 0.05) -> None:
-        self.tokenizer, self.budget_s = tokenizer, budget_s
+    `encode_later` is for work off the request path (an answer recorded for the next turn): it
+    waits until no request is being encoded and keeps at most one job in the worker's queue, so a
+    request never waits behind more than one of them; past `max_later` waiting jobs, new ones are
+    dropped (counted)."""
+
+    def __init__(self, tokenizer: PromptTokenizer | ReplicaTokenizer, budget_s: float = 0.05,
+                 max_later: int = 1000) -> None:
+        self.tokenizer, self.budget_s, self.max_later = tokenizer, budget_s, max_later
         self.over_budget = 0
         self.errors = 0
+        self.dropped_later = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-tokenizer")
+        self._urgent = 0  # request-path encodes in flight
+        self._idle = asyncio.Event()  # set while _urgent == 0
+        self._idle.set()
+        self._later = asyncio.Lock()  # one background job at a time
+        self._later_waiting = 0
 
     async def encode(self, endpoint: str, body: Mapping[str, Any]) -> TokenizedPrompt | None:
+        self._urgent += 1
+        self._idle.clear()
+        try:
+            return await self._encode(endpoint, body, self.budget_s)
+        finally:
+            self._urgent -= 1
+            if not self._urgent:
+                self._idle.set()
+
+    async def encode_later(self, endpoint: str, body: Mapping[str, Any], timeout_s: float = 5.0,
+                           ) -> TokenizedPrompt | None:
+        if self._later_waiting >= self.max_later:
+            self.dropped_later += 1
+            return None
+        self._later_waiting += 1
+        try:
+            async with self._later:
+                await self._idle.wait()
+                return await self._encode(endpoint, body, timeout_s)
+        finally:
+            self._later_waiting -= 1
+
+    async def _encode(self, endpoint: str, body: Mapping[str, Any], timeout_s: float) -> TokenizedPrompt | None:
         if isinstance(self.tokenizer, ReplicaTokenizer):
             work: Any = self.tokenizer.encode(endpoint, body)
         else:
             work = asyncio.get_running_loop().run_in_executor(self._executor, self.tokenizer.encode, endpoint, body)
         try:
-            return await asyncio.wait_for(work, self.budget_s)
+            return await asyncio.wait_for(work, timeout_s)
         except TimeoutError:
             self.over_budget += 1
             return None

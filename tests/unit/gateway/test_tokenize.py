@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,20 @@ async def test_prompt_keys_budget_and_errors() -> None:
     assert (broken.errors, broken.over_budget) == (1, 0)
     assert await broken.encode("completions", {"prompt": "fine"}) is not None
     await broken.close()
+
+
+class Steady(SimPromptTokenizer):
+    def encode(self, endpoint: str, body: Any) -> TokenizedPrompt | None:
+        time.sleep(0.1)
+        return super().encode(endpoint, body)
+
+
+async def test_background_encodes_never_queue_more_than_one_job_ahead_of_a_request() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    keys = PromptKeys(Steady(), budget_s=0.45, max_later=6)  # one job ahead: 0.2 s; all six: 0.7 s
+    later = [asyncio.create_task(keys.encode_later("chat", body)) for _ in range(6)]
+    await asyncio.sleep(0.01)  # the first background job is in the worker now
+    assert await keys.encode_later("chat", body) is None and keys.dropped_later == 1  # six already waiting
+    assert await keys.encode("chat", body) is not None  # waited for that one job only, not six
+    assert all(r is not None for r in await asyncio.gather(*later))
+    await keys.close()

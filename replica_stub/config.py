@@ -18,6 +18,7 @@ from replica_stub.engine.timing import TimingModel
 from replica_stub.kv_events import ENCODINGS, ENDPOINT_SCHEMES, Encoding
 
 DEFAULT_MAX_MODEL_LEN = 8192
+DTYPES = ("bfloat16", "float32")  # the real engine's weights and KV cache
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class StubConfig:
     sim_output_len: tuple[int, int] = (16, 256)
     kv_cache_mb: float = 256.0  # real engine: KV memory budget; sets num_gpu_blocks
     torch_threads: int = 0  # real engine: 0 -> min(2, CPU count)
+    dtype: str = "bfloat16"  # real engine: bfloat16 (fast) or float32
     log_level: str = "info"
     kv_events_endpoint: str = ""  # "" -> no KV events; else the ZMQ PUB endpoint to bind
     kv_events_replay_endpoint: str = ""  # "" -> no replay; else the ZMQ ROUTER endpoint to bind
@@ -54,6 +56,8 @@ class StubConfig:
         )
         if config.kv_cache_mb <= 0 or config.torch_threads < 0:
             raise ValueError("kv_cache_mb must be > 0 and torch_threads >= 0")
+        if config.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(config, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

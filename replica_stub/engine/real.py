@@ -62,11 +62,11 @@ class SeqState:
 class RealEngine:
     name = "real"
 
-    def __init__(self, *, block_size: int, kv_cache_mb: float, threads: int) -> None:
+    def __init__(self, *, block_size: int, kv_cache_mb: float, threads: int, dtype: str = "bfloat16") -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model",
                                             initializer=torch.set_num_threads, initargs=(threads,))
         torch.set_num_threads(threads)
-        model, tokenizer = load_model()
+        model, tokenizer = load_model(dtype)
         self.model: Any = model
         self.tokenizer: Tokenizer = HFTokenizer(tokenizer)
         self.shape = KVShape.of(model)

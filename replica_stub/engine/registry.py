@@ -44,7 +44,8 @@ def build_engine(config: StubConfig) -> tuple[StubConfig, Engine]:
         from replica_stub.engine.real import RealEngine
 
         threads = config.torch_threads or min(2, os.cpu_count() or 1)
-        real = RealEngine(block_size=config.block_size, kv_cache_mb=config.kv_cache_mb, threads=threads)
+        real = RealEngine(block_size=config.block_size, kv_cache_mb=config.kv_cache_mb, threads=threads,
+                          dtype=config.dtype)
         max_len = min(config.max_model_len, real.num_blocks * config.block_size, real.max_position)
         log.info("real_engine_ready", kv_cache_mb=config.kv_cache_mb, num_gpu_blocks=real.num_blocks,
                  max_model_len=max_len, torch_threads=threads)

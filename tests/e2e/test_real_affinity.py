@@ -3,8 +3,8 @@
 A 3-turn conversation under a ~600-token system prompt. Under prefix_affinity the gateway must
 send turns 2 and 3 to the replica that holds the conversation so far, that replica must report
 (and really skip) the prefill of everything the previous turns computed, and so turns 2 and 3
-must reach their first token sooner than the same conversation under round_robin, whose turns
-alternate between the replicas and mostly land where the history is cold.
+must reach their first token sooner than the same conversation under round_robin, whose second
+turn lands on the other replica, where the history is cold (its third is back where the first was).
 """
 
 from __future__ import annotations
@@ -74,5 +74,8 @@ def test_affinity_reuses_the_previous_turns_kv_and_beats_round_robin(tmp_path: P
     for previous, now in zip(warm, warm[1:]):
         assert now[2] >= previous[1] // BLOCK * BLOCK  # the whole previous turn's prompt, by blocks
     assert len({replica for replica, *_ in cold}) == 2  # round robin alternated
-    for turn in (1, 2):
-        assert warm[turn][3] < cold[turn][3], (turn, warm[turn], cold[turn])
+    # Turn 2 under round robin lands on the other replica, where the history is cold: a full prefill.
+    assert cold[1][2] < BLOCK and warm[1][3] < cold[1][3], (warm[1], cold[1])
+    # Turn 3 under round robin is back on turn 1's replica, which holds most of the prompt, so the
+    # TTFTs are within noise of each other; affinity still holds more of it (turns 1 and 2).
+    assert warm[2][2] >= cold[2][2], (warm[2], cold[2])

@@ -92,3 +92,14 @@ class NoReplicaError(GatewayError):
 
 class UpstreamTimeoutError(GatewayError):
     status, type = 504, "GatewayTimeoutError"
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body parsed as a JSON object, or BadRequestError (the gateway and the stub both)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequestError(f"malformed JSON in request body: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    return body

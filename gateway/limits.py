@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import math
 
-import orjson
 from aiohttp import web
 
 from gateway.config import LimitsConfig
-from gateway.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError
+from gateway.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError, json_object
 from gateway.prefix import PrefixParams, prompt_source
 from gateway.view import RequestView
 
@@ -36,12 +35,7 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
                     raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
     except TimeoutError:
         raise RequestTimeoutError(f"request body not received within {limits.client_body_timeout_s:g}s") from None
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"malformed JSON in request body: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequestError("request body must be a JSON object")
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("`model` must be a non-empty string", param="model")

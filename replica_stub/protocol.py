@@ -41,16 +41,6 @@ class GenerateRequest:
     include_usage: bool
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequestError(f"Invalid JSON body: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequestError("The request body must be a JSON object")
-    return body
-
-
 def check_model(body: Mapping[str, Any], served: str) -> None:
     model = body.get("model")
     if model is not None and model != served:

@@ -19,7 +19,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from gateway.errors import BadRequestError, GatewayError, error_body
+from gateway.errors import BadRequestError, GatewayError, error_body, json_object
 from replica_stub import __version__
 from replica_stub.block_pool import BlockPool
 from replica_stub.config import StubConfig
@@ -31,7 +31,7 @@ from replica_stub.kv_events import KVEventPublisher
 from replica_stub.loop import EngineLoop, probe_loop_lag
 from replica_stub.metrics import StubMetrics
 from replica_stub.output import RequestStream
-from replica_stub.protocol import (SSE_DONE, GenerateRequest, Kind, ResponseFormatter, check_model, parse_body,
+from replica_stub.protocol import (SSE_DONE, GenerateRequest, Kind, ResponseFormatter, check_model,
                                    parse_chat, parse_completion, usage)
 from replica_stub.request import Request, SamplingParams
 from replica_stub.scheduler import Scheduler
@@ -155,7 +155,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if "Content-Type" in request.headers and request.content_type != "application/json":
         raise UnsupportedMediaError(f"Unsupported Media Type: Only 'application/json' is allowed, "
                                     f"got {request.content_type!r}")
-    return parse_body(await request.read())
+    return json_object(await request.read())
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.errors import BadRequestError, NotFoundError
-from replica_stub.protocol import ResponseFormatter, check_model, parse_body, parse_chat, parse_completion
+from gateway.errors import BadRequestError, NotFoundError, json_object
+from replica_stub.protocol import ResponseFormatter, check_model, parse_chat, parse_completion
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
@@ -48,7 +48,7 @@ def test_invalid_completion_requests_are_400(body: dict) -> None:
 
 def test_body_and_model_checks() -> None:
     with pytest.raises(BadRequestError):
-        parse_body(b"[]")
+        json_object(b"[]")
     with pytest.raises(NotFoundError):
         check_model({"model": "other"}, "served")
     check_model({}, "served")  # model is optional, as in vLLM

@@ -31,13 +31,13 @@ from gateway.index import MemoryIndex, WarmIndex
 from gateway.index.base import IndexParams
 from gateway.index.exact import ExactTables
 from gateway.policies import Candidate, Decision, Outcome, Policy, Score
-from gateway.prefix import TOKENS, PrefixParams
+from gateway.prefix import CHARACTERS, TOKENS, PrefixParams
 from gateway.routing_metrics import RoutingMetrics
 from gateway.tokenize import PromptKeys
 from gateway.view import RequestView
 
 MAX_TRACKED = 100_000  # predictions kept for requests not yet finished (bounds a leak if one never is)
-HISTORY, CHARACTERS = "history", "characters"
+HISTORY = "history"  # the warm index of routed requests; CHARACTERS (prefix) when keyed by characters
 
 
 class Router:

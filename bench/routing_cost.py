@@ -1,6 +1,7 @@
 """Routing decision cost per request: `Router.route` end to end (hash the prompt, one index lookup
 for every candidate, the policy's choice, recording the pick) at 8k-token prompts and 64 replicas,
-with the in-memory index and with the Redis index (one EVALSHA round trip per lookup).
+with the in-memory index and with the Redis index, both ways: lookups from the mirror (the default)
+and `mirror: false` (one EVALSHA round trip per lookup).
 
 The index is warmed first: `--conversations` conversations of `--turns` turns each are routed, so
 every replica's table holds real chains and lookups walk real matches. Then `--requests` timed
@@ -27,6 +28,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.index import IndexParams, WarmIndex, build_index
+from gateway.log import setup_logging
 from gateway.policies import Candidate, build_policy
 from gateway.prefix import PrefixParams
 from gateway.results import quantile
@@ -58,11 +60,12 @@ def view(messages: list[dict[str, str]], n: int) -> RequestView:
     return RequestView(f"r{n}", "chat", "m", True, body, b"")
 
 
-async def measure(store: str, args: argparse.Namespace) -> dict[str, float]:
+async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(0)
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     gateways = 1 if store == "memory" else args.gateways
-    indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix))) for _ in range(gateways)]
+    indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix, mirror=mirror)))
+               for _ in range(gateways)]
     routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixParams(), index)  # type: ignore[arg-type]
                for g, index in enumerate(indexes)]
     replicas = [f"replica-{i}" for i in range(args.replicas)]
@@ -121,12 +124,16 @@ def main() -> None:
     parser.add_argument("--redis", help="also measure the Redis index at this URL (keys are removed afterwards)")
     parser.add_argument("--gateways", type=int, default=1, help="Routers sharing the Redis tables, taking turns")
     args = parser.parse_args()
+    setup_logging("warning")
     print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | lookup p50 ms | lookup p99 ms "
           "| gateway heap MB | Redis MB |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for store in ["memory"] + ([args.redis] if args.redis else []):
-        r = asyncio.run(measure(store, args))
-        name = "memory" if store == "memory" else f"redis ×{args.gateways} gateways" if args.gateways > 1 else "redis"
+    runs = [("memory", True)] + ([(args.redis, True), (args.redis, False)] if args.redis else [])
+    for store, mirror in runs:
+        r = asyncio.run(measure(store, mirror, args))
+        name = "memory" if store == "memory" else "redis, mirror" if mirror else "redis, mirror: false"
+        if store != "memory" and args.gateways > 1:
+            name += f", ×{args.gateways} gateways"
         print(f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
               f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
               f"| {r.get('redis_mb', 0):.1f} |")

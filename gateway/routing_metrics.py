@@ -40,6 +40,9 @@ class RoutingMetrics:
         self.index_degraded = Gauge(
             "affinity_gateway_index_degraded", "1 while the shared warm-prefix store is unreachable "
             "and routing uses the local table", ["pool"], registry=registry)
+        self.index_mirror_synced = Gauge(
+            "affinity_gateway_index_mirror_synced", "1 while this gateway's in-memory mirror of the "
+            "shared store follows every write, so lookups need no Redis round trip", ["pool"], registry=registry)
         self.index_fallbacks = Counter(
             "affinity_gateway_index_fallback_total", "Lookups answered from the local table because "
             "the shared store was unreachable", ["pool"], registry=registry)

@@ -192,6 +192,7 @@ async def metrics(request: web.Request) -> web.Response:
         m.queue_waiting.labels(model).set(waiting)
     for route in app[STATE].routes.values():  # fresh even when no request came since the store changed
         m.routing.index_degraded.labels(route.model).set(float(route.router.index.degraded))
+        m.routing.index_mirror_synced.labels(route.model).set(float(route.router.index.mirrored))
     return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE})
 
 

@@ -160,7 +160,7 @@ class GatewayState:
         key = f"pools.{model}.routing"
         policy = build_policy(pool.routing.policy, pool.routing.params, key)
         params = pool.routing.prefix
-        index = build_index(config.state)
+        index = build_index(config.state.for_pool(model))
         keys = exact = None
         if params.tokenizer is not None:
             tokenizer = (ReplicaTokenizer(model, lambda: self._urls(model)) if params.tokenizer == "replica"

@@ -8,6 +8,7 @@ replica's KV capacity in blocks, so the index forgets what the replica has evict
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +28,12 @@ class IndexParams:
     timeout_s: float = 0.05  # Redis socket timeout; on expiry the lookup falls back to the local table
     max_pending_writes: int = 10000  # records queued for Redis while it is slow or down
     reconnect_max_s: float = 5.0  # backoff cap between reconnect attempts
+    mirror: bool = True  # keep every table in memory, fed by the others' writes: lookups skip Redis
+
+    def for_pool(self, model: str) -> IndexParams:
+        """A pool's tables and its mirror's feed live under `<key_prefix><model>:`, so each pool
+        mirrors its own replicas only."""
+        return dataclasses.replace(self, key_prefix=f"{self.key_prefix}{model}:")
 
     def validate(self, key: str) -> None:
         if self.store != "memory" and urlsplit(self.store).scheme not in ("redis", "rediss", "unix"):
@@ -46,6 +53,10 @@ class WarmIndex(Protocol):
     def degraded(self) -> bool:
         """True while the shared store is unreachable and lookups use the local table."""
 
+    @property
+    def mirrored(self) -> bool:
+        """True while lookups answer from an in-process mirror of the shared store (no round trip)."""
+
     async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
         """Leading blocks of `hashes` each replica holds (0 if none); marks nothing as used."""
 
@@ -60,7 +71,8 @@ class WarmIndex(Protocol):
         """Bound the replica's table to its KV pool size (`PrefixParams.index_blocks`)."""
 
     async def flush(self) -> None:
-        """Return once every earlier `record`/`forget` is visible to other gateways."""
+        """Return once every earlier `record`/`forget` is in the shared store and, where this
+        gateway mirrors the store, once every write other gateways made before is applied here."""
 
     async def close(self) -> None:
         """Flush what can be flushed and release connections."""

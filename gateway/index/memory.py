@@ -25,6 +25,10 @@ class MemoryIndex:
     def degraded(self) -> bool:
         return False
 
+    @property
+    def mirrored(self) -> bool:
+        return False  # no shared store to mirror
+
     async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
         return self.match_now(hashes, replica_ids)
 
@@ -77,7 +81,16 @@ class MemoryIndex:
         self._trim(replica_id, table)
 
     async def forget(self, replica_id: str) -> None:
+        self.drop(replica_id)
+
+    def drop(self, replica_id: str) -> None:
         self._tables.pop(replica_id, None)
+
+    def load(self, tables: dict[str, Sequence[int]]) -> None:
+        """Replace every table with a snapshot of a shared store's, each least recently used first."""
+        self._tables = {replica_id: OrderedDict.fromkeys(hashes) for replica_id, hashes in tables.items() if hashes}
+        for replica_id, table in self._tables.items():
+            self._trim(replica_id, table)
 
     def set_capacity(self, replica_id: str, blocks: int) -> None:
         self._capacity[replica_id] = max(1, blocks)

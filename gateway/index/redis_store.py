@@ -1,22 +1,33 @@
 """Warm-prefix tables in Redis, shared by any number of gateway processes.
 
-Layout: one sorted set per replica, `<key_prefix>blocks:<replica_id>`, member = block hash,
+Layout: one sorted set per replica, `<key_prefix><model>:blocks:<replica_id>`, member = block hash,
 score = last use (wall-clock seconds, comparable across gateways; a request's head blocks
 score newest so trimming evicts tails first, as the replica does). Each table is trimmed to
 the replica's capacity (ZREMRANGEBYRANK) and expires `ttl_s` after its last write, so a
 removed replica's table disappears.
 
-Lookup: one EVALSHA per request binary-searches every candidate's chain (a miss on the first
-block ends it at once), probing likely answers first: the local table's (exact when this gateway
-is the only writer) and the answers shared by earlier candidates, so most candidates cost one
-ZMSCORE. Key names and hints travel as two packed strings and the reply is one string: at 64
-candidates, argument encoding and reply parsing in redis-py cost more than the script does in
-Redis. Standalone Redis only, as before (a pool's tables hash to different cluster slots).
-Writes never wait on Redis: `record` updates a local `MemoryIndex` and queues the write; a
-background task flushes the queue in pipelines (transaction=False) of EVALSHAs.
-If Redis is unreachable or slow, lookups answer from the local table (this gateway's own
-writes), the queue keeps (a bounded number of) writes, and a reconnect loop with backoff
-flushes them once Redis is back.
+Lookups need no round trip: every gateway keeps a mirror of all the tables in memory
+(`MemoryIndex`). Each write batch is also published on `<key_prefix><model>:ops`; a follower task
+applies other gateways' batches to the mirror as they arrive. On (re)subscribing it loads a
+snapshot of the sorted sets, replays this gateway's writes made meanwhile, and counts the
+mirror as in sync once a marker it publishes comes back (everything published before the
+marker is then applied). A route therefore costs what it costs with the memory store, and
+Redis does work per write, not per lookup and candidate.
+
+While the mirror is not in sync (starting, or resubscribing after Redis went away), or with
+`mirror: false` (tables too large to hold in every gateway), one EVALSHA per request
+binary-searches every candidate's chain in Redis (a miss on the first block ends it at once),
+probing likely answers first: the local table's (this gateway's writes) and the answers
+shared by earlier candidates, so most candidates cost one ZMSCORE. Key names and hints travel
+as two packed strings and the reply is one string (at 64 candidates, argument encoding and
+reply parsing in redis-py cost more than the script does in Redis). Standalone Redis only
+(a pool's tables hash to different cluster slots).
+Writes never wait on Redis: `record` updates the local tables and queues the write; a
+background task flushes the queue in pipelines (transaction=False) of EVALSHAs plus one PUBLISH.
+If Redis is unreachable or slow, lookups answer from the local tables, the queue keeps (a
+bounded number of) writes, and a reconnect loop with backoff flushes them once Redis is back;
+a broken subscription resubscribes and reloads. A Redis restarted empty empties the mirrors too
+(every gateway then sees the same, and traffic refills it).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import struct
 import time
 from collections import deque
@@ -31,6 +43,7 @@ from collections.abc import Iterable, Sequence
 
 import structlog
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
@@ -123,46 +136,101 @@ return n
 """
 _MAX_HINT = 2**32 - 1
 _BATCH_BLOCKS = 50_000  # block hashes per flush pipeline, keeps Redis's reply buffer small
+_SNAPSHOT_PAGE = 10_000  # members per ZRANGE while loading a snapshot: the event loop parses each page
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 _Op = tuple[str, bytes | None, float]  # (replica_id, packed hashes or None = forget, wall time)
+
+# A published message: sender id (8 bytes), then b"W" and ops, each (uint16 id length, uint32 hash
+# count or _FORGET, id, packed hashes), or b"S" and an 8-byte marker nonce.
+_WRITES, _MARKER = b"W", b"S"
+_OP_HEAD = struct.Struct("<HI")
+_FORGET = 2**32 - 1
 
 
 def pack(hashes: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(hashes)}Q", *hashes)
 
 
+def unpack(packed: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(packed) // 8}Q", packed)
+
+
+def encode_ops(sender: bytes, ops: Iterable[_Op]) -> bytes:
+    parts = [sender, _WRITES]
+    for replica_id, packed, _ in ops:
+        name = replica_id.encode()
+        parts += [_OP_HEAD.pack(len(name), _FORGET if packed is None else len(packed) // 8), name, packed or b""]
+    return b"".join(parts)
+
+
+def decode_ops(data: bytes, at: int) -> list[tuple[str, bytes | None]]:
+    """The (replica_id, packed hashes or None = forget) of a writes message, from offset `at`."""
+    ops: list[tuple[str, bytes | None]] = []
+    while at < len(data):
+        name_len, count = _OP_HEAD.unpack_from(data, at)
+        at += _OP_HEAD.size
+        name = data[at:at + name_len].decode()
+        at += name_len
+        if count == _FORGET:
+            ops.append((name, None))
+            continue
+        packed = data[at:at + 8 * count]
+        if len(packed) != 8 * count:
+            raise ValueError("truncated writes message")
+        ops.append((name, packed))
+        at += 8 * count
+    return ops
+
+
 class RedisIndex:
     def __init__(self, params: IndexParams) -> None:
         self.params = params
-        self.local = MemoryIndex(params.capacity_blocks)
+        self.local = MemoryIndex(params.capacity_blocks)  # every table (mirror), else own writes
         no_retry = Retry(NoBackoff(), 0)  # a dead Redis must cost one timeout, not three
         self._reader = Redis.from_url(params.store, socket_timeout=params.timeout_s,
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         write_timeout = max(1.0, 20 * params.timeout_s)
         self._writer = Redis.from_url(params.store, socket_timeout=write_timeout,
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
+        # The subscription waits for messages as long as there are none; a dead Redis breaks it.
+        self._subscriber = Redis.from_url(params.store, socket_timeout=None,
+                                          socket_connect_timeout=params.timeout_s, retry=no_retry)
         self._match = self._reader.register_script(_MATCH_LUA)
         self._record = self._writer.register_script(_RECORD_LUA)
+        self._channel = f"{params.key_prefix}ops"
+        self._sender = os.urandom(8)
         self._pending: deque[_Op] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()  # one pipeline at a time keeps writes in order
+        self._follower: asyncio.Task[None] | None = None
+        self._mirrored = False  # the mirror holds every write published before its last marker
+        self._since_snapshot: list[_Op] | None = None  # own writes while a snapshot loads
+        self._sending: list[_Op] = []  # the batch on its way to Redis
+        self._markers: dict[bytes, asyncio.Future[None]] = {}
         self._degraded = False
         self.errors = 0  # failed Redis calls
         self.dropped_writes = 0  # records lost because the queue overflowed during an outage
+        self.mirror_errors = 0  # subscriptions lost or bad messages (each costs a resync)
 
     @property
     def degraded(self) -> bool:
         return self._degraded
 
+    @property
+    def mirrored(self) -> bool:
+        """Lookups answer from the in-memory mirror (no Redis round trip)."""
+        return self._mirrored and not self._degraded
+
     def key(self, replica_id: str) -> str:
         return f"{self.params.key_prefix}blocks:{replica_id}"
 
     async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
+        self._start_follower()
         ids = list(replica_ids)
         local = self.local.match_now(hashes, ids)
-        if self._degraded or not hashes or not ids:
+        if self.mirrored or self._degraded or not hashes or not ids:
             return local
         names = [r.encode() for r in ids]
         meta = struct.pack("<" + "II" * len(ids), *itertools.chain.from_iterable(
@@ -187,26 +255,41 @@ class RedisIndex:
     def set_capacity(self, replica_id: str, blocks: int) -> None:
         self.local.set_capacity(replica_id, blocks)
 
+    async def flush(self) -> None:
+        """Send queued writes (on failure they go back to the front of the queue); then, while
+        the mirror follows the others, wait until it holds everything published so far."""
+        async with self._flushing:
+            await self._flush_locked()
+        if self.mirrored:
+            await self._catch_up()
+
     async def close(self) -> None:
         """Flush what Redis takes within a second, then let go: never hangs on a sick Redis
         (a connection left mid-command by a timeout can block redis-py's aclose)."""
         if self._task is not None:
             if self._pending and not self._degraded:
                 with contextlib.suppress(*_ERRORS):
-                    await asyncio.wait_for(self.flush(), timeout=1.0)
+                    await asyncio.wait_for(self._flush_all(), timeout=1.0)
             self._task.cancel()
             await asyncio.wait([self._task], timeout=1.0)
             self._task = None
-        for client in (self._reader, self._writer):
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.wait([self._follower], timeout=1.0)
+            self._follower = None
+        for client in (self._reader, self._writer, self._subscriber):
             with contextlib.suppress(*_ERRORS):
                 await asyncio.wait_for(client.aclose(), timeout=1.0)
 
     def _enqueue(self, op: _Op) -> None:
+        if self._since_snapshot is not None:
+            self._since_snapshot.append(op)
         if len(self._pending) >= self.params.max_pending_writes:
             self._pending.popleft()
             self.dropped_writes += 1
         self._pending.append(op)
         self._wake_flusher()
+        self._start_follower()
 
     def _wake_flusher(self) -> None:
         if self._task is None or self._task.done():
@@ -235,15 +318,14 @@ class RedisIndex:
                         await self._writer.script_load(_RECORD_LUA)
                         self._degraded = False
                         log.info("index_redis_recovered", store=self.params.store, queued=len(self._pending))
-                    await self.flush()
+                    await self._flush_all()
                     backoff = 0.05
                 except _ERRORS as exc:
                     self._fail(exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.params.reconnect_max_s)
 
-    async def flush(self) -> None:
-        """Send queued writes in pipelines; on failure they go back to the front of the queue."""
+    async def _flush_all(self) -> None:
         async with self._flushing:
             await self._flush_locked()
 
@@ -255,6 +337,7 @@ class RedisIndex:
                 op = self._pending.popleft()
                 batch.append(op)
                 blocks += len(op[1] or b"") // 8
+            self._sending = batch
             try:
                 await self._send(batch)
             except BaseException:
@@ -263,13 +346,16 @@ class RedisIndex:
                     self._pending.popleft()  # the oldest writes matter least
                     self.dropped_writes += 1
                 raise
+            finally:
+                self._sending = []
 
     async def _send(self, batch: list[_Op]) -> None:
         # EVALSHA straight into the pipeline: a pipeline holding a Script object first checks
         # SCRIPT EXISTS, one more round trip per flush. A Redis that lost the script (restarted
         # between two flushes) answers NOSCRIPT: load it and send the batch again (replaying a
-        # record or a delete in order leaves the same tables).
+        # record or a delete in order leaves the same tables; a mirror applies it twice, alike).
         ttl = max(1, int(self.params.ttl_s))
+        message = encode_ops(self._sender, batch)
         for attempt in range(2):
             pipe = self._writer.pipeline(transaction=False)
             for replica_id, packed, ts in batch:
@@ -278,6 +364,7 @@ class RedisIndex:
                     pipe.delete(key)
                 else:
                     pipe.evalsha(self._record.sha, 1, key, packed, ts, self.local.capacity(replica_id), ttl)
+            pipe.publish(self._channel, message)
             try:
                 await pipe.execute()
                 return
@@ -285,3 +372,125 @@ class RedisIndex:
                 if attempt:
                     raise
                 await self._writer.script_load(_RECORD_LUA)
+
+    # --- the mirror ---------------------------------------------------------------------------
+
+    def _start_follower(self) -> None:
+        if self.params.mirror and (self._follower is None or self._follower.done()):
+            self._follower = asyncio.get_running_loop().create_task(self._follow(), name="redis-index-follow")
+
+    async def _follow(self) -> None:
+        """Subscribe, load a snapshot, then apply the others' writes; resync after any break.
+        A reader task drains the subscription into a queue all along, so Redis never holds
+        our messages (its pub/sub output limit would cut a subscriber that stops reading)."""
+        backoff = 0.05
+        while True:
+            pubsub = self._subscriber.pubsub()
+            queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
+            reader: asyncio.Task[None] | None = None
+            try:
+                await pubsub.subscribe(self._channel)  # from here on every write reaches us
+                reader = asyncio.get_running_loop().create_task(_read(pubsub, queue), name="redis-index-read")
+                marker = await self._load_snapshot()
+                while True:
+                    data = await queue.get()
+                    if isinstance(data, BaseException):
+                        raise data
+                    if self._apply(data, marker):
+                        backoff = 0.05
+            except (*_ERRORS, ValueError, struct.error) as exc:
+                self.mirror_errors += 1
+                if self._mirrored:
+                    log.warning("index_mirror_lost", store=self.params.store, error=repr(exc))
+                self._mirrored = False
+                for future in self._markers.values():  # release flush(): lookups now ask Redis
+                    if not future.done():
+                        future.set_result(None)
+                self._markers.clear()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.params.reconnect_max_s)
+            finally:
+                if reader is not None:
+                    reader.cancel()
+                with contextlib.suppress(*_ERRORS):
+                    await asyncio.wait_for(pubsub.aclose(), timeout=1.0)
+
+    async def _load_snapshot(self) -> bytes:
+        """Replace the mirror with Redis's tables, keeping this gateway's writes made meanwhile
+        (and those still queued); publish a marker whose return means the mirror is in sync."""
+        start = time.perf_counter()
+        self._since_snapshot = [*self._sending, *self._pending]
+        try:
+            # Pages by rank: a table written meanwhile can shift a member across a page edge
+            # (a duplicate is dropped, a miss comes back with that chain's next use).
+            tables: dict[str, tuple[int, ...]] = {}
+            name_start = len(self.key(""))
+            async for key in self._writer.scan_iter(match=_glob_escape(self.key("")) + "*", count=1000):
+                members: list[bytes] = []
+                while True:
+                    page = await self._writer.zrange(key, len(members), len(members) + _SNAPSHOT_PAGE - 1)
+                    members += page
+                    if len(page) < _SNAPSHOT_PAGE:
+                        break
+                tables[key[name_start:].decode()] = unpack(b"".join(members))
+            self.local.load(tables)
+            for replica_id, packed, _ in self._since_snapshot:
+                if packed is None:
+                    self.local.drop(replica_id)
+                else:
+                    self.local.record(replica_id, unpack(packed))
+        finally:
+            self._since_snapshot = None
+        marker = os.urandom(8)
+        await self._writer.publish(self._channel, self._sender + _MARKER + marker)
+        log.info("index_mirror_loaded", store=self.params.store, tables=len(tables),
+                 blocks=sum(map(len, tables.values())), seconds=round(time.perf_counter() - start, 3))
+        return marker
+
+    def _apply(self, data: bytes, sync_marker: bytes) -> bool:
+        """Apply one message; True when it was this gateway's sync marker (the mirror is in sync)."""
+        sender, kind = data[:8], data[8:9]
+        if kind == _MARKER:
+            if sender != self._sender:
+                return False
+            nonce = data[9:17]
+            future = self._markers.pop(nonce, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+            if nonce == sync_marker:
+                self._mirrored = True
+                return True
+            return False
+        if kind != _WRITES or sender == self._sender:
+            return False  # own writes are in the mirror already; a newer gateway's kinds are not ours
+        for replica_id, packed in decode_ops(data, 9):
+            if packed is None:
+                self.local.drop(replica_id)
+            else:
+                self.local.record(replica_id, unpack(packed))
+        return False
+
+    async def _catch_up(self) -> None:
+        """Wait until the follower has applied everything published before now."""
+        nonce = os.urandom(8)
+        future = self._markers[nonce] = asyncio.get_running_loop().create_future()
+        try:
+            await self._writer.publish(self._channel, self._sender + _MARKER + nonce)
+            await asyncio.wait_for(future, timeout=max(1.0, 20 * self.params.timeout_s))
+        finally:
+            self._markers.pop(nonce, None)
+
+
+async def _read(pubsub: PubSub, queue: asyncio.Queue[bytes | BaseException]) -> None:
+    """Move every message of the subscription into `queue`; end with the error that broke it."""
+    try:
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is not None:
+                queue.put_nowait(message["data"])
+    except _ERRORS as exc:
+        queue.put_nowait(exc)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -99,5 +99,5 @@ def test_conversation_sticks_to_one_replica_whichever_gateway_serves_it(cluster:
         assert {gateway for gateway, _ in served} == set(urls)
         assert len({replica for _, replica in served}) == 1, served
         assert all(c > 0 for c in cached[1:]), cached  # the replica really held the earlier turns
-    tables = redis.Redis.from_url(cluster.store, decode_responses=True).keys("affinity:blocks:*")
+    tables = redis.Redis.from_url(cluster.store, decode_responses=True).keys("affinity:stub-model:blocks:*")
     assert tables and {str(t).rsplit(":", 1)[1] for t in tables} <= {"replica-0", "replica-1", "replica-2"}

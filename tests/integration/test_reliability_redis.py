@@ -2,7 +2,8 @@
 
 The test's own redis-server is first frozen (SIGSTOP: every call times out) and then killed
 (SIGKILL: connections refused) and restarted on its port, while clients keep sending. The gateway
-answers from its local table meanwhile, says so on /ready and /metrics, and reconnects by itself.
+answers from its local table meanwhile, says so on /ready and /metrics, and reconnects by itself
+(its mirror of the tables resubscribes and reloads).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.integration.reliability_tools import Outcome, RedisServer, chat, even
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 CLIENTS = 4
 DEGRADED = 'affinity_gateway_index_degraded{pool="stub-model"}'
+MIRRORED = 'affinity_gateway_index_mirror_synced{pool="stub-model"}'
 
 
 def _degraded(url: str) -> bool:
@@ -60,6 +62,7 @@ def test_redis_frozen_then_killed_and_restarted_under_load(tmp_path: Path) -> No
                 t.start()
             time.sleep(1.0)
             assert not _degraded(gateway.url)
+            assert metric(gateway, MIRRORED) == 1.0  # lookups answer from the mirror
             redis_server.pause(True)  # hung: every call runs into the 50 ms timeout
             eventually(lambda: _degraded(gateway.url), timeout_s=5)
             assert metric(gateway, DEGRADED) == 1.0
@@ -73,6 +76,7 @@ def test_redis_frozen_then_killed_and_restarted_under_load(tmp_path: Path) -> No
             # /ready and /metrics read the flag at different moments; under CI load one slow
             # lookup (50 ms timeout) can flip it back for a probe interval, so wait for both.
             eventually(lambda: not _degraded(gateway.url) and metric(gateway, DEGRADED) == 0.0, timeout_s=10)
+            eventually(lambda: metric(gateway, MIRRORED) == 1.0, timeout_s=10)  # resubscribed and reloaded
             time.sleep(0.5)
             stop.set()
             for t in threads:

@@ -20,13 +20,13 @@ def chain(tag: int, n: int) -> list[int]:
     return [tag * 1_000_003 + i for i in range(n)]
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
+                        pytest.param("redis-lookups", marks=pytest.mark.redis)])
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[WarmIndex]:
-    if request.param == "memory":
-        store = "memory"
-    else:
-        store = request.getfixturevalue("redis_url")
-    idx = build_index(IndexParams(store=store, key_prefix=f"test{next(_prefixes)}:", capacity_blocks=1000))
+    """Memory; Redis with its mirror; Redis asked on every lookup (`mirror: false`)."""
+    store = "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
+    idx = build_index(IndexParams(store=store, key_prefix=f"test{next(_prefixes)}:", capacity_blocks=1000,
+                                  mirror=request.param != "redis-lookups"))
     yield idx
     await idx.close()
 
@@ -103,14 +103,39 @@ def redis_index(url: str, **kw: object) -> RedisIndex:
     return index
 
 
+async def mirrored(*indexes: RedisIndex) -> None:
+    """Wait until each mirroring index follows the others (a no-op for `mirror: false`)."""
+    for index in indexes:
+        if index.params.mirror:
+            await index.match([], [])  # starts the follower
+            for _ in range(500):
+                if index.mirrored:
+                    break
+                await asyncio.sleep(0.01)
+            assert index.mirrored
+
+
+async def settle(*indexes: RedisIndex) -> None:
+    """Every write is in Redis, then every index has applied every write."""
+    for index in indexes:
+        await index.flush()
+    for index in indexes:
+        await index.flush()
+
+
 @pytest.mark.redis
-async def test_two_gateways_share_tables(redis_url: str) -> None:
-    one = redis_index(redis_url)
+@pytest.mark.parametrize("mirror", [True, False])
+async def test_two_gateways_share_tables(redis_url: str, mirror: bool) -> None:
+    one = redis_index(redis_url, mirror=mirror)
     two = RedisIndex(one.params)
     try:
+        await mirrored(one, two)
         one.record("a", chain(10, 5))
-        await one.flush()
+        await settle(one, two)
         assert (await two.match(chain(10, 5), ["a", "b"])) == {"a": 5, "b": 0}
+        await one.forget("a")
+        await settle(one, two)
+        assert (await two.match(chain(10, 5), ["a", "b"])) == {"a": 0, "b": 0}
     finally:
         await one.close()
         await two.close()
@@ -154,7 +179,7 @@ async def test_background_flush_needs_no_explicit_call(redis_url: str) -> None:
 async def test_writes_and_lookups_survive_a_script_flush(redis_url: str) -> None:
     """A Redis that lost the scripts (restarted between two calls) answers NOSCRIPT: both the
     lookup and the background writes load them again instead of degrading."""
-    one = redis_index(redis_url)
+    one = redis_index(redis_url, mirror=False)
     two = RedisIndex(one.params)
     client = aioredis.Redis.from_url(redis_url)
     try:
@@ -173,29 +198,104 @@ async def test_writes_and_lookups_survive_a_script_flush(redis_url: str) -> None
 
 
 @pytest.mark.redis
-async def test_lookup_is_exact_whatever_the_hints(redis_url: str) -> None:
-    """The lookup's hints come from the local table, which knows only this gateway's writes (short
-    of what Redis holds, or empty): the answer is still what Redis holds, for many candidates
-    sharing a few answers, in any order."""
-    one = redis_index(redis_url, capacity_blocks=100)
+@pytest.mark.parametrize("mirror", [True, False])
+async def test_lookup_is_exact_whatever_the_hints(redis_url: str, mirror: bool) -> None:
+    """Each local table knows only its own gateway's writes (short of what Redis holds, or
+    empty): the Redis lookup still answers what Redis holds, and so does every mirror, for many
+    candidates sharing a few answers, in any order."""
+    one = redis_index(redis_url, capacity_blocks=100, mirror=mirror)
     two, three = RedisIndex(one.params), RedisIndex(one.params)
     try:
+        await mirrored(one, two, three)
         trunk = chain(16, 20)
         for i in range(40):
             (one if i % 3 else two).record(f"r{i}", trunk[: 5 + i % 4] if i % 5 else trunk + chain(17 + i, i))
-        await one.flush()
-        await two.flush()
+        await settle(one, two, three)
         query = trunk + chain(27, 30)  # r10 holds trunk + chain(27, 10)
         ids = [f"r{i}" for i in range(45)]  # five unknown replicas
         want = {r: 0 for r in ids}
         for i in range(40):
             want[f"r{i}"] = 5 + i % 4 if i % 5 else 30 if i == 10 else 20
-        for index in (one, two, three):  # three knows nothing locally
+        for index in (one, two, three):  # three wrote nothing
             assert await index.match(query, ids) == want
             assert await index.match(query, list(reversed(ids))) == want
     finally:
         for index in (one, two, three):
             await index.close()
+
+
+Pair = tuple[RedisIndex, RedisIndex, aioredis.Redis]
+
+
+@pytest.fixture
+async def mirrored_pair(redis_url: str) -> AsyncIterator[Pair]:
+    """Two gateways whose mirrors follow each other, and a plain client of their Redis."""
+    one = redis_index(redis_url)
+    two = RedisIndex(one.params)
+    client = aioredis.Redis.from_url(redis_url)
+    await mirrored(one, two)
+    yield one, two, client
+    await client.aclose()
+    await one.close()
+    await two.close()
+
+
+@pytest.mark.redis
+async def test_a_mirrored_lookup_sends_nothing_to_redis(mirrored_pair: Pair) -> None:
+    one, two, client = mirrored_pair
+    one.record("a", chain(18, 30))
+    await settle(one, two)
+    await client.config_resetstat()
+    for _ in range(20):
+        assert await two.match(chain(18, 30), ["a", "b"]) == {"a": 30, "b": 0}
+    commands = await client.info("commandstats")
+    assert set(commands) <= {"cmdstat_config|resetstat"}, commands
+
+
+@pytest.mark.redis
+async def test_mirror_loads_a_snapshot_and_keeps_writes_made_meanwhile(redis_url: str) -> None:
+    """A gateway that starts late loads what Redis holds, trimmed as Redis trims it, and loses
+    none of its own writes made while the snapshot loads."""
+    one = redis_index(redis_url, capacity_blocks=6)
+    client = aioredis.Redis.from_url(redis_url)
+    two = three = None
+    try:
+        for i in range(20):
+            one.record(f"r{i}", chain(19 + i, 4 + i % 5))
+        await one.flush()
+        two = RedisIndex(one.params)
+        two.record("late", chain(40, 3))  # starts the follower: this write lands mid-load
+        await mirrored(two)
+        three = RedisIndex(one.params)
+        await mirrored(three)
+        await settle(one, two, three)
+        ids = [f"r{i}" for i in range(20)] + ["late"]
+        for index in (one, two, three):
+            got = {r: (await index.match(chain(19 + i, 9), [r]))[r] for i, r in enumerate(ids[:-1])}
+            assert got == {f"r{i}": min(6, 4 + i % 5) for i in range(20)}
+            assert (await index.match(chain(40, 3), ["late"]))["late"] == 3
+        assert await client.zcard(one.key("r4")) == three.local.size("r4") == 6
+    finally:
+        await client.aclose()
+        for index in (one, two, three):
+            if index is not None:
+                await index.close()
+
+
+@pytest.mark.redis
+async def test_a_bad_message_costs_a_resync_not_a_wrong_answer(mirrored_pair: Pair) -> None:
+    one, two, client = mirrored_pair
+    one.record("a", chain(50, 4))
+    await settle(one, two)
+    await client.publish(f"{one.params.key_prefix}ops", b"12345678W\xff")  # truncated op
+    for _ in range(500):
+        if two.mirror_errors and two.mirrored:
+            break
+        await asyncio.sleep(0.01)
+    assert two.mirror_errors >= 1 and two.mirrored
+    one.record("b", chain(50, 2))
+    await settle(one, two)
+    assert await two.match(chain(50, 4), ["a", "b"]) == {"a": 4, "b": 2}
 
 
 @pytest.mark.redis
@@ -205,6 +305,7 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     index = redis_index(url, timeout_s=0.2, reconnect_max_s=0.1)
+    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc: Proc | None = None
     try:
         index.record("a", chain(13, 4))
@@ -216,7 +317,7 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
             await asyncio.sleep(0.01)
         assert index.degraded and index.errors > 0
         index.record("b", chain(13, 2))
-        proc = Proc([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        proc = Proc(args)
         for _ in range(500):
             if not index.degraded and not index._pending:
                 break
@@ -225,12 +326,26 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
         fresh = RedisIndex(index.params)  # another gateway sees what was written during the outage
         try:
             assert await fresh.match(chain(13, 4), ["a", "b"]) == {"a": 4, "b": 2}
+            await mirrored(index, fresh)
+            # Redis restarts empty: both mirrors resubscribe, reload, and follow again.
+            errors = index.mirror_errors
+            proc.stop()
+            proc = Proc(args)
+            for _ in range(500):
+                if index.mirror_errors > errors and index.mirrored and fresh.mirrored:
+                    break
+                await asyncio.sleep(0.02)
+            assert index.mirror_errors > errors and index.mirrored and fresh.mirrored
+            fresh.record("c", chain(13, 3))
+            await settle(fresh, index)
+            assert await index.match(chain(13, 4), ["a", "b", "c"]) == {"a": 0, "b": 0, "c": 3}
         finally:
             await fresh.close()
     finally:
         await index.close()
         if proc is not None:
             proc.stop()
+
 
 
 async def test_write_queue_is_bounded_during_outage() -> None:

@@ -203,7 +203,8 @@ async def test_two_gateways_sharing_redis_keep_a_conversation_together(redis_url
         for turn in range(1, 5):
             router = one if turn % 2 else two
             replicas.add(await turn_done(router, chat_view(conversation(turn, "shared")), candidates()))
-            await router.index.flush()
+            await router.index.flush()  # in Redis and published,
+            await (two if router is one else one).index.flush()  # and applied by the other's mirror
         assert len(replicas) == 1
     finally:
         await one.close()

@@ -75,9 +75,21 @@ class MemoryIndex:
         table = self._tables.get(replica_id)
         if table is None:
             table = self._tables[replica_id] = OrderedDict()
-        for h in reversed(hashes):
-            table[h] = None
-            table.move_to_end(h)
+        # The table holds the chain's first `held` blocks and none after: append the new tail
+        # in one C call (tail first), then move the held head to the recent end, last block first.
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in table:
+                lo = mid
+            else:
+                hi = mid - 1
+        held = lo
+        if held < len(hashes):
+            table.update(dict.fromkeys(reversed(hashes[held:])))
+        move = table.move_to_end
+        for h in reversed(hashes[:held]):
+            move(h)
         self._trim(replica_id, table)
 
     async def forget(self, replica_id: str) -> None:

@@ -3,12 +3,16 @@
     predicted_ttft(r) = wait(r) + base_s + prefill_s_per_token(r) × (prompt_tokens − cached_tokens(r))
     wait(r)           = queued_prefill_s(r) + per_request_tokens × prefill_s_per_token × load(r)
 
-`queued_prefill_s` is a virtual queue of the uncached prefill this gateway has sent to `r`:
-each dispatch pushes its drain time forward by its own prefill, and it drains in real time.
-It reacts at dispatch, before any scrape, so a burst of identical requests sees the work
-the first ones already queued. Work from other clients shows up in the scraped `waiting`
-count, costed at the mean prefill of recent requests. `per_request_tokens` prices each running
-request's share of every batched step (decode interference).
+`queued_prefill_s` is the larger of two queues. A virtual queue of the uncached prefill this
+gateway has sent to `r`: each dispatch pushes its drain time forward by its own prefill, and it
+drains in real time; it reacts at dispatch, before any scrape, so a burst of identical requests
+sees the work the first ones already queued. And the work of other clients (other gateways
+included) waiting there: the scraped requests beyond this gateway's in-flight ones, at most the
+scraped `waiting` count, costed at the mean prefill of recent requests. (Counting the whole
+scraped queue counted this gateway's own requests twice, once as of a scrape up to an interval
+old: at saturation that steered by stale numbers, 3% behind least_loaded's p90 on hot-prefix.)
+`per_request_tokens` prices each running request's share of every batched step (decode
+interference).
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
 estimate for the pool, or one per replica), learned from requests that prefilled at least
@@ -97,7 +101,10 @@ class CostModel:
             own = drain - now if drain is not None else 0.0
             if not own > 0.0:
                 own = 0.0
-            scraped = c.waiting * mean_prefill_s
+            foreign = c.running + c.waiting - c.in_flight  # not ours, as of the scrape...
+            if foreign > c.waiting:
+                foreign = c.waiting  # ...and still waiting for their prefill
+            scraped = foreign * mean_prefill_s if foreign > 0 else 0.0
             wait = (scraped if scraped > own else own) + per_request_tokens * s_per_token * load
             uncached = prompt_tokens - c.cached_tokens
             if uncached < 0:

@@ -52,6 +52,18 @@ def test_load_and_scraped_queue_add_wait() -> None:
     assert cost.wait_s(Candidate("a", waiting=10, running=0), clock.now) == pytest.approx(10 * 0.064 + 0.1)
 
 
+def test_own_requests_in_the_scraped_queue_count_once() -> None:
+    """The replica's queue holds this gateway's in-flight requests too: only the rest are other
+    clients' work; ours is in the load term (and the virtual queue) already."""
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=10.0, min_learn_tokens=64)
+    ours = Candidate("a", in_flight=6, running=2, waiting=4)  # everything there is ours
+    assert cost.wait_s(ours, clock.now) == pytest.approx(6 * 10 * 0.001)
+    mixed = Candidate("a", in_flight=3, running=2, waiting=4)  # three of the six are someone else's
+    assert cost.wait_s(mixed, clock.now) == pytest.approx(3 * 0.064 + 6 * 10 * 0.001)
+    running_others = Candidate("a", in_flight=1, running=5, waiting=2)  # at most the waiting ones
+    assert cost.wait_s(running_others, clock.now) == pytest.approx(2 * 0.064 + 7 * 10 * 0.001)
+
+
 @pytest.mark.parametrize("calibrate", ["pool", "replica"])
 def test_learns_prefill_cost_from_observed_ttft(calibrate: str) -> None:
     cost, _ = model(prefill_s_per_token=0.001, learn_alpha=0.2, calibrate=calibrate)
@@ -128,8 +140,9 @@ def test_predict_many_is_predict_for_each_candidate(calibrate: str) -> None:
                   Candidate("c", cached_tokens=5000), Candidate("d", in_flight=1, waiting=4, cached_tokens=900)]
     waits, ttfts, per_token = cost.predict_many(candidates, [c.load for c in candidates], 1000, clock.now)
     for c, wait, ttft, s_per_token in zip(candidates, waits, ttfts, per_token):
+        foreign = min(c.waiting, max(0, c.running + c.waiting - c.in_flight))
         expected_wait = (max(max(0.0, cost._drain_at.get(c.replica_id, clock.now) - clock.now),
-                             c.waiting * cost._mean_prefill_s)
+                             foreign * cost._mean_prefill_s)
                          + cost.params.per_request_tokens * cost.prefill_s_per_token(c.replica_id) * c.load)
         assert wait == expected_wait and wait == cost.wait_s(c, clock.now)
         assert s_per_token == cost.prefill_s_per_token(c.replica_id)

@@ -56,12 +56,8 @@ class MemoryIndex:
                         lo = g + 1
                     else:
                         hi = g
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if hashes[mid - 1] in table:
-                    lo = mid
-                else:
-                    hi = mid - 1
+            if lo < hi:  # a guess settled most candidates: no call
+                lo = held(table, hashes, lo, hi)
             result[replica_id] = lo
             c = counts[lo] = counts.get(lo, 0) + 1
             if c > counts.get(best, 0):
@@ -75,20 +71,13 @@ class MemoryIndex:
         table = self._tables.get(replica_id)
         if table is None:
             table = self._tables[replica_id] = OrderedDict()
-        # The table holds the chain's first `held` blocks and none after: append the new tail
-        # in one C call (tail first), then move the held head to the recent end, last block first.
-        lo, hi = 0, len(hashes)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in table:
-                lo = mid
-            else:
-                hi = mid - 1
-        held = lo
-        if held < len(hashes):
-            table.update(dict.fromkeys(reversed(hashes[held:])))
+        # The table holds the chain's first `head` blocks and none after: append the new tail
+        # in one C call (tail first), then move the head to the recent end, last block first.
+        head = held(table, hashes, 0, len(hashes))
+        if head < len(hashes):
+            table.update(dict.fromkeys(reversed(hashes[head:])))
         move = table.move_to_end
-        for h in reversed(hashes[:held]):
+        for h in reversed(hashes[:head]):
             move(h)
         self._trim(replica_id, table)
 
@@ -126,3 +115,15 @@ class MemoryIndex:
 
     async def close(self) -> None:
         self._tables.clear()
+
+
+def held(table: OrderedDict[int, None], hashes: Sequence[int], lo: int, hi: int) -> int:
+    """How many leading blocks of `hashes` the table holds, known to lie in [lo, hi]: a table
+    holds every chain as a prefix, so presence is monotone along the chain and bisection finds it."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if hashes[mid - 1] in table:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -385,6 +385,7 @@ class RedisIndex:
         our messages (its pub/sub output limit would cut a subscriber that stops reading)."""
         backoff = 0.05
         while True:
+            self._mirrored = False  # a new subscription: in sync once its marker comes back
             pubsub = self._subscriber.pubsub()
             queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
             reader: asyncio.Task[None] | None = None

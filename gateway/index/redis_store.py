@@ -258,8 +258,7 @@ class RedisIndex:
     async def flush(self) -> None:
         """Send queued writes (on failure they go back to the front of the queue); then, while
         the mirror follows the others, wait until it holds everything published so far."""
-        async with self._flushing:
-            await self._flush_locked()
+        await self._flush_all()
         if self.mirrored:
             await self._catch_up()
 
@@ -435,15 +434,11 @@ class RedisIndex:
                         break
                 tables[key[name_start:].decode()] = unpack(b"".join(members))
             self.local.load(tables)
-            for replica_id, packed, _ in self._since_snapshot:
-                if packed is None:
-                    self.local.drop(replica_id)
-                else:
-                    self.local.record(replica_id, unpack(packed))
+            self._mirror_ops((replica_id, packed) for replica_id, packed, _ in self._since_snapshot)
         finally:
             self._since_snapshot = None
         marker = os.urandom(8)
-        await self._writer.publish(self._channel, self._sender + _MARKER + marker)
+        await self._publish_marker(marker)
         log.info("index_mirror_loaded", store=self.params.store, tables=len(tables),
                  blocks=sum(map(len, tables.values())), seconds=round(time.perf_counter() - start, 3))
         return marker
@@ -464,19 +459,27 @@ class RedisIndex:
             return False
         if kind != _WRITES or sender == self._sender:
             return False  # own writes are in the mirror already; a newer gateway's kinds are not ours
-        for replica_id, packed in decode_ops(data, 9):
+        self._mirror_ops(decode_ops(data, 9))
+        return False
+
+    def _mirror_ops(self, ops: Iterable[tuple[str, bytes | None]]) -> None:
+        """Apply writes (packed hashes, or None = forget) to the local tables."""
+        for replica_id, packed in ops:
             if packed is None:
                 self.local.drop(replica_id)
             else:
                 self.local.record(replica_id, unpack(packed))
-        return False
+
+    async def _publish_marker(self, nonce: bytes) -> None:
+        """A marker of this gateway's: the follower sees it after everything published before."""
+        await self._writer.publish(self._channel, self._sender + _MARKER + nonce)
 
     async def _catch_up(self) -> None:
         """Wait until the follower has applied everything published before now."""
         nonce = os.urandom(8)
-        future = self._markers[nonce] = asyncio.get_running_loop().create_future()
+        future = self._markers[nonce] = asyncio.get_running_loop().create_future()  # before it can come back
         try:
-            await self._writer.publish(self._channel, self._sender + _MARKER + nonce)
+            await self._publish_marker(nonce)
             await asyncio.wait_for(future, timeout=max(1.0, 20 * self.params.timeout_s))
         finally:
             self._markers.pop(nonce, None)

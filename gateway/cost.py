@@ -5,8 +5,9 @@
 
 `queued_prefill_s` is the larger of two queues. A virtual queue of the uncached prefill this
 gateway has sent to `r`: each dispatch pushes its drain time forward by its own prefill, and it
-drains in real time; it reacts at dispatch, before any scrape, so a burst of identical requests
-sees the work the first ones already queued. And the work of other clients (other gateways
+drains in real time and moves up when a request's first token shows its prefill done; it reacts
+at dispatch, before any scrape, so a burst of identical requests sees the work the first ones
+already queued. And the work of other clients (other gateways
 included) waiting there: the scraped requests beyond this gateway's in-flight ones, at most the
 scraped `waiting` count, costed at the mean prefill of recent requests. (Counting the whole
 scraped queue counted this gateway's own requests twice, once as of a scrape up to an interval
@@ -121,9 +122,10 @@ class CostModel:
         self._mean_prefill_s += 0.05 * (prefill_s - self._mean_prefill_s)
         return done_at
 
-    def finished(self, replica_id: str, done_at: float) -> None:
-        """A request expected done at `done_at` has ended: its prefill, and all queued before it, are
-        over, so whatever the queue still counted for them is removed (everything behind moves up)."""
+    def prefilled(self, replica_id: str, done_at: float) -> None:
+        """A request expected done with its prefill at `done_at` has its first token: its prefill, and
+        all queued before it, are over, so whatever the queue still counted for them is removed
+        (everything behind moves up)."""
         now = self.clock()
         early = done_at - now
         if early > 0 and replica_id in self._drain_at:

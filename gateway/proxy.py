@@ -50,6 +50,7 @@ class Exchange:
     status: int = 0
     streamed: bool = False
     ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
+    on_first_byte: Callable[[str], None] | None = None  # called with the replica id when ttft_s is taken
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
 
@@ -82,6 +83,12 @@ async def _write(request: web.Request, response: web.StreamResponse, chunk: byte
             await response.write(chunk)
     except TimeoutError:
         raise _SlowClient from None
+
+
+def _first_byte(exchange: Exchange, replica: Replica) -> None:
+    exchange.ttft_s = time.perf_counter() - exchange.started
+    if exchange.on_first_byte is not None:
+        exchange.on_first_byte(replica.replica_id)
 
 
 class Proxy:
@@ -163,7 +170,7 @@ class Proxy:
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
                            exchange: Exchange, config: Config) -> web.StreamResponse:
         """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error."""
-        exchange.ttft_s = time.perf_counter() - exchange.started
+        _first_byte(exchange, replica)
         try:
             body = await upstream.read()
         except TimeoutError as exc:
@@ -185,7 +192,7 @@ class Proxy:
         try:
             async for chunk in upstream.content.iter_any():
                 if exchange.ttft_s is None:
-                    exchange.ttft_s = time.perf_counter() - exchange.started
+                    _first_byte(exchange, replica)
                     await response.prepare(request)
                 await _write(request, response, chunk, config.limits.client_write_timeout_s)
                 scanner.feed(chunk)

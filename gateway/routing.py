@@ -75,6 +75,11 @@ class Router:
             self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
 
+    def first_token(self, view: RequestView, replica_id: str) -> None:
+        """The answer's first byte came from `replica_id`: its prefill is done (the cost model's
+        queue of prefill work there moves up at once)."""
+        self.policy.on_first_token(view, replica_id)
+
     def finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> Score | None:
         """An attempt ended: once per failed replica and once for the one that answered (if any).
         `outcome` carries the observed TTFT and the replica's usage counts. Returns what was

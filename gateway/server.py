@@ -13,6 +13,7 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     caller = request[CALLER]
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant)
     route = state.route_for(view.model)
+    exchange.on_first_byte = partial(route.router.first_token, view)
     if route.router.records_answers:
         exchange.usage.answer = []
     try:

@@ -312,6 +312,8 @@ class Simulation:
             assert result is not None and request is not None
             if result.ttft_s is None:
                 result.ttft_s = now - result.sent_s
+                assert active.view is not None
+                self.router.first_token(active.view, replica.name)
             elif len(request.output_token_ids) % every == 0:
                 result.itl_s.append(now - active.last_token_s)
             active.last_token_s = now

@@ -109,6 +109,9 @@ class Policy(ABC):
     def on_dispatched(self, view: RequestView, replica_id: str) -> None:
         """Called once the request is sent to `replica_id`."""
 
+    def on_first_token(self, view: RequestView, replica_id: str) -> None:
+        """Called when the first byte of the answer arrives: the replica's prefill of it is over."""
+
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         """Called when the request ended, successfully or not."""
 

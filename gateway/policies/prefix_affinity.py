@@ -183,11 +183,16 @@ class PrefixAffinityPolicy(Policy):
                 del self._done_at[next(iter(self._done_at))]
             self._done_at[view.request_id] = (replica_id, done_at)
 
-    def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+    def on_first_token(self, view: RequestView, replica_id: str) -> None:
+        """The prefill is over, and so is all queued before it: the virtual queue moves up now, not
+        when the answer ends (a long answer would keep its prefill in the queue for its whole decode)."""
         dispatched = self._done_at.get(view.request_id)
         if dispatched is not None and dispatched[0] == replica_id:
             del self._done_at[view.request_id]
-            self.cost.finished(*dispatched)
+            self.cost.prefilled(*dispatched)
+
+    def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+        self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
         if not outcome.ok or outcome.ttft_s is None or outcome.predicted is None:
             return
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate

@@ -56,6 +56,30 @@ def test_explain_endpoint_and_route_header(tmp_path: Path) -> None:
         assert bad.status_code == 404 and bad.json()["error"]["code"] == 404
 
 
+def test_queued_prefill_is_released_at_the_first_token(tmp_path: Path) -> None:
+    """The cost model's queue of prefill sent to a replica moves up when the answer's first byte
+    arrives, not when a long answer ends (it would keep the replica looking busy meanwhile)."""
+    with running() as track:
+        stub = track(start_stub("r0", MODEL, 1))  # real-time steps: the answer streams for seconds
+        routing_pool = pool((stub.replica_id, stub.url), policy="prefix_affinity")
+        # A deliberately high prefill price: the prompt queues about a minute of predicted prefill.
+        routing_pool["routing"]["params"] = {"prefill_s_per_token": 0.2, "per_request_tokens": 0, "learn_alpha": 0}
+        gateway = track(start_gateway(tmp_path, {MODEL: routing_pool}))
+        messages = [SYSTEM]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 100, "stream": True, "ignore_eos": True}
+
+        def queued_wait_s() -> float:
+            explained = httpx.post(f"{gateway.url}/admin/route/explain", json={"model": MODEL, "messages": messages},
+                                   timeout=10).json()
+            return explained["candidates"][0]["wait_s"]
+
+        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60) as response:
+            chunks = response.iter_bytes()
+            assert next(chunks).startswith(b"data: ")
+            assert queued_wait_s() < 1.0  # released at the first byte, with the answer still streaming
+            assert sum(1 for _ in chunks) > 10
+
+
 def test_two_gateways_sharing_redis_keep_a_conversation_on_one_replica(tmp_path: Path, redis_url: str) -> None:
     with running() as track:
         stubs = [track(start_stub(f"r{i}")) for i in range(3)]

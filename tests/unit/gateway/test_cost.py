@@ -99,14 +99,14 @@ def test_params_validation(data: dict[str, float], key: str) -> None:
     assert err.value.key == key
 
 
-def test_finished_request_releases_its_queued_prefill() -> None:
+def test_prefilled_request_releases_its_queued_prefill() -> None:
     cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
     first = cost.dispatched("a", 1000)
     cost.dispatched("a", 500)
     clock.now += 0.2
-    cost.finished("a", first)  # done 0.8 s sooner than predicted: the second moves up
+    cost.prefilled("a", first)  # done 0.8 s sooner than predicted: the second moves up
     assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
-    cost.finished("a", clock.now - 1.0)  # finishing late changes nothing
+    cost.prefilled("a", clock.now - 1.0)  # finishing late changes nothing
     assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
 
 

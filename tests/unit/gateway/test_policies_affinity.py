@@ -221,6 +221,20 @@ def test_learns_from_finished_requests() -> None:
     assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
 
 
+def test_first_token_releases_the_queued_prefill_before_the_answer_ends() -> None:
+    policy = prefix_policy(prefill_s_per_token=0.01, per_request_tokens=0.0, learn_alpha=0.0)
+    now = [100.0]
+    policy.cost.clock = lambda: now[0]
+    view = make_view(prompt_tokens=2000)
+    chosen = dispatch(policy, view, make_candidates(cached_tokens=[0, 0, 0, 0]))
+    assert policy.cost.wait_s(Candidate(chosen), now[0]) == pytest.approx(20.0)  # 2000 tokens queued
+    now[0] += 1.0
+    policy.on_first_token(view, chosen)  # prefilled 19 s sooner than predicted; the answer goes on
+    assert policy.cost.wait_s(Candidate(chosen), now[0]) == 0.0
+    policy.on_finished(view, chosen, Outcome(ok=True))  # the end releases nothing twice
+    assert policy.cost.wait_s(Candidate(chosen), now[0]) == 0.0
+
+
 def test_prefix_params_validation() -> None:
     with pytest.raises(ConfigError) as err:
         build_policy("prefix_affinity", {"load_epsilon": -1}, "pools.m.routing")

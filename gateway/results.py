@@ -58,6 +58,9 @@ class Summary:
     lag_max_s: float
     replica_share: dict[str, int] = field(default_factory=dict)
     prediction_error_tokens: float | None = None  # mean |predicted - reported cached tokens| (simulate only)
+    # TTFT of a session's later requests (turns after the first), None when every session has one: where
+    # routing can reuse a conversation's own history (first turns carry a prefix no replica holds yet).
+    later_ttft_p90_s: float | None = None
 
     @property
     def busiest_over_mean(self) -> float:
@@ -72,6 +75,7 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
     """`replicas`: every replica of the pool, so one that got nothing counts in the load share."""
     ok = [r for r in results if r.ok]
     ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    later = sorted(r.ttft_s for r in ok if r.ttft_s is not None and r.turn > 0)
     e2es = sorted(r.e2e_s for r in ok)
     itls = sorted(gap for r in ok for gap in r.itl_s)
     lags = sorted(max(0.0, r.sent_s - r.scheduled_s) for r in results)
@@ -94,6 +98,7 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
         lag_p50_s=quantile(lags, 0.50), lag_p99_s=quantile(lags, 0.99), lag_max_s=lags[-1] if lags else 0.0,
         replica_share=dict(sorted(share.items())),
         prediction_error_tokens=statistics.fmean(errors) if errors else None,
+        later_ttft_p90_s=quantile(later, 0.90) if later else None,
     )
 
 
@@ -107,13 +112,14 @@ def quantile(sorted_values: list[float], q: float) -> float:
 
 def table(summaries: dict[str, Summary]) -> str:
     """A Markdown table, one row per run (policy), the columns a reader compares first."""
-    head = ("| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | ITL p50 ms | e2e p90 s | "
-            "out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok |")
-    rows = [head, "|" + "---|" * 13]
+    head = ("| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | "
+            "e2e p90 s | out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok |")
+    rows = [head, "|" + "---|" * 14]
     for name, s in summaries.items():
         error = "-" if s.prediction_error_tokens is None else f"{s.prediction_error_tokens:.1f}"
+        later = "-" if s.later_ttft_p90_s is None else f"{s.later_ttft_p90_s:.3f}"
         rows.append(f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
-                    f"{s.ttft_p99_s:.3f} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
+                    f"{s.ttft_p99_s:.3f} | {later} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
                     f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {s.busiest_over_mean:.2f} | "
                     f"{s.lag_p99_s * 1000:.1f} | {error} |")
     return "\n".join(rows)

@@ -42,6 +42,9 @@ def test_reproducible_and_prefix_affinity_beats_round_robin_on_cache() -> None:
     pa = summarise(first)
     assert pa.errors == rr.errors == 0 and pa.requests == 48
     assert pa.cached_ratio > rr.cached_ratio + 0.15, (pa.cached_ratio, rr.cached_ratio)
+    # Later turns: the 36 requests after each user's first, where a home holds the history.
+    later = sorted(r.ttft_s for r in first if r.turn > 0 and r.ttft_s is not None)
+    assert len(later) == 36 and pa.later_ttft_p90_s == later[round(0.9 * 35)] < pa.ttft_p90_s
 
 
 def test_a_small_kv_cache_evicts() -> None:
@@ -74,6 +77,8 @@ def test_simulate_command_writes_result_table_and_plots(tmp_path: Path) -> None:
     run = result["runs"]["prefix_affinity"]
     assert run["requests"] == 30 and run["errors"] == 0 and sum(run["replica_share"].values()) == 30
     assert 0 < run["ttft_p50_s"] <= run["ttft_p90_s"] <= run["ttft_p99_s"]
+    assert run["later_ttft_p90_s"] is None  # one request per session: no later turns
+    assert "| later turns TTFT p90 s |" in (out / "table.md").read_text()
     for name in ("table.md", "ttft_cdf.png", "cached_ratio.png", "load_share.png"):
         assert (out / name).stat().st_size > 100
 

@@ -64,7 +64,8 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
     rng = random.Random(0)
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     gateways = 1 if store == "memory" else args.gateways
-    indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix, mirror=mirror)))
+    indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix, mirror=mirror,
+                                                    capacity_blocks=args.capacity_blocks)))
                for _ in range(gateways)]
     routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixParams(), index)  # type: ignore[arg-type]
                for g, index in enumerate(indexes)]
@@ -87,18 +88,20 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
         index.times.clear()
     heap_mb = tracemalloc.get_traced_memory()[0] / 2**20
     tracemalloc.stop()
-    times, tokens = [], []
+    times, cpu_times, tokens = [], [], []
     for _ in range(args.requests):
         conv = rng.choice(convs)
         v = view(conv, n := n + 1)
         candidates = [Candidate(r, in_flight=rng.randrange(8)) for r in replicas]
-        start = time.perf_counter()
+        cpu_start, start = time.thread_time(), time.perf_counter()
         await routers[n % gateways].route(v, candidates)
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.thread_time() - cpu_start)
         tokens.append(v.prompt_tokens_estimate)
         await asyncio.sleep(0)  # let the background Redis writer run, as it would between requests
     lookups = sorted(t for index in indexes for t in index.times)
     out = {"p50_ms": quantile(sorted(times), 0.5) * 1000, "p99_ms": quantile(sorted(times), 0.99) * 1000,
+           "cpu_p50_ms": quantile(sorted(cpu_times), 0.5) * 1000, "cpu_p99_ms": quantile(sorted(cpu_times), 0.99) * 1000,
            "max_ms": max(times) * 1000, "lookup_p50_ms": quantile(lookups, 0.5) * 1000,
            "lookup_p99_ms": quantile(lookups, 0.99) * 1000, "prompt_tokens": sum(tokens) / len(tokens),
            "heap_mb": heap_mb}
@@ -119,15 +122,17 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8000)
     parser.add_argument("--conversations", type=int, default=256)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--capacity-blocks", type=int, default=IndexParams().capacity_blocks,
+                        help="each replica's table size (smaller: tables at capacity, evicting as they record)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--policy", default="prefix_affinity")
     parser.add_argument("--redis", help="also measure the Redis index at this URL (keys are removed afterwards)")
     parser.add_argument("--gateways", type=int, default=1, help="Routers sharing the Redis tables, taking turns")
     args = parser.parse_args()
     setup_logging("warning")
-    print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | lookup p50 ms | lookup p99 ms "
-          "| gateway heap MB | Redis MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | CPU p50 ms | CPU p99 ms | lookup p50 ms "
+          "| lookup p99 ms | gateway heap MB | Redis MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     runs = [("memory", True)] + ([(args.redis, True), (args.redis, False)] if args.redis else [])
     for store, mirror in runs:
         r = asyncio.run(measure(store, mirror, args))
@@ -135,7 +140,7 @@ def main() -> None:
         if store != "memory" and args.gateways > 1:
             name += f", ×{args.gateways} gateways"
         print(f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
-              f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
+              f"{r['cpu_p50_ms']:.3f} | {r['cpu_p99_ms']:.3f} | {r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
               f"| {r.get('redis_mb', 0):.1f} |")
 
 

@@ -239,14 +239,17 @@ def chain_hash_text(text: str, block_chars: int, seed: int, max_blocks: int) -> 
     """xxh3_64 of each full `block_chars` block, seeded with the previous block's hash."""
     n = min(len(text) // block_chars, max_blocks)
     data = text[: n * block_chars].encode()
-    # ASCII (the common case): characters are bytes, so slice the encoded buffer without copies.
-    blocks = memoryview(data) if len(data) == n * block_chars else None
-    hashes = []
+    hashes: list[int] = []
+    add = hashes.append
     h = seed
-    for start in range(0, n * block_chars, block_chars):
-        chunk = blocks[start:start + block_chars] if blocks is not None else text[start:start + block_chars].encode()
-        h = _hash(chunk, h)
-        hashes.append(h)
+    if len(data) == n * block_chars:  # ASCII (the common case): characters are bytes; slice the bytes
+        for start in range(0, n * block_chars, block_chars):
+            h = _hash(data[start:start + block_chars], h)
+            add(h)
+    else:
+        for start in range(0, n * block_chars, block_chars):
+            h = _hash(text[start:start + block_chars].encode(), h)
+            add(h)
     return tuple(hashes)
 
 

@@ -7,11 +7,11 @@
 gateway has sent to `r`: each dispatch pushes its drain time forward by its own prefill, and it
 drains in real time and moves up when a request's first token shows its prefill done; it reacts
 at dispatch, before any scrape, so a burst of identical requests sees the work the first ones
-already queued. And the work of other clients (other gateways
-included) waiting there: the scraped requests beyond this gateway's in-flight ones, at most the
-scraped `waiting` count, costed at the mean prefill of recent requests. (Counting the whole
-scraped queue counted this gateway's own requests twice, once as of a scrape up to an interval
-old: at saturation that steered by stale numbers, 3% behind least_loaded's p90 on hot-prefix.)
+already queued. And the work of other clients (other gateways included) waiting there: the
+scraped requests beyond this gateway's in-flight ones, at most the scraped `waiting` count,
+costed at the mean prefill of recent requests. (Counting the whole scraped queue counted this
+gateway's own requests twice, once as of a scrape up to an interval old: at saturation that
+steered by stale numbers, 3% behind least_loaded's p90 on hot-prefix.)
 `per_request_tokens` prices each running request's share of every batched step (decode
 interference).
 

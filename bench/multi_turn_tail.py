@@ -21,6 +21,7 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
+from bench.policy_matrix import MULTI_TURN
 from gateway.policies import Candidate, Decision
 from gateway.results import Result, quantile
 from gateway.simulate import SimSpec, Simulation
@@ -28,7 +29,7 @@ from gateway.view import RequestView
 from gateway.workloads import multi_turn
 from replica_stub.config import StubConfig
 
-SHAPE = dict(users=64, rounds=10, systems=4, system_tokens=1000, first_turn_tokens=2000, answer_tokens=100, think_s=2)
+SHAPE = dict(users=64, **MULTI_TURN)  # the 8-replica matrix's multi-turn cells
 LONG_PREFILL = 1000  # tokens still to prefill that make a request "long" for this breakdown
 
 

@@ -20,7 +20,9 @@ import orjson
 from bench.synthetic_trace import generate
 from gateway.cli import main as cli
 
-MT = "-p rounds=10 -p systems=4 -p system_tokens=1000 -p first_turn_tokens=2000 -p answer_tokens=100 -p think_s=2"
+# multi-turn's shape besides its size (production-stack's multi-round QA); bench.multi_turn_tail uses it too
+MULTI_TURN = dict(rounds=10, systems=4, system_tokens=1000, first_turn_tokens=2000, answer_tokens=100, think_s=2)
+MT = " ".join(f"-p {name}={value}" for name, value in MULTI_TURN.items())
 # workload -> (size parameters with {n} scaled by --scale, session rates for light / medium / saturating at 8 replicas)
 MATRIX: dict[str, tuple[str, tuple[float, float, float]]] = {
     "shared-prefix": ("-p groups={g} -p prompts_per_group=16", (0.25, 0.5, 1.0)),

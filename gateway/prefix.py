@@ -239,17 +239,14 @@ def chain_hash_text(text: str, block_chars: int, seed: int, max_blocks: int) -> 
     """xxh3_64 of each full `block_chars` block, seeded with the previous block's hash."""
     n = min(len(text) // block_chars, max_blocks)
     data = text[: n * block_chars].encode()
+    ascii_bytes = data if len(data) == n * block_chars else None  # ASCII (common): characters are bytes
     hashes: list[int] = []
     add = hashes.append
     h = seed
-    if len(data) == n * block_chars:  # ASCII (the common case): characters are bytes; slice the bytes
-        for start in range(0, n * block_chars, block_chars):
-            h = _hash(data[start:start + block_chars], h)
-            add(h)
-    else:
-        for start in range(0, n * block_chars, block_chars):
-            h = _hash(text[start:start + block_chars].encode(), h)
-            add(h)
+    for start in range(0, n * block_chars, block_chars):
+        end = start + block_chars
+        h = _hash(ascii_bytes[start:end] if ascii_bytes is not None else text[start:end].encode(), h)
+        add(h)
     return tuple(hashes)
 
 

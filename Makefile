@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test install model redis-check bench calibrate clean
+.PHONY: run run-sim test install model redis-check bench peers bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,24 @@ test: install model redis-check
 bench: install
 	$(BIN)/python -m bench.gateway_overhead
 
+# Other routers, for the head-to-head benchmark only (tests need none of them): each in its own venv
+# under .peers/, pinned. `bench --compare ...,smg:cache_aware,...` then starts them (see gateway/peers.py).
+PEERS_DIR := .peers
+PEER_PINS := smg=smg==1.13.0 sglang=sglang-router==0.3.2 vllm-router=vllm-router==0.1.17
+
+$(PEERS_DIR)/%/.installed:
+	$(PYTHON) -m venv $(PEERS_DIR)/$*
+	$(PEERS_DIR)/$*/bin/pip install --quiet "$(patsubst $*=%,%,$(filter $*=%,$(PEER_PINS)))"
+	touch $@
+
+peers: $(foreach pin,$(PEER_PINS),$(PEERS_DIR)/$(firstword $(subst =, ,$(pin)))/.installed)
+
+# The published head-to-head (docs/BENCHMARKS.md): every contestant in front of fresh stubs, per cell.
+bench-peers: install peers
+	$(BIN)/python -m bench.peers_matrix
+
 calibrate: model
 	$(BIN)/replica-stub calibrate --output calibration.yaml
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(PEERS_DIR) build *.egg-info

@@ -17,7 +17,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway import loadgen
+from gateway import loadgen, peers
 from gateway.cluster import ClusterSpec, free_port, started
 from gateway.results import Result, Summary, summarise, table
 from gateway.simulate import SimSpec, Simulation
@@ -67,22 +67,36 @@ def bench_url(url: str, model: str, sessions: list[Session], *, concurrency: int
     return summarise(results, target_session_rate=target_rate(sessions, concurrency), replicas=replicas), results
 
 
-def bench_compare(policies: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
+def bench_compare(contestants: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
                   timeout_s: float = 300.0, show: bool = True, evidence: list[str] | tuple[str, ...] = ("history",),
-                  policy_params: dict[str, dict[str, Any]] | None = None) -> Runs:
-    """One fresh cluster (replicas + gateway) per policy and evidence, the same sessions against each.
-    `policy_params`: per policy name, its routing params (the policy's defaults otherwise)."""
+                  policy_params: dict[str, dict[str, Any]] | None = None,
+                  labels: dict[str, dict[str, str]] | None = None) -> Runs:
+    """One fresh cluster (replicas + a router) per contestant, the same sessions against each. A
+    contestant is one of our policies (run once per `evidence`, with its `policy_params`) or a peer
+    router, `peer:policy` (`gateway.peers`). `labels` receives each run's router, version and policy."""
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(cluster.replicas)]
-    for policy in policies:
-        for source in evidence:
-            name = run_name(policy, source)
-            spec = dataclasses.replace(cluster, policy=policy, port=free_port(), kv_events=source == "events",
-                                       policy_params=(policy_params or {}).get(policy, {}))
+    for entry in [peers.contestant(name) for name in contestants]:  # all parsed before the first run
+        sources = evidence if entry.peer is None else ("history",)
+        for source in sources:
+            name = entry.name if entry.peer is not None else run_name(entry.policy, source)
+            spec = dataclasses.replace(cluster, policy=entry.policy, port=free_port(), peer=entry.peer,
+                                       kv_events=source == "events" and entry.peer is None,
+                                       policy_params=(policy_params or {}).get(entry.policy, {}) if not entry.peer else {})
             with started(spec) as running:
                 runs[name] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
                                        timeout_s=timeout_s, label=name, show=show, replicas=names)
+            if labels is not None:
+                peer = entry.peer
+                labels[name] = {"router": peer.package if peer else "affinity-gateway",
+                                "version": peer.version if peer else _version(), "policy": entry.policy}
     return runs
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("affinity-gateway")
 
 
 def run_name(policy: str, evidence: str) -> str:

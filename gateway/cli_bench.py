@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,10 @@ def add_bench(commands: Subparsers) -> None:
     p.add_argument("url", nargs="?", help="OpenAI-compatible base URL (gateway, other router or replica)")
     _workload_args(p)
     p.add_argument("--model", default="stub-model")
-    p.add_argument("--compare", metavar="P1,P2,...",
-                   help=f"start fresh sim replicas + a gateway per policy instead of URL ('all' = {','.join(ALL_POLICIES)})")
+    p.add_argument("--compare", metavar="C1,C2,...",
+                   help="start fresh sim replicas + a router per contestant instead of URL: our policies "
+                        f"('all' = {','.join(ALL_POLICIES)}) and peers as ROUTER:POLICY (smg:cache_aware, "
+                        "sglang:cache_aware, vllm-router:consistent_hash, ...; `make peers` installs them)")
     p.add_argument("--replicas", type=int, default=4, help="with --compare: replica stubs per cluster")
     p.add_argument("--speedup", type=float, default=10.0, help="with --compare: sim replicas' speed factor")
     p.add_argument("--num-gpu-blocks", type=int, help="with --compare: KV capacity per replica in 16-token blocks")
@@ -98,27 +101,33 @@ def _policies(value: str) -> list[str]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from gateway import benchmark
+    from gateway import benchmark, peers
     from gateway.cluster import ClusterSpec
 
     if bool(args.url) == bool(args.compare):
         print("affinity-gateway bench: give either a URL or --compare POLICIES", flush=True)
         return 2
+    contestants = _policies(args.compare or "")
     try:
         sessions, meta = _sessions(args)
         evidence = _evidence(args.evidence)
         policy_params = _policy_params(args.policy_param)
+        for name in contestants:
+            peers.contestant(name)
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway bench: {exc}")
         return 2
+    if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace
+        return peers.rerun_isolated(sys.argv[1:])
     if args.compare:
         cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error",
                               num_gpu_blocks=args.num_gpu_blocks)
         meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup,
                     num_gpu_blocks=args.num_gpu_blocks, evidence=evidence, policy_params=policy_params)
-        runs = benchmark.bench_compare(_policies(args.compare), sessions, cluster, concurrency=args.concurrency,
+        meta["contestants"] = labels = {}
+        runs = benchmark.bench_compare(contestants, sessions, cluster, concurrency=args.concurrency,
                                        timeout_s=args.timeout, show=not args.quiet, evidence=evidence,
-                                       policy_params=policy_params)
+                                       policy_params=policy_params, labels=labels)
     else:
         meta.update(mode="bench", url=args.url)
         runs = {"bench": benchmark.bench_url(args.url, args.model, sessions, concurrency=args.concurrency,

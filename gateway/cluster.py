@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from gateway.peers import Peer, peer_env
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -43,16 +45,17 @@ class ClusterSpec:
     kv_events: bool = True  # replicas publish KV events; the gateway keys prompts by the model's tokens
     num_gpu_blocks: int | None = None  # replicas' KV capacity (None: the stub's default)
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # the pool's routing params
+    peer: Peer | None = None  # another router in front of the replicas instead of our gateway(s), with `policy`
 
 
 START_REDIS = "start"
 
 
 class _Child:
-    def __init__(self, name: str, args: list[str]) -> None:
+    def __init__(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                                      env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         threading.Thread(target=self._forward, daemon=True).start()
 
     def _forward(self) -> None:
@@ -144,11 +147,13 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         children.extend(replicas)
         for child, port in zip(replicas, ports):
             _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
-        yaml.safe_dump(build_config(spec, ports, store, events), config_file)
-        config_file.close()
         host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
         urls = []
-        for i in range(spec.gateways):
+        if spec.peer is not None:
+            urls.append(_start_peer(spec, spec.peer, ports, children, stopping))
+        yaml.safe_dump(build_config(spec, ports, store, events), config_file)
+        config_file.close()
+        for i in range(spec.gateways if spec.peer is None else 0):
             name = "gateway" if spec.gateways == 1 else f"gateway-{i}"
             gateway = _Child(name, [sys.executable, "-m", "gateway", "serve", "--config", config_file.name,
                                     "--port", str(spec.port + i)])
@@ -163,6 +168,17 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
             child.wait(10)
         config_file.close()
         os.unlink(config_file.name)
+
+
+def _start_peer(spec: ClusterSpec, peer: Peer, ports: list[int], children: list[_Child],
+                stopping: threading.Event) -> str:
+    """Another router in front of the replicas, on `spec.port`; returns its URL once it routes."""
+    workers = [f"http://127.0.0.1:{port}" for port in ports]
+    child = _Child(peer.name, peer.command(spec.policy, spec.port, workers, free_port()), env=peer_env())
+    children.append(child)
+    url = f"http://127.0.0.1:{spec.port}"
+    _wait_ready(f"{url}/v1/models", child, stopping)
+    return url
 
 
 def _start_redis(spec: ClusterSpec, children: list[_Child], stopping: threading.Event) -> str:

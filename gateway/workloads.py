@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import Callable, Mapping
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ def shared_prefix(
 def multi_turn(
     *, users: int = 16, rounds: int = 5, systems: int = 2, system_tokens: int = 300,
     question_tokens: int = 60, first_turn_tokens: int = 600, answer_tokens: int = 40,
-    rate_per_s: float = 4.0, think_s: float = 0.0, seed: int = 0,
+    rate_per_s: float = 4.0, think_s: float = 0.0, tenant_skew: float = 0.0, seed: int = 0,
 ) -> list[Session]:
     """U users, R rounds each, a few shared system prompts, a private history that grows per turn.
 
@@ -102,17 +103,53 @@ def multi_turn(
     is most of its prompt (the shape where affinity pays off most; production-stack's multi-round
     QA is `system_tokens=1000 first_turn_tokens=2000 answer_tokens=100`). `rate_per_s` is the rate
     at which users arrive; their later turns follow their own answers after `think_s`.
+    Each system prompt is one tenant's; `tenant_skew` > 0 makes tenants unequal (tenant i gets a
+    share of users proportional to 1 / (i + 1) ** skew; 0 = round robin over tenants).
     """
     rng = random.Random(seed)
     system_prompts = [f"You are assistant {i}. " + words(rng, system_tokens) for i in range(systems)]
+    tenant_of = _tenants(users, systems, tenant_skew)
     sessions = []
     start = 0.0
     for user in range(users):
         turns = [f"Document for user {user}: " + words(rng, first_turn_tokens)]
         turns += [f"Question {r} from user {user}: " + words(rng, question_tokens) for r in range(1, rounds)]
-        sessions.append(Session(f"user-{user}", start, system_prompts[user % systems], tuple(turns),
+        sessions.append(Session(f"user-{user}", start, system_prompts[tenant_of[user]], tuple(turns),
                                 answer_tokens, think_s))
         start += rng.expovariate(rate_per_s)
+    return sessions
+
+
+def _tenants(users: int, tenants: int, skew: float) -> list[int]:
+    """Each user's tenant: round robin when `skew` is 0, else shares ∝ 1/(i+1)**skew, interleaved."""
+    if skew <= 0:
+        return [user % tenants for user in range(users)]
+    weights = [1 / (i + 1) ** skew for i in range(tenants)]
+    given = [0] * tenants
+    out = []
+    for user in range(users):  # the tenant furthest below its share goes next: deterministic, interleaved
+        owed = [w * (user + 1) / sum(weights) - g for w, g in zip(weights, given)]
+        tenant = owed.index(max(owed))
+        given[tenant] += 1
+        out.append(tenant)
+    return out
+
+
+def hot_tenant(
+    *, requests: int = 400, hot_share: float = 0.6, hot_system_tokens: int = 3000, tenants: int = 8,
+    system_tokens: int = 1000, question_tokens: int = 100, answer_tokens: int = 64, rate_per_s: float = 8.0,
+    seed: int = 0,
+) -> list[Session]:
+    """One tenant's long system prompt carries `hot_share` of the traffic; the rest is spread over
+    `tenants` smaller tenants. Single requests, Poisson arrivals: a hot spot that also has a tail."""
+    rng = random.Random(seed)
+    hot = "Hot tenant instructions. " + words(rng, hot_system_tokens)
+    others = [f"Tenant {t} instructions. " + words(rng, system_tokens) for t in range(tenants)]
+    sessions = []
+    for i, start in enumerate(_arrivals(rng, requests, rate_per_s)):
+        system = hot if rng.random() < hot_share else others[rng.randrange(tenants)]
+        sessions.append(Session(f"req-{i}", start, system, (f"Question {i}: " + words(rng, question_tokens),),
+                                answer_tokens))
     return sessions
 
 
@@ -187,7 +224,13 @@ def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: i
 
 WORKLOADS: dict[str, Callable[..., list[Session]]] = {
     "shared-prefix": shared_prefix, "multi-turn": multi_turn, "hot-prefix": hot_prefix,
-    "agent-loop": agent_loop, "trace": trace,
+    "agent-loop": agent_loop, "trace": trace, "hot-tenant": hot_tenant,
+    # The shapes above with the defaults of the head-to-head against other routers (bench/peers_matrix.py):
+    # long-document chat over tenants of unequal size; more prefix groups than the fleet's caches hold.
+    "tenant-chat": partial(multi_turn, users=48, rounds=6, systems=4, system_tokens=400, first_turn_tokens=1200,
+                           question_tokens=40, answer_tokens=48, tenant_skew=1.0, think_s=1.0, rate_per_s=1.0),
+    "prefix-groups": partial(shared_prefix, groups=120, prompts_per_group=5, system_tokens=2500, question_tokens=60,
+                             answer_tokens=32, rate_per_s=4.0),
 }
 
 

@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import BadRequestError, GatewayError, error_body, json_object
-from replica_stub import __version__
+from replica_stub import __version__, sglang_api
 from replica_stub.block_pool import BlockPool
 from replica_stub.config import StubConfig
 from replica_stub.engine.registry import build_engine
@@ -91,6 +91,7 @@ def make_app(config: StubConfig) -> web.Application:
     app.router.add_post("/detokenize", detokenize)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/debug/kv_cache", kv_cache_state)
+    sglang_api.add_routes(app, config, scheduler)  # what SGLang's routers probe
     return app
 
 

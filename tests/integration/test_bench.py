@@ -65,3 +65,35 @@ def test_closed_loop_bench_and_simulate_agree(tmp_path: Path) -> None:
     assert s["cached_ratio"] == pytest.approx(b["cached_ratio"], abs=0.03)
     assert s["replica_share"] == b["replica_share"]
     assert b["target_session_rate"] == 0.0  # closed loop: no arrival rate to keep up with
+
+
+@pytest.mark.timeout(180)
+def test_bench_compare_runs_a_peer_router_in_front_of_the_same_stubs(tmp_path: Path) -> None:
+    """A peer contestant (`make peers`; skipped without it) starts in front of fresh stubs like our
+    policies, and its result names the router, version and policy. As root the run happens in a
+    loopback-only network namespace, through the same CLI path a user takes."""
+    import subprocess
+    import sys
+
+    from gateway.peers import PEERS
+
+    smg = PEERS["smg"]
+    if not smg.installed():
+        pytest.skip("smg is not installed (make peers)")
+    out = tmp_path / "peers"
+    subprocess.run([sys.executable, "-m", "gateway", "bench", "--compare", "round_robin,smg:round_robin", *CASE,
+                    "--no-plots", "--out", str(out)], check=True, timeout=170, capture_output=True)
+    result = orjson.loads((out / "result.json").read_bytes())
+    assert set(result["runs"]) == {"round_robin", "smg:round_robin"}
+    peer = result["runs"]["smg:round_robin"]
+    assert peer["requests"] == 18 and peer["errors"] == 0
+    assert set(peer["replica_share"]) == {"replica-0", "replica-1"} and min(peer["replica_share"].values()) > 0
+    assert result["meta"]["contestants"]["smg:round_robin"] == {"router": "smg", "version": smg.version,
+                                                                "policy": "round_robin"}
+
+
+def test_an_unknown_or_missing_contestant_is_an_error_not_a_shorter_table(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for bad, says in (("nginx:round_robin", "unknown router 'nginx'"), ("smg:no_such", "no policy 'no_such'")):
+        assert main(["bench", "--compare", f"round_robin,{bad}", *CASE, "--out", str(tmp_path)]) == 2
+        assert says in capsys.readouterr().out

@@ -250,3 +250,17 @@ def test_tokenize_detokenize_version_and_stop_strings(replica: Replica) -> None:
     stopped = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop]}).json()["choices"][0]
     assert stopped["finish_reason"] == "stop" and stopped["stop_reason"] == stop
     assert stopped["text"] == free[:free.index(stop)]
+
+
+def test_answers_what_sglang_routers_probe(replica: Replica) -> None:
+    """sglang-router refuses a worker whose /server_info and /model_info fail; SGLang policies read /get_load."""
+    url = replica("--num-gpu-blocks", "512", "--max-num-seqs", "8")
+    for path in ("/server_info", "/get_server_info"):
+        info = httpx.get(url + path).json()
+        assert info["model_path"] == MODEL and info["max_total_num_tokens"] == 512 * BLOCK
+        assert info["page_size"] == BLOCK and info["max_running_requests"] == 8
+    for path in ("/model_info", "/get_model_info"):
+        assert httpx.get(url + path).json()["is_generation"] is True
+    httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "one two three " * 20, "max_tokens": 2})
+    load = httpx.get(url + "/get_load").json()
+    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]

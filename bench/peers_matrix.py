@@ -1,0 +1,125 @@
+"""The published head-to-head: our policy against the routers users would pick instead (SGLang Model
+Gateway, sglang-router, vllm-router), every contestant in front of the same fresh sim replicas, on
+workload families the policy was not tuned on, each at a moderate and a tight load.
+
+Loads are fractions of the fleet's ideal capacity: the arrival rate at which the replicas would be
+that busy if every prefix were computed once in the fleet and then always hit (`ideal_busy_s`).
+Round robin, which rarely hits, is past its own capacity at the tight load: that is the point.
+
+    make peers && .venv/bin/python -m bench.peers_matrix --out bench-results/peers
+    .venv/bin/python -m bench.peers_matrix --families tenant-chat --loads high --contestants prefix_affinity,smg:cache_aware
+
+Prints the one-screen table of docs/BENCHMARKS.md (TTFT p90, of later turns for session workloads;
+cached share; busiest/mean) and each cell's `affinity-gateway bench` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.cli import main as cli
+from gateway.workloads import Session, build
+from replica_stub.engine.timing import TimingModel
+
+CONTESTANTS = ("prefix_affinity", "round_robin", "smg:cache_aware", "smg:prefix_hash", "smg:round_robin",
+               "sglang:cache_aware", "vllm-router:cache_aware", "vllm-router:consistent_hash")
+# family -> workload and its parameters (the workload's registered defaults otherwise)
+FAMILIES: dict[str, tuple[str, str]] = {
+    "tenant-chat": ("tenant-chat", ""),
+    "prefix-groups": ("prefix-groups", ""),
+    "agent-loop": ("agent-loop", "-p sessions=48"),
+    "hot-tenant": ("hot-tenant", ""),
+}
+LOADS = {"moderate": 0.5, "high": 0.9}
+REPLICAS, SPEEDUP, BLOCK = 4, 10.0, 16
+
+
+def ideal_busy_s(sessions: list[Session], timing: TimingModel = TimingModel()) -> float:
+    """Replica-seconds (at speedup 1) the workload needs if each block of text were prefilled once in
+    the fleet and every later request hit it: prefill of first-seen blocks, one step per request, and
+    each answer token's own share of a batched decode step. Words are tokens (the sim tokenizer)."""
+    seen: set[int] = set()
+    busy_ms = 0.0
+    for s in sessions:
+        history: list[str] = s.system.split()
+        for turn in s.user_turns:
+            history += turn.split()
+            blocks = [hash(tuple(history[:end])) for end in range(BLOCK, len(history) + 1, BLOCK)]
+            cached = next((i for i, b in enumerate(blocks) if b not in seen), len(blocks)) * BLOCK
+            seen.update(blocks)
+            busy_ms += timing.solo_prefill_ms(len(history) - cached, cached)
+            busy_ms += s.max_tokens * timing.decode_ms(len(history) + s.max_tokens // 2)
+            history += ["answer"] * s.max_tokens
+    return busy_ms / 1000
+
+
+def rate_for(workload: str, params: dict[str, str], load: float) -> float:
+    """The session arrival rate at which the ideal fleet is `load` busy (sim replicas at SPEEDUP): its
+    work spread over the arrivals' span plus a session's own think time (a conversation outlives its start)."""
+    base = build(workload, params)
+    think_s = max(s.think_s * (len(s.user_turns) - 1) for s in base)
+    span_s = ideal_busy_s(base) / SPEEDUP / (REPLICAS * load) - think_s
+    return (len(base) - 1) / span_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--loads", default=",".join(LOADS))
+    parser.add_argument("--contestants", default=",".join(CONTESTANTS))
+    parser.add_argument("--out", type=Path, default=Path("bench-results/peers"))
+    args = parser.parse_args()
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for family in args.families.split(","):
+        workload, params = FAMILIES[family]
+        pairs = dict(p.split("=", 1) for p in shlex.split(params)[1::2])
+        for load in args.loads.split(","):
+            rate = rate_for(workload, pairs, LOADS[load])
+            out = args.out / f"{family}-{load}"
+            command = (f"bench --compare {args.contestants} -w {workload} {params} --rate {rate:.3g} "
+                       f"--replicas {REPLICAS} --speedup {SPEEDUP:g} --no-plots -q --out {out}")
+            started = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = cli(shlex.split(command))
+            result = orjson.loads((out / "result.json").read_bytes())
+            cells[family, load] = result
+            print(f"{family} {load} ({rate:.3g} sessions/s): {time.perf_counter() - started:.0f} s, exit {code}\n"
+                  f"  affinity-gateway {command}", flush=True)
+    print("\n" + table(cells, args.contestants.split(",")))
+
+
+def table(cells: dict[tuple[str, str], dict[str, Any]], contestants: list[str]) -> str:
+    """One row per cell, one column per contestant: TTFT p90 ms / cached share / busiest over mean.
+    Session workloads count their later turns (the ones whose history a replica can hold)."""
+    head = "| workload | load | " + " | ".join(contestants) + " |"
+    rows = [head, "|---|---|" + "---|" * len(contestants)]
+    for (family, load), result in cells.items():
+        runs = result["runs"]
+        line = [family, f"{load} ({LOADS[load]:.0%})"]
+        for name in contestants:
+            r = runs.get(name)
+            if r is None:
+                line.append("missing")
+                continue
+            p90 = r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"]
+            errors = f", {r['errors']} err" if r["errors"] else ""
+            line.append(f"{p90 * 1000:.0f} / {r['cached_ratio']:.2f} / {r['busiest_over_mean']:.2f}{errors}")
+        rows.append("| " + " | ".join(line) + " |")
+    return "\n".join(rows) + "\n\nEach cell: TTFT p90 ms (later turns for session workloads) / cached share / busiest÷mean."
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_bench(commands)
     add_simulate(commands)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # bench re-runs itself in a network namespace
     return int(args.run(args))
 
 

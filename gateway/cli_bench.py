@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +117,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"affinity-gateway bench: {exc}")
         return 2
     if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace
-        return peers.rerun_isolated(sys.argv[1:])
+        return peers.rerun_isolated(args.argv)
     if args.compare:
         cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error",
                               num_gpu_blocks=args.num_gpu_blocks)

@@ -126,11 +126,12 @@ class Admission:
             candidates = await queue.candidates(exclude, config, route.model)
             if not candidates:
                 return None
-            decision = await route.router.route(view, candidates)
+            decision = await route.router.decide(view, candidates)
             replica = route.pool.get(decision.replica_id)
             if replica is None:
                 raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
             cap = config.max_in_flight_per_replica
             if not cap or replica.in_flight < cap:  # no await from here to pool.track: the slot is ours
+                route.router.dispatched(view, decision)
                 return replica, decision
 

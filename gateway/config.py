@@ -63,7 +63,7 @@ class ReplicaConfig:
 
 @dataclass(frozen=True)
 class RoutingConfig:
-    policy: str = "round_robin"
+    policy: str = "prefix_affinity"  # the product's reason to exist is the default
     params: dict[str, Any] = field(default_factory=dict)
     prefix: PrefixParams = field(default_factory=PrefixParams)  # how prompts are hashed, for prefix policies
     explain_header: bool = False  # add X-Gateway-Route (each candidate's score) to every response

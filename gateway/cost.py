@@ -114,13 +114,19 @@ class CostModel:
             ttfts.append(wait + base_s + s_per_token * uncached)
         return waits, ttfts, per_token
 
-    def dispatched(self, replica_id: str, uncached_tokens: int) -> float:
-        """Queue the request's prefill; returns when it is expected to be done."""
+    def dispatched(self, replica_id: str, uncached_tokens: int) -> tuple[float, float]:
+        """Queue the request's prefill; returns when it is expected to be done, and its prefill_s."""
         now = self.clock()
         prefill_s = self.prefill_s_per_token(replica_id) * uncached_tokens
         done_at = self._drain_at[replica_id] = max(self._drain_at.get(replica_id, now), now) + prefill_s
         self._mean_prefill_s += 0.05 * (prefill_s - self._mean_prefill_s)
-        return done_at
+        return done_at, prefill_s
+
+    def cancelled(self, replica_id: str, prefill_s: float) -> None:
+        """A queued prefill of `prefill_s` will never run there (its attempt failed)."""
+        drain = self._drain_at.get(replica_id)
+        if drain is not None:
+            self._drain_at[replica_id] = max(self.clock(), drain - prefill_s)
 
     def prefilled(self, replica_id: str, done_at: float) -> None:
         """A request expected done with its prefill at `done_at` has its first token: its prefill, and

@@ -51,6 +51,7 @@ class Exchange:
     streamed: bool = False
     ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
     on_first_byte: Callable[[str], None] | None = None  # called with the replica id when ttft_s is taken
+    on_attempt_failed: Callable[[str], None] | None = None  # called with the replica id of a retried attempt
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
 
@@ -114,6 +115,8 @@ class Proxy:
                     failure = exc.error
                     self._upstream_failed(replica, exc.kind, exc.error.message, config)
                     exchange.failed_replicas.append(replica.replica_id)
+                    if exchange.on_attempt_failed is not None:
+                        exchange.on_attempt_failed(replica.replica_id)
                     log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
                              kind=exc.kind, error=exc.error.message)
         raise failure

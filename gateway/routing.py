@@ -1,6 +1,9 @@
 """Router: turns a request and the pool's candidates into a Decision, for one pool.
 
-The request path calls `route()` once per attempt and `finished()` once per request.
+The request path calls `decide()` per attempt (again if admission lost the slot), `dispatched()`
+once the slot is held, `failed()` for an attempt that got no answer, and `finished()` once per
+request. Nothing is recorded for a replica before it holds the request, and a failed attempt
+takes back what it recorded.
 For policies that need the prefix, the Router keys the prompt once (kept on the view for
 retries): token-exact when the pool names its tokenizer (`gateway.tokenize`, off the event
 loop, within a budget), else in character blocks. Each candidate's warm prefix then comes
@@ -12,7 +15,7 @@ from the best evidence there is for it, the exactness ladder:
   one round trip for every candidate that needs it), also the fallback of an uncertain table;
 - `characters`: the same history, keyed by character blocks (no tokenizer, or over budget).
 
-After the pick it records the request's blocks for the chosen replica (history, and a
+On dispatch it records the request's blocks for the chosen replica (history, and a
 speculative entry where events run), and on finish the answer too (the next turn starts with
 it). It keeps the chosen replica's prediction per request until `finished()`, to learn from
 the observed TTFT and to export how right the prediction was, per rung.
@@ -56,24 +59,51 @@ class Router:
         self._predicted: dict[str, tuple[Score, str]] = {}  # request id -> chosen row and its evidence
         self._background: set[asyncio.Task[None]] = set()
 
-    async def route(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+    async def decide(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        """Pick a replica; commits nothing (admission may still lose the slot and decide again)."""
         start = time.perf_counter()
         evidence = await self._fill(view, candidates)
         decision = self.policy.choose(view, candidates)
-        replica_id = decision.replica_id
-        self.policy.on_dispatched(view, replica_id)
-        if self.policy.needs_index and view.block_hashes:
-            self.index.record(replica_id, view.block_hashes)
-            exact = self._exact_for(view)
-            if exact is not None:
-                exact.speculate(replica_id, view.block_hashes)
-        chosen = next((s for s in decision.scores if s.replica_id == replica_id), None)
-        rung = evidence.get(replica_id, "")
+        chosen = decision.chosen()
+        rung = evidence.get(decision.replica_id, "")
         if chosen is not None:
             self._track(view.request_id, chosen, rung)
         if self.metrics is not None:
             self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
+
+    def dispatched(self, view: RequestView, decision: Decision) -> None:
+        """The request holds its slot on the chosen replica and is sent next: count its queued
+        prefill there and its blocks as warm there (so a burst of siblings follows it)."""
+        replica_id = decision.replica_id
+        self.policy.on_dispatched(view, replica_id)
+        if self.policy.needs_index and view.block_hashes:
+            added = self.index.record(replica_id, view.block_hashes)
+            view.recorded = (replica_id, added)
+            exact = self._exact_for(view)
+            if exact is not None:
+                exact.speculate(replica_id, view.block_hashes)
+
+    async def route(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        """decide and dispatched in one call, for callers that always send (the simulator, benches)."""
+        decision = await self.decide(view, candidates)
+        self.dispatched(view, decision)
+        return decision
+
+    def failed(self, view: RequestView, replica_id: str) -> None:
+        """An attempt on `replica_id` failed before any answer byte (connect error, 5xx, timeout):
+        take back what `dispatched` committed there, so no phantom warm prefix or queued prefill
+        stays on a replica that never ran the request. Then the request may decide again."""
+        self.policy.on_failed(view, replica_id)
+        recorded, view.recorded = view.recorded, None
+        if recorded is not None and recorded[0] == replica_id and recorded[1]:
+            self.index.unrecord(replica_id, view.block_hashes[-recorded[1]:])
+        exact = self._exact_for(view)
+        if exact is not None:
+            exact.unspeculate(replica_id, view.block_hashes)
+        tracked = self._predicted.get(view.request_id)
+        if tracked is not None and tracked[0].replica_id == replica_id:
+            del self._predicted[view.request_id]
 
     def first_token(self, view: RequestView, replica_id: str) -> None:
         """The answer's first byte came from `replica_id`: its prefill is done (the cost model's
@@ -81,9 +111,9 @@ class Router:
         self.policy.on_first_token(view, replica_id)
 
     def finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> Score | None:
-        """An attempt ended: once per failed replica and once for the one that answered (if any).
-        `outcome` carries the observed TTFT and the replica's usage counts. Returns what was
-        predicted for this attempt's replica (None for an earlier, failed attempt)."""
+        """The request ended on `replica_id`, its last attempt (earlier failed attempts were each
+        reported to `failed`). Called once per request that reached a replica. `outcome` carries
+        the observed TTFT and the replica's usage counts. Returns what was predicted for it."""
         tracked = self._predicted.get(view.request_id)
         predicted: Score | None = None
         if tracked is not None and tracked[0].replica_id == replica_id:

@@ -83,7 +83,8 @@ def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResp
 
 
 async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
-    """parse → limits → rate limit → admission (cap, queue) → router.route → proxy.forward → finished."""
+    """parse → limits → rate limit → admission (cap, queue) → router.decide, dispatched once the slot is
+    held → proxy.forward (router.failed for an attempt that got no answer, then decide again) → finished."""
     exchange = Exchange()  # starts the clock
     state, app = request.app[STATE], request.app
     config = state.config
@@ -91,6 +92,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant)
     route = state.route_for(view.model)
     exchange.on_first_byte = partial(route.router.first_token, view)
+    exchange.on_attempt_failed = partial(route.router.failed, view)
     if route.router.records_answers:
         exchange.usage.answer = []
     try:

@@ -24,3 +24,4 @@ class RequestView:
     preamble_key: int = 0  # chain hash of the last block inside the preamble (0: none); names the preamble
     tokens_per_block: float = 0.0  # prompt tokens one hashed block stands for
     key_kind: str = ""  # "tokens" (token-exact, comparable with KV events) or "characters"
+    recorded: tuple[str, int] | None = None  # the replica its blocks were just recorded for, and how many were new

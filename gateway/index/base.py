@@ -60,9 +60,13 @@ class WarmIndex(Protocol):
     async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
         """Leading blocks of `hashes` each replica holds (0 if none); marks nothing as used."""
 
-    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+    def record(self, replica_id: str, hashes: Sequence[int]) -> int:
         """`replica_id` now holds `hashes`; refreshes their last use. Never waits: a shared
-        store queues the write and sends it in the background."""
+        store queues the write and sends it in the background. Returns how many of the chain's
+        last blocks were new to this gateway's table (what `unrecord` may take back)."""
+
+    def unrecord(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """Take back blocks `record` just added: the request never reached the replica."""
 
     async def forget(self, replica_id: str) -> None:
         """Drop a replica's table (removed, restarted, or its cache was reset)."""

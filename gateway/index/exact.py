@@ -150,6 +150,13 @@ class ExactTables:
             table.next_sweep = now + self.speculative_ttl_s
             table.speculative = {k: t for k, t in speculative.items() if t > now}
 
+    def unspeculate(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """The request never reached the replica: its speculation is withdrawn."""
+        table = self._tables.get(replica_id)
+        if table is not None:
+            for key in hashes:
+                table.speculative.pop(key, None)
+
     def forget(self, replica_id: str) -> None:
         """The replica left the pool (its subscriber is closed)."""
         self._tables.pop(replica_id, None)

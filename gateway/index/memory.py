@@ -65,9 +65,9 @@ class MemoryIndex:
             prev = lo
         return result
 
-    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
+    def record(self, replica_id: str, hashes: Sequence[int]) -> int:
         if not hashes:
-            return
+            return 0
         table = self._tables.get(replica_id)
         if table is None:
             table = self._tables[replica_id] = OrderedDict()
@@ -80,6 +80,13 @@ class MemoryIndex:
         for h in reversed(hashes[:head]):
             move(h)
         self._trim(replica_id, table)
+        return len(hashes) - head
+
+    def unrecord(self, replica_id: str, hashes: Sequence[int]) -> None:
+        table = self._tables.get(replica_id)
+        if table is not None:
+            for h in hashes:
+                table.pop(h, None)
 
     async def forget(self, replica_id: str) -> None:
         self.drop(replica_id)

@@ -243,10 +243,16 @@ class RedisIndex:
         # This gateway's newest writes may still be queued: take the longer of the two.
         return {r: max(int(n), local[r]) for r, n in zip(ids, reply.split())}
 
-    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
-        if hashes:
-            self.local.record(replica_id, hashes)
-            self._enqueue((replica_id, pack(hashes), time.time()))
+    def record(self, replica_id: str, hashes: Sequence[int]) -> int:
+        if not hashes:
+            return 0
+        self._enqueue((replica_id, pack(hashes), time.time()))
+        return self.local.record(replica_id, hashes)
+
+    def unrecord(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """This gateway's own table forgets them; a write already queued or sent stays in Redis
+        until the table's LRU trim or TTL ages it out (a request that never reached a replica is rare)."""
+        self.local.unrecord(replica_id, hashes)
 
     async def forget(self, replica_id: str) -> None:
         await self.local.forget(replica_id)

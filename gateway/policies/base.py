@@ -61,6 +61,10 @@ class Decision:
             ],
         }
 
+    def chosen(self) -> Score | None:
+        """The chosen replica's row (its last, should an id repeat), if the policy scored it."""
+        return next((s for s in reversed(self.scores) if s.replica_id == self.replica_id), None)
+
     def header_value(self, most: int = 8) -> str:
         """Compact one-line form for the opt-in X-Gateway-Route header: the best `most` candidates."""
         best = sorted(self.scores, key=lambda s: s.score)[:most]
@@ -107,7 +111,10 @@ class Policy(ABC):
         """Pick one of `candidates` (never empty). Pure: no I/O, no awaits."""
 
     def on_dispatched(self, view: RequestView, replica_id: str) -> None:
-        """Called once the request is sent to `replica_id`."""
+        """Called once the request holds its slot on `replica_id` and is about to be sent."""
+
+    def on_failed(self, view: RequestView, replica_id: str) -> None:
+        """That attempt failed before any answer (connect error, 5xx): undo what `on_dispatched` counted."""
 
     def on_first_token(self, view: RequestView, replica_id: str) -> None:
         """Called when the first byte of the answer arrives: the replica's prefill of it is over."""

@@ -92,7 +92,7 @@ class PrefixAffinityPolicy(Policy):
         # on_dispatched to queue the chosen one's uncached prefill (one slot, never grows).
         self._last: tuple[str, int, list[str], list[int]] = ("", 0, [], [])
         # Expected prefill completion of each dispatched request, until it finishes (bounded).
-        self._done_at: dict[str, tuple[str, float]] = {}
+        self._done_at: dict[str, tuple[str, float, float]] = {}  # request -> (replica, done at, prefill_s)
         # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
         self._recent: dict[str, tuple[float, float]] = {}
         # The same, per preamble (view.preamble_key, 0 = all requests), oldest first; bounded.
@@ -177,11 +177,18 @@ class PrefixAffinityPolicy(Policy):
         request_id, prompt, ids, cached = self._last
         if request_id == view.request_id and replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
-            done_at = self.cost.dispatched(replica_id, prompt - cached[last])
+            done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
             self._done_at.pop(view.request_id, None)
             if len(self._done_at) >= MAX_TRACKED:
                 del self._done_at[next(iter(self._done_at))]
-            self._done_at[view.request_id] = (replica_id, done_at)
+            self._done_at[view.request_id] = (replica_id, done_at, prefill_s)
+
+    def on_failed(self, view: RequestView, replica_id: str) -> None:
+        """It never ran there: its prefill leaves that replica's virtual queue."""
+        dispatched = self._done_at.get(view.request_id)
+        if dispatched is not None and dispatched[0] == replica_id:
+            del self._done_at[view.request_id]
+            self.cost.cancelled(replica_id, dispatched[2])
 
     def on_first_token(self, view: RequestView, replica_id: str) -> None:
         """The prefill is over, and so is all queued before it: the virtual queue moves up now, not
@@ -189,7 +196,7 @@ class PrefixAffinityPolicy(Policy):
         dispatched = self._done_at.get(view.request_id)
         if dispatched is not None and dispatched[0] == replica_id:
             del self._done_at[view.request_id]
-            self.cost.prefilled(*dispatched)
+            self.cost.prefilled(replica_id, dispatched[1])
 
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway

@@ -89,3 +89,41 @@ def test_two_gateways_sharing_redis_keep_a_conversation_on_one_replica(tmp_path:
         for _ in range(3):
             replicas = conversation_turns([g.url for g in gateways], turns=4)
             assert len(set(replicas)) == 1, replicas
+
+
+def test_a_replica_that_refused_the_connection_holds_nothing_of_the_request(tmp_path: Path) -> None:
+    """A request whose first choice refuses the connection is retried elsewhere; the refusing replica
+    keeps no warm prefix and no queued prefill of it (the failed attempt takes back what it recorded)."""
+    from tests.helpers import free_port
+    from tests.integration.reliability_tools import metric
+
+    with running() as track:
+        live = track(start_stub("live"))
+        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+        never_eject = {"interval_s": 60.0, "unhealthy_after": 1000, "eject_after_failures": 1000}
+        gateway = track(start_gateway(tmp_path, {MODEL: pool(("dead", dead), ("live", live.url),
+                                                             policy="prefix_affinity")}, health=never_eject))
+        prompts = [[SYSTEM, {"role": "user", "content": f"Request {i}: " + "describe the river valley. " * 40}]
+                   for i in range(6)]
+        for messages in prompts:
+            assert chat(gateway.url, messages).headers["X-Replica-Id"] == "live"
+        assert (metric(gateway, 'affinity_gateway_upstream_errors_total{kind="connect",replica="dead"}') or 0) >= 1
+        for messages in prompts:
+            body = {"model": MODEL, "messages": messages, "max_tokens": 8}
+            explained = httpx.post(f"{gateway.url}/admin/route/explain", json=body, timeout=10).json()
+            rows = {row["replica"]: row for row in explained["candidates"]}
+            assert rows["live"]["cached_tokens"] > 0
+            assert rows["dead"]["cached_tokens"] == 0 and rows["dead"]["wait_s"] == 0.0, rows["dead"]
+
+
+def test_a_pool_without_a_routing_section_routes_by_prefix_affinity(tmp_path: Path) -> None:
+    with running() as track:
+        stubs = [track(start_stub(f"r{i}")) for i in range(2)]
+        replicas = {"replicas": [{"url": s.url, "name": s.replica_id} for s in stubs]}  # no `routing:` at all
+        gateway = track(start_gateway(tmp_path, {MODEL: replicas}))
+        messages = [SYSTEM, {"role": "user", "content": "Which policy is this? " * 30}]
+        first, second = chat(gateway.url, messages), chat(gateway.url, messages)
+        assert second.headers["X-Replica-Id"] == first.headers["X-Replica-Id"]
+        assert second.headers["X-Affinity-Reason"] == "prefix_hit"
+        assert gateway.replicas() and httpx.get(f"{gateway.url}/admin/replicas").json()[MODEL]["policy"] == \
+            "prefix_affinity"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from gateway.admission import AdmissionConfig, PoolQueue
 from gateway.errors import RateLimitError
 from gateway.replicas import Replica, ReplicaPool
+from gateway.view import RequestView
 
 CONFIG = AdmissionConfig(max_in_flight_per_replica=1, max_queue=3, queue_timeout_s=1.0, retry_after_s=2.0)
 
@@ -96,3 +98,36 @@ async def test_room_that_appears_without_a_release_goes_to_the_head_of_the_line(
         assert not late.done() and len(queue) == 1
         late.cancel()
         await asyncio.gather(late, return_exceptions=True)
+
+
+async def test_a_decision_that_loses_its_slot_records_nothing_for_that_replica() -> None:
+    """Admission decides, but another request takes the chosen replica's last slot before this one
+    holds it: the decision is made again elsewhere, and the first choice keeps no phantom warm
+    prefix and no phantom queued prefill (the decision committed nothing)."""
+    from gateway.admission import Admission
+    from gateway.config import RoutingConfig
+    from gateway.state import ModelRoute
+    from tests.unit.gateway.test_routing import SYSTEM, chat_view, make_router
+
+    pool, _, _ = _pool()
+    router = make_router(seed=1)
+    route = ModelRoute("m", pool, router, RoutingConfig(policy="prefix_affinity"))
+    admission = Admission(lambda model, waited_s: None)
+    view = chat_view([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello " * 200}])
+    decide, taken = router.decide, []
+
+    async def decide_then_lose_the_slot(view_: RequestView, candidates: Any) -> Any:
+        decision = await decide(view_, candidates)
+        if not taken:  # a concurrent request takes the chosen replica's slot meanwhile
+            taken.append(pool.track(pool.get(decision.replica_id)))  # type: ignore[arg-type]
+            taken[0].__enter__()
+        return decision
+
+    router.decide = decide_then_lose_the_slot  # type: ignore[method-assign]
+    replica, decision = await admission.choose(route, view, (), CONFIG)  # type: ignore[misc]
+    lost = "b" if replica.replica_id == "a" else "a"
+    taken[0].__exit__(None, None, None)  # the other request is gone: only what was committed remains
+    explained = (await router.explain(view, pool.candidates(())))["candidates"]
+    rows = {row["replica"]: row for row in explained}
+    assert rows[replica.replica_id]["cached_tokens"] > 0 and rows[replica.replica_id]["wait_s"] > 0
+    assert rows[lost]["cached_tokens"] == 0 and rows[lost]["wait_s"] == 0.0

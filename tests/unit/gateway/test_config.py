@@ -31,7 +31,7 @@ def test_defaults_and_replica_id(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL))
     assert config.listen.port == 8000 and config.limits.max_retries == 1
     assert config.pools["m"].replicas[0].replica_id == "127.0.0.1:9001"
-    assert config.pools["m"].routing.policy == "round_robin"
+    assert config.pools["m"].routing.policy == "prefix_affinity"
 
 
 def pool(**changes: Any) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def test_params_validation(data: dict[str, float], key: str) -> None:
 
 def test_prefilled_request_releases_its_queued_prefill() -> None:
     cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
-    first = cost.dispatched("a", 1000)
+    first, _ = cost.dispatched("a", 1000)
     cost.dispatched("a", 500)
     clock.now += 0.2
     cost.prefilled("a", first)  # done 0.8 s sooner than predicted: the second moves up
@@ -149,3 +149,13 @@ def test_predict_many_is_predict_for_each_candidate(calibrate: str) -> None:
         assert ttft == expected_wait + cost._base_s + s_per_token * max(0, 1000 - c.cached_tokens)
         assert (wait, ttft) == cost.predict(c, 1000, clock.now)
     assert ttfts[2] == waits[2] + cost._base_s  # more cached than the prompt: nothing to prefill
+
+
+def test_cancelled_prefill_leaves_the_queue() -> None:
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
+    cost.dispatched("a", 1000)
+    _, prefill_s = cost.dispatched("a", 500)
+    cost.cancelled("a", prefill_s)  # the second never ran there
+    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(1.0)
+    cost.cancelled("a", 5.0)  # never below empty
+    assert cost.wait_s(Candidate("a"), clock.now) == 0.0

@@ -196,7 +196,7 @@ async def test_unexpected_exception_is_500_json(gateway: Gateway, monkeypatch: p
     async def broken(*args: Any) -> Any:
         raise ZeroDivisionError
 
-    monkeypatch.setattr(client.app[STATE].routes[MODEL].router, "route", broken)
+    monkeypatch.setattr(client.app[STATE].routes[MODEL].router, "decide", broken)
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 500 and orjson.loads(await resp.read())["error"]["type"] == "InternalServerError"
 
@@ -222,13 +222,13 @@ async def test_api_key_gives_the_tenant_and_is_not_forwarded(gateway: Gateway,
     client, (fake,) = await gateway(FakeReplica("r0"), auth={"keys": [{"sha256": hash_key("sk-1"), "tenant": "acme"}]})
     router = client.app[STATE].routes[MODEL].router
     tenants: list[str | None] = []
-    route = router.route
+    decide = router.decide
 
     async def spy(view: Any, candidates: Any) -> Any:
         tenants.append(view.tenant)
-        return await route(view, candidates)
+        return await decide(view, candidates)
 
-    monkeypatch.setattr(router, "route", spy)
+    monkeypatch.setattr(router, "decide", spy)
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 401
     resp = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer sk-1"})
     assert resp.status == 200 and tenants == ["acme"]

@@ -77,10 +77,6 @@ class PrefixParams:
         """Prompt tokens one character block stands for."""
         return self.block_chars / self.chars_per_token
 
-    def index_blocks(self, num_gpu_blocks: int, replica_block_size: int) -> int:
-        """Index capacity equivalent to a replica's KV pool (`vllm:cache_config_info`)."""
-        return max(1, int(num_gpu_blocks * replica_block_size / self.tokens_per_block))
-
 
 @dataclass(frozen=True, slots=True)
 class Prefix:

@@ -57,6 +57,12 @@ class Router:
         self.keys = keys
         self.exact = exact
         self._predicted: dict[str, tuple[Score, str]] = {}  # request id -> chosen row and its evidence
+        # Replica tokens per estimated token of character keys, learned from the replicas' usage
+        # (chars_per_token is a guess: 4 for English BPE, other for other tokenizers and languages).
+        self.token_ratio = 1.0
+        self._ratio_samples = 0
+        self._applied_ratio = 1.0
+        self._kv_tokens: dict[str, int] = {}  # each replica's KV capacity in tokens (cache_config_info)
         self._background: set[asyncio.Task[None]] = set()
 
     async def decide(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
@@ -105,6 +111,33 @@ class Router:
         if tracked is not None and tracked[0].replica_id == replica_id:
             del self._predicted[view.request_id]
 
+    def set_capacity(self, replica_id: str, kv_tokens: int) -> None:
+        """The replica's KV cache holds `kv_tokens`: bound its warm-prefix table to as many blocks."""
+        self._kv_tokens[replica_id] = kv_tokens
+        self.index.set_capacity(replica_id, self._index_blocks(kv_tokens))
+
+    def _index_blocks(self, kv_tokens: int) -> int:
+        return max(1, int(kv_tokens / (self.prefix_params.tokens_per_block * self.token_ratio)))
+
+    def _learn_ratio(self, view: RequestView, prompt_tokens: int) -> None:
+        """Character keys estimate tokens from characters; the replica counts them. Follow the ratio
+        (a running mean, then an EWMA), and resize the tables when it moved: with a wrong ratio the
+        index forgets (or keeps) prefixes the replica still holds (or has evicted)."""
+        estimate = view.prompt_tokens_estimate / self.token_ratio_of(view)
+        if estimate < 16:
+            return
+        self._ratio_samples += 1
+        sample = min(max(prompt_tokens / estimate, 0.2), 5.0)
+        self.token_ratio += max(0.05, 1 / self._ratio_samples) * (sample - self.token_ratio)
+        if abs(self.token_ratio / self._applied_ratio - 1) > 0.02:
+            self._applied_ratio = self.token_ratio
+            for replica_id, kv_tokens in self._kv_tokens.items():
+                self.index.set_capacity(replica_id, self._index_blocks(kv_tokens))
+
+    def token_ratio_of(self, view: RequestView) -> float:
+        """The ratio the view's character-key estimate was scaled by."""
+        return view.tokens_per_block / self.prefix_params.tokens_per_block
+
     def first_token(self, view: RequestView, replica_id: str) -> None:
         """The answer's first byte came from `replica_id`: its prefill is done (the cost model's
         queue of prefill work there moves up at once)."""
@@ -126,6 +159,8 @@ class Router:
                     predicted.cached_tokens - outcome.cached_tokens)
             if outcome.ttft_s is not None and self.policy.needs_index:
                 self.metrics.ttft_error.labels(self.pool).observe(predicted.score - outcome.ttft_s)
+        if outcome.ok and outcome.prompt_tokens and view.key_kind == CHARACTERS:
+            self._learn_ratio(view, outcome.prompt_tokens)
         if outcome.ok and outcome.answer and self.records_answers:
             self._record_answer(view, replica_id, outcome)
         self.policy.on_finished(view, replica_id, dataclasses.replace(outcome, predicted=predicted))
@@ -166,8 +201,13 @@ class Router:
             return {}
         if not view.block_hashes:
             prefix.attach(view, await self._key(view))
+            if view.key_kind == CHARACTERS and self.token_ratio != 1.0:  # in the replica's tokens
+                view.tokens_per_block *= self.token_ratio
+                view.prompt_tokens_estimate = round(view.prompt_tokens_estimate * self.token_ratio)
         if not self.policy.needs_index or not view.block_hashes:
             return {}
+        for c in candidates:
+            c.cache_fill = self.index.fill(c.replica_id)
         evidence: dict[str, str] = {}
         rest: list[Candidate] = []  # candidates the history index must answer for
         exact = self._exact_for(view)

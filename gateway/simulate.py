@@ -130,9 +130,8 @@ class Simulation:
             max_model_len=stub.max_model_len))
             for name in (f"replica-{i}" for i in range(spec.replicas))}
         self.router = Router(_policy(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
-        capacity = spec.prefix.index_blocks(stub.num_gpu_blocks, stub.block_size)
         for name in self.replicas:
-            self.router.index.set_capacity(name, capacity)
+            self.router.set_capacity(name, stub.num_gpu_blocks * stub.block_size)
         self._active: dict[str, _Active] = {}
         self._by_request: dict[str, _Active] = {}
         self._vocab_ids = [self.tokenizer.encode(w)[0] for w in self.engine.vocab]

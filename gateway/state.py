@@ -92,8 +92,7 @@ class GatewayState:
         for route in self.routes.values():
             for replica in route.pool:
                 if replica.load.num_gpu_blocks and replica.load.block_size:
-                    blocks = route.routing.prefix.index_blocks(replica.load.num_gpu_blocks, replica.load.block_size)
-                    route.router.index.set_capacity(replica.replica_id, blocks)
+                    route.router.set_capacity(replica.replica_id, replica.load.num_gpu_blocks * replica.load.block_size)
 
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""

@@ -68,11 +68,14 @@ class WarmIndex(Protocol):
     def unrecord(self, replica_id: str, hashes: Sequence[int]) -> None:
         """Take back blocks `record` just added: the request never reached the replica."""
 
+    def fill(self, replica_id: str) -> float:
+        """How full the replica's table is, 0..1: at 1 every new block evicts a warm one."""
+
     async def forget(self, replica_id: str) -> None:
         """Drop a replica's table (removed, restarted, or its cache was reset)."""
 
     def set_capacity(self, replica_id: str, blocks: int) -> None:
-        """Bound the replica's table to its KV pool size (`PrefixParams.index_blocks`)."""
+        """Bound the replica's table to its KV pool size (`Router.set_capacity`)."""
 
     async def flush(self) -> None:
         """Return once every earlier `record`/`forget` is in the shared store and, where this

@@ -112,6 +112,9 @@ class MemoryIndex:
     def size(self, replica_id: str) -> int:
         return len(self._tables.get(replica_id, ()))
 
+    def fill(self, replica_id: str) -> float:
+        return self.size(replica_id) / self.capacity(replica_id)
+
     def _trim(self, replica_id: str, table: OrderedDict[int, None]) -> None:
         excess = len(table) - self.capacity(replica_id)
         for _ in range(excess):

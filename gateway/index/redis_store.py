@@ -249,6 +249,9 @@ class RedisIndex:
         self._enqueue((replica_id, pack(hashes), time.time()))
         return self.local.record(replica_id, hashes)
 
+    def fill(self, replica_id: str) -> float:
+        return self.local.fill(replica_id)
+
     def unrecord(self, replica_id: str, hashes: Sequence[int]) -> None:
         """This gateway's own table forgets them; a write already queued or sent stays in Redis
         until the table's LRU trim or TTL ages it out (a request that never reached a replica is rare)."""

@@ -28,6 +28,7 @@ class Candidate:
     waiting: int = 0  # scraped vllm:num_requests_waiting
     kv_usage: float = 0.0  # scraped vllm:kv_cache_usage_perc, 0..1
     cached_tokens: int = 0  # longest warm prefix, filled when the policy needs_prefix
+    cache_fill: float = 0.0  # how full its prefix cache is, 0..1, as the warm index sees it (needs_index)
 
     @property
     def load(self) -> float:

@@ -59,6 +59,8 @@ class PrefixAffinityParams(CostParams):
     balance_window_s: float = 60.0  # ties go to the replica sent the fewest requests lately
     shared_preamble_requests: int = 2  # requests within balance_window_s before a preamble is replicated
     preamble_spread: float = 2.0  # holders wanted per replica-share of the traffic a preamble carries
+    bound_margin: float = 1.0  # over the bound, stay only if moving costs more than (1 + this) × the wait
+    eviction_weight: float = 1.0  # writing a shared preamble into a full cache also costs this × its prefill
     seed: int | None = None
 
     def validate(self, key: str) -> None:
@@ -71,6 +73,10 @@ class PrefixAffinityParams(CostParams):
             raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
         if self.shared_preamble_requests < 1:
             raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
+        if self.bound_margin < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.bound_margin")
+        if self.eviction_weight < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.eviction_weight")
         if self.preamble_spread <= 0:
             raise ConfigError("must be > 0", key=f"{key}.preamble_spread")
         if self.tie_s < 0 or self.tie_ratio < 0:
@@ -120,6 +126,14 @@ class PrefixAffinityPolicy(Policy):
                          for ttft, n, s_per_token in zip(ttfts, cached, per_token)]
         else:
             effective = ttfts  # + 0 × the preamble's prefill: the same numbers
+        if p.eviction_weight and view.preamble_tokens:
+            # Writing a shared preamble into a full cache evicts as much warm prefix, which someone
+            # re-prefills later, while the preamble's other holders keep their copy: a duplicate.
+            # (A conversation's own history is no such cost: it moves with the conversation, and
+            # the copy it leaves behind is dead.)
+            weight, preamble = p.eviction_weight, view.preamble_tokens
+            effective = [e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
+                         for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)]
         room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
         eligible = [i for i, ok in enumerate(room) if ok]
         if len(eligible) == len(rows) or not eligible:
@@ -127,6 +141,15 @@ class PrefixAffinityPolicy(Policy):
             best = min(effective)
         else:
             best = min([effective[i] for i in eligible])
+            # Over the bound, a replica still keeps the request when moving costs more than staying
+            # would even if its predicted wait were `bound_margin` times longer: the bound guards
+            # against a wrong wait estimate, not against a home that is plainly worth its queue.
+            # Predicted TTFTs decide that, not the eviction-weighted costs: a queue is paid in TTFT.
+            margin, fastest = p.bound_margin, min([ttfts[i] for i in eligible])
+            keep = [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
+            if keep:
+                eligible = sorted(eligible + keep)
+                best = min(best, min([effective[i] for i in keep]))
         cutoff = best + max(p.tie_s, p.tie_ratio * best)
         near = [i for i in eligible if effective[i] <= cutoff]
         # Near-ties: the least loaded, then the one given the least recent work (new conversations

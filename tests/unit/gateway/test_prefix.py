@@ -176,11 +176,6 @@ def test_max_blocks_bounds_the_work() -> None:
     assert len(hashes({"prompt": "y" * 10_000}, params, endpoint="completions")) == 3
 
 
-def test_index_blocks_from_replica_capacity() -> None:
-    assert P.index_blocks(num_gpu_blocks=1000, replica_block_size=16) == 1000
-    assert PrefixParams(block_chars=128).index_blocks(1000, 16) == 500
-
-
 @pytest.mark.parametrize("data,key", [({"block_chars": 0}, "p.block_chars"),
                                       ({"chars_per_token": 0}, "p.chars_per_token"),
                                       ({"bogus": 1}, "p.bogus")], ids=["block", "cpt", "unknown"])

@@ -244,3 +244,22 @@ async def test_the_answer_is_recorded_so_a_short_next_turn_matches_it() -> None:
     other.finished(view2, decision2.replica_id, Outcome(ok=False, answer=answer))
     matched2 = await other.index.match(prefix.compute(nxt, other.prefix_params).block_hashes, IDS)
     assert matched2[decision2.replica_id] == len(view2.block_hashes)
+
+
+async def test_character_keys_learn_the_replicas_tokens_per_estimated_token() -> None:
+    """Replicas count half the tokens chars/4 estimates: the estimate follows, and each replica's table
+    is resized to the KV capacity in the replica's own tokens (twice the blocks)."""
+    router = make_router()
+    router.set_capacity("a", 16_000)
+    before = router.index.capacity("a")  # type: ignore[attr-defined]
+    for i in range(40):
+        view = chat_view(conversation(1, f"ratio-{i}"))
+        decision = await router.route(view, candidates())
+        raw = view.prompt_tokens_estimate / router.token_ratio_of(view)  # chars/4, before the learned scale
+        router.finished(view, decision.replica_id, Outcome(ok=True, prompt_tokens=round(raw / 2)))
+    assert router.token_ratio == pytest.approx(0.5, rel=0.05)
+    assert router.index.capacity("a") == pytest.approx(2 * before, rel=0.05)  # type: ignore[attr-defined]
+    view = chat_view(conversation(1, "after"))
+    await router.route(view, candidates())
+    raw = prefix.compute(chat_view(conversation(1, "after")), PrefixParams()).prompt_tokens
+    assert view.prompt_tokens_estimate == pytest.approx(raw / 2, rel=0.05)

@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--loads", default=",".join(LOADS))
     parser.add_argument("--contestants", default=",".join(CONTESTANTS))
     parser.add_argument("--out", type=Path, default=Path("bench-results/peers"))
+    parser.add_argument("--report", action="store_true", help="only print the table of the cells already in --out")
     args = parser.parse_args()
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for family in args.families.split(","):
@@ -87,6 +88,9 @@ def main() -> None:
             out = args.out / f"{family}-{load}"
             command = (f"bench --compare {args.contestants} -w {workload} {params} --rate {rate:.3g} "
                        f"--replicas {REPLICAS} --speedup {SPEEDUP:g} --no-plots -q --out {out}")
+            if args.report:
+                cells[family, load] = orjson.loads((out / "result.json").read_bytes())
+                continue
             started = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):
                 code = cli(shlex.split(command))

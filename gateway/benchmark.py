@@ -17,7 +17,7 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway import loadgen, peers
+from gateway import __version__, loadgen, peers
 from gateway.cluster import ClusterSpec, free_port, started
 from gateway.results import Result, Summary, summarise, table
 from gateway.simulate import SimSpec, Simulation
@@ -89,14 +89,8 @@ def bench_compare(contestants: list[str], sessions: list[Session], cluster: Clus
             if labels is not None:
                 peer = entry.peer
                 labels[name] = {"router": peer.package if peer else "affinity-gateway",
-                                "version": peer.version if peer else _version(), "policy": entry.policy}
+                                "version": peer.version if peer else __version__, "policy": entry.policy}
     return runs
-
-
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("affinity-gateway")
 
 
 def run_name(policy: str, evidence: str) -> str:

@@ -8,7 +8,7 @@ port are set, plus what keeps it offline (no tokenizer download, `HF_HUB_OFFLINE
 contestant that is named but not installed is an error, never a silently shorter table.
 
 As root, `bench` runs the whole comparison inside a loopback-only network namespace
-(`isolate`), so nothing a peer does can reach past this machine.
+(`rerun_isolated`), so nothing a peer does can reach past this machine.
 """
 
 from __future__ import annotations
@@ -66,10 +66,6 @@ class Contestant:
     peer: Peer | None
     policy: str
 
-    @property
-    def label(self) -> str:
-        return self.name if self.peer is None else f"{self.name} ({self.peer.package} {self.peer.version})"
-
 
 def contestant(name: str) -> Contestant:
     """Parse `policy` or `peer:policy`; ValueError names what is wrong (unknown, or not installed)."""
@@ -102,7 +98,7 @@ def isolated() -> bool:
 
 def needs_isolation(names: list[str]) -> bool:
     """Peers run offline: as root (where `ip netns` works) outside a loopback-only namespace, move there."""
-    wants = any(":" in n for n in names)
+    wants = any(contestant(n).peer is not None for n in names)
     return wants and os.geteuid() == 0 and shutil.which("ip") is not None and not isolated()
 
 

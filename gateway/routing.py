@@ -131,8 +131,8 @@ class Router:
         self.token_ratio += max(0.05, 1 / self._ratio_samples) * (sample - self.token_ratio)
         if abs(self.token_ratio / self._applied_ratio - 1) > 0.02:
             self._applied_ratio = self.token_ratio
-            for replica_id, kv_tokens in self._kv_tokens.items():
-                self.index.set_capacity(replica_id, self._index_blocks(kv_tokens))
+            for replica_id, kv_tokens in list(self._kv_tokens.items()):
+                self.set_capacity(replica_id, kv_tokens)
 
     def token_ratio_of(self, view: RequestView) -> float:
         """The ratio the view's character-key estimate was scaled by."""

@@ -16,7 +16,8 @@ steered by stale numbers, 3% behind least_loaded's p90 on hot-prefix.)
 interference).
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
-estimate for the pool, or one per replica), learned from requests that prefilled at least
+estimate for the pool, or one per replica; prefix_affinity feeds it only requests that found
+their replica idle, whose TTFT is no queue), learned from requests that prefilled at least
 `min_learn_tokens`; shorter ones teach `base_s`, the fixed part every request pays (one
 scheduler step, network), which shifts all candidates alike and so only sharpens the estimates.
 """

@@ -2,7 +2,9 @@
 
     predicted_ttft(r) = wait(r) + prefill_s_per_token × (prompt_tokens − cached_tokens(r))
     choice: argmin over r of predicted_ttft(r) + discount × prefill_s_per_token
-            × min(cached_tokens(r), preamble_tokens), among replicas within the load bound
+            × min(cached_tokens(r), preamble_tokens) + delay(r), among replicas within the load bound
+    delay(r) = delay_weight × x(r) × (wait(r) + x(r)) × r's recent arrival rate, x(r) its prefill:
+               what the prefill costs the requests that will queue behind it (`_with_delays`)
     discount = 1 − preamble_weight for a new conversation (no replica holds more than the
                preamble) whose preamble deserves more holders than it has, else 0
     holders wanted = ceil(replicas × the preamble's share of recent requests × preamble_spread),
@@ -61,6 +63,8 @@ class PrefixAffinityParams(CostParams):
     preamble_spread: float = 2.0  # holders wanted per replica-share of the traffic a preamble carries
     bound_margin: float = 1.0  # over the bound, stay only if moving costs more than (1 + this) × the wait
     eviction_weight: float = 1.0  # writing a shared preamble into a full cache also costs this × its prefill
+    delay_weight: float = 1.0  # a prefill also costs this × the delay it causes the requests queued behind it
+    home_credit: float = 1.0  # ...where a preamble's last replica is taken to keep this share of it
     seed: int | None = None
 
     def validate(self, key: str) -> None:
@@ -75,6 +79,10 @@ class PrefixAffinityParams(CostParams):
             raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
         if self.bound_margin < 0:
             raise ConfigError("must be >= 0", key=f"{key}.bound_margin")
+        if self.delay_weight < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.delay_weight")
+        if not 0 <= self.home_credit <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.home_credit")
         if self.eviction_weight < 0:
             raise ConfigError("must be >= 0", key=f"{key}.eviction_weight")
         if self.preamble_spread <= 0:
@@ -94,9 +102,15 @@ class PrefixAffinityPolicy(Policy):
         super().__init__(params)
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)
-        # The last choice's request, prompt tokens, candidates and their cached tokens, for
+        # The last choice's request, prompt tokens, candidates, their cached tokens and loads, for
         # on_dispatched to queue the chosen one's uncached prefill (one slot, never grows).
-        self._last: tuple[str, int, list[str], list[int]] = ("", 0, [], [])
+        self._last: tuple[str, int, list[str], list[int], list[float]] = ("", 0, [], [], [])
+        # Requests sent to a replica that had nothing else: only their TTFTs teach the prefill cost.
+        # Behind a queue, any error in the predicted wait is learned as a slower or faster prefill,
+        # and the next waits are predicted with it: the estimate swung 700x within one run.
+        self._idle: dict[str, str] = {}  # request id -> the idle replica it was sent to
+        # Each preamble's last replica (view.preamble_key -> replica id), oldest first; bounded.
+        self._homes: dict[int, str] = {}
         # Expected prefill completion of each dispatched request, until it finishes (bounded).
         self._done_at: dict[str, tuple[str, float, float]] = {}  # request -> (replica, done at, prefill_s)
         # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
@@ -134,6 +148,9 @@ class PrefixAffinityPolicy(Policy):
             weight, preamble = p.eviction_weight, view.preamble_tokens
             effective = [e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
                          for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)]
+        if p.delay_weight:
+            delays = self._delays(view, ids, cached, waits, per_token, prompt, now)
+            effective = [e + d for e, d in zip(effective, delays)]
         room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
         eligible = [i for i, ok in enumerate(room) if ok]
         if len(eligible) == len(rows) or not eligible:
@@ -144,7 +161,8 @@ class PrefixAffinityPolicy(Policy):
             # Over the bound, a replica still keeps the request when moving costs more than staying
             # would even if its predicted wait were `bound_margin` times longer: the bound guards
             # against a wrong wait estimate, not against a home that is plainly worth its queue.
-            # Predicted TTFTs decide that, not the eviction-weighted costs: a queue is paid in TTFT.
+            # Predicted TTFTs decide that, not the costs to others: a queue is paid in TTFT (keeping
+            # by the full score held long prompts on saturated replicas: trace p90 +8 %).
             margin, fastest = p.bound_margin, min([ttfts[i] for i in eligible])
             keep = [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
             if keep:
@@ -161,7 +179,7 @@ class PrefixAffinityPolicy(Policy):
             least = min(recent.values())
             tied = [i for i in tied if recent[i] == least]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
-        self._last = (view.request_id, prompt, ids, cached)
+        self._last = (view.request_id, prompt, ids, cached, loads)
         if len(eligible) < len(rows) and min(effective) < effective[pick]:
             reason = "load_bound"  # the fastest-looking replica was over the bound
         else:
@@ -184,6 +202,33 @@ class PrefixAffinityPolicy(Policy):
         holders = sum(1 for n in cached if n >= view.preamble_tokens)
         return holders < wanted
 
+    def _delays(self, view: RequestView, ids: list[str], cached: list[int], waits: list[float],
+                per_token: list[float], prompt: int, now: float) -> list[float]:
+        """What each candidate's prefill costs the requests that will queue behind it, in seconds.
+
+        A prefill of x seconds at r delays by x every request that reaches r before r's queue
+        drains: about rate(r) × (wait(r) + x) of them, at r's recent arrival rate. Negligible while
+        queues are short (the predicted TTFT decides), it dominates near saturation, where a long
+        prompt re-prefilled on a replica that lacks it is throughput lost, and throughput is what
+        the tail is made of. The index forgets a preamble once it would have been evicted; the
+        replica it was last sent to is still taken to keep `home_credit` of it, so that a re-prefill
+        goes back there instead of copying it to a second replica (a group split over replicas
+        evicts twice as much). The credit is for this cost only, never for the predicted TTFT."""
+        p = self.params
+        preamble = view.preamble_tokens
+        expected = cached
+        home = self._homes.get(view.preamble_key) if preamble and p.home_credit else None
+        if home in ids and max(cached) < preamble:
+            i = ids.index(home)
+            expected = list(cached)
+            expected[i] = max(cached[i], int(p.home_credit * preamble))
+        weight, window = p.delay_weight, p.balance_window_s
+        out = []
+        for replica_id, wait, n, s_per_token in zip(ids, waits, expected, per_token):
+            x = s_per_token * (prompt - n if prompt > n else 0)
+            out.append(weight * x * (wait + x) * self._recent_work(replica_id, now) / window)
+        return out
+
     def _recent_work(self, replica_id: str, now: float) -> float:
         return _decayed(self._recent, replica_id, now, self.params.balance_window_s)
 
@@ -197,10 +242,20 @@ class PrefixAffinityPolicy(Policy):
             if len(self._preambles) >= MAX_TRACKED:
                 del self._preambles[next(k for k in self._preambles if k)]
             self._preambles[key] = (seen, now)
-        request_id, prompt, ids, cached = self._last
+        if view.preamble_key:
+            self._homes.pop(view.preamble_key, None)
+            if len(self._homes) >= MAX_TRACKED:
+                del self._homes[next(iter(self._homes))]
+            self._homes[view.preamble_key] = replica_id
+        request_id, prompt, ids, cached, loads = self._last
         if request_id == view.request_id and replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
             done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
+            self._idle.pop(view.request_id, None)
+            if not loads[last]:
+                if len(self._idle) >= MAX_TRACKED:
+                    del self._idle[next(iter(self._idle))]
+                self._idle[view.request_id] = replica_id
             self._done_at.pop(view.request_id, None)
             if len(self._done_at) >= MAX_TRACKED:
                 del self._done_at[next(iter(self._done_at))]
@@ -208,6 +263,8 @@ class PrefixAffinityPolicy(Policy):
 
     def on_failed(self, view: RequestView, replica_id: str) -> None:
         """It never ran there: its prefill leaves that replica's virtual queue."""
+        if self._idle.get(view.request_id) == replica_id:
+            del self._idle[view.request_id]
         dispatched = self._done_at.get(view.request_id)
         if dispatched is not None and dispatched[0] == replica_id:
             del self._done_at[view.request_id]
@@ -223,6 +280,9 @@ class PrefixAffinityPolicy(Policy):
 
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
+        if self._idle.get(view.request_id) != replica_id:
+            return  # it queued behind others (or this attempt is not the one dispatched last)
+        del self._idle[view.request_id]
         if not outcome.ok or outcome.ttft_s is None or outcome.predicted is None:
             return
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate

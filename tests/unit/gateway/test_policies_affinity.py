@@ -161,11 +161,20 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
                  + p.eviction_weight * c.cache_fill * policy.cost.prefill_s_per_token(c.replica_id)
                  * max(0, view.preamble_tokens - c.cached_tokens) for c in candidates]
     waits = [policy.cost.predict(c, prompt, now)[0] for c in candidates]
+    ttfts = [policy.cost.predict(c, prompt, now)[1] for c in candidates]
+    home = policy._homes.get(view.preamble_key) if view.preamble_tokens else None
+    for i, c in enumerate(candidates):  # what its prefill delays the requests behind it there
+        n = c.cached_tokens
+        if c.replica_id == home and max(x.cached_tokens for x in candidates) < view.preamble_tokens:
+            n = max(n, int(p.home_credit * view.preamble_tokens))
+        x = policy.cost.prefill_s_per_token(c.replica_id) * max(0, prompt - n)
+        effective[i] += p.delay_weight * x * (waits[i] + x) * policy._recent_work(c.replica_id, now) / p.balance_window_s
     room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
     eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(candidates)))
     best = min(effective[i] for i in eligible)
     if len(eligible) < len(candidates):  # over the bound: kept where moving costs more than (1 + margin) × waiting
-        eligible += [i for i, ok in enumerate(room) if not ok and best - effective[i] > p.bound_margin * waits[i]]
+        fastest = min(ttfts[i] for i in eligible)
+        eligible += [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > p.bound_margin * waits[i]]
         best = min(effective[i] for i in eligible)
     near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
     keys = {i: (candidates[i].load, policy._recent_work(candidates[i].replica_id, now)) for i in near}
@@ -242,6 +251,41 @@ def test_learns_from_finished_requests() -> None:
     assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
     policy.on_finished(view, chosen, Outcome(ok=False, ttft_s=9.0, predicted=predicted))
     assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
+
+
+def test_prefill_cost_is_learned_only_from_requests_sent_to_an_idle_replica() -> None:
+    """Behind a queue, a TTFT is mostly waiting the prediction may have missed: learned as prefill
+    cost, it swung the estimate 700x within one run (each wrong estimate mispredicting the next waits)."""
+    policy = prefix_policy(learn_alpha=1.0)
+    busy = make_view(prompt_tokens=1000)
+    chosen = dispatch(policy, busy, make_candidates(in_flight=[3, 3, 3, 3]))
+    policy.on_finished(busy, chosen, Outcome(ok=True, ttft_s=5.0, prompt_tokens=1000, cached_tokens=0,
+                                             predicted=Score(chosen, 0.3, wait_s=0.03)))
+    assert policy.cost.prefill_s_per_token(chosen) == 0.0002
+    idle = make_view(prompt_tokens=1000)
+    chosen = dispatch(policy, idle, make_candidates(in_flight=[0, 0, 0, 0]))
+    policy.on_finished(idle, chosen, Outcome(ok=True, ttft_s=0.5, prompt_tokens=1000, cached_tokens=0,
+                                             predicted=Score(chosen, 0.2, wait_s=0.0)))
+    assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
+
+
+@pytest.mark.parametrize("delay_weight, expected", [(1.0, "a"), (0.0, "b")])
+def test_near_saturation_a_preamble_goes_back_to_its_last_replica_instead_of_a_copy(
+        delay_weight: float, expected: str) -> None:
+    """Every replica gets a request a second and the index thinks group 7's 2000-token prompt was
+    evicted everywhere. b would answer 40 ms sooner; but re-prefilling it on b (0.42 s) delays the
+    ~0.5 requests arriving at b meanwhile, and copies the group to a second cache. Its last replica
+    a re-prefills it where it (likely) still is. Without the delay cost, b."""
+    policy = prefix_policy(delay_weight=delay_weight)
+    now = [1000.0]
+    policy.cost.clock = lambda: now[0]
+    policy.on_dispatched(preamble_view(2000, 2100, key=7), "a")
+    for _ in range(60):  # one request a second to each replica, for the last minute
+        now[0] += 0.25
+        for replica in IDS:
+            policy.on_dispatched(preamble_view(2000, 2100, key=next(_ids)), replica)
+    decision = policy.choose(preamble_view(2000, 2100, key=7), make_candidates(in_flight=[7, 3, 7, 7]))
+    assert decision.replica_id == expected
 
 
 def test_first_token_releases_the_queued_prefill_before_the_answer_ends() -> None:
@@ -330,9 +374,9 @@ def test_removing_a_replica_moves_only_its_keys() -> None:
 
 # --- the shared preamble -----------------------------------------------------------------------
 
-def preamble_view(preamble: int = 500, prompt: int = 2000) -> RequestView:
+def preamble_view(preamble: int = 500, prompt: int = 2000, key: int = 42) -> RequestView:
     view = make_view(prompt_tokens=prompt)
-    view.preamble_tokens, view.preamble_key = preamble, 42
+    view.preamble_tokens, view.preamble_key = preamble, key
     return view
 
 

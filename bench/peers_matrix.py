@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import math
+from statistics import median
 import shlex
 import time
 from pathlib import Path
@@ -77,52 +77,50 @@ def main() -> None:
     parser.add_argument("--loads", default=",".join(LOADS))
     parser.add_argument("--contestants", default=",".join(CONTESTANTS))
     parser.add_argument("--out", type=Path, default=Path("bench-results/peers"))
+    parser.add_argument("--seeds", default="0", help="workload seeds per cell; the table shows each figure's median")
     parser.add_argument("--report", action="store_true", help="only print the table of the cells already in --out")
     args = parser.parse_args()
-    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for family in args.families.split(","):
         workload, params = FAMILIES[family]
         pairs = dict(p.split("=", 1) for p in shlex.split(params)[1::2])
         for load in args.loads.split(","):
             rate = rate_for(workload, pairs, LOADS[load])
-            out = args.out / f"{family}-{load}"
-            command = (f"bench --compare {args.contestants} -w {workload} {params} --rate {rate:.3g} "
-                       f"--replicas {REPLICAS} --speedup {SPEEDUP:g} --no-plots -q --out {out}")
-            if args.report:
-                cells[family, load] = orjson.loads((out / "result.json").read_bytes())
-                continue
-            started = time.perf_counter()
-            with contextlib.redirect_stdout(io.StringIO()):
-                code = cli(shlex.split(command))
-            result = orjson.loads((out / "result.json").read_bytes())
-            cells[family, load] = result
-            print(f"{family} {load} ({rate:.3g} sessions/s): {time.perf_counter() - started:.0f} s, exit {code}\n"
-                  f"  affinity-gateway {command}", flush=True)
+            for seed in (int(s) for s in args.seeds.split(",")):
+                out = args.out / f"{family}-{load}" / f"seed-{seed}"
+                command = (f"bench --compare {args.contestants} -w {workload} {params} --rate {rate:.3g} --seed {seed} "
+                           f"--replicas {REPLICAS} --speedup {SPEEDUP:g} --no-plots -q --out {out}")
+                if not args.report:
+                    started = time.perf_counter()
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        code = cli(shlex.split(command))
+                    print(f"{family} {load} ({rate:.3g} sessions/s) seed {seed}: {time.perf_counter() - started:.0f} s, "
+                          f"exit {code}\n  affinity-gateway {command}", flush=True)
+                cells.setdefault((family, load), []).append(orjson.loads((out / "result.json").read_bytes()))
     print("\n" + table(cells, args.contestants.split(",")))
 
 
-def table(cells: dict[tuple[str, str], dict[str, Any]], contestants: list[str]) -> str:
-    """One row per cell, one column per contestant: TTFT p90 ms / cached share / busiest over mean.
-    Session workloads count their later turns (the ones whose history a replica can hold)."""
-    head = "| workload | load | " + " | ".join(contestants) + " |"
-    rows = [head, "|---|---|" + "---|" * len(contestants)]
-    for (family, load), result in cells.items():
-        runs = result["runs"]
-        line = [family, f"{load} ({LOADS[load]:.0%})"]
+def table(cells: dict[tuple[str, str], list[dict[str, Any]]], contestants: list[str]) -> str:
+    """One row per cell, one column per contestant: TTFT p90 ms / cached share / busiest over mean,
+    each the median over the cell's seeds. Session workloads count their later turns (the ones
+    whose history a replica can hold)."""
+    head = "| workload | load | seeds | " + " | ".join(contestants) + " |"
+    rows = [head, "|---|---|---|" + "---|" * len(contestants)]
+    for (family, load), results in cells.items():
+        line = [family, f"{load} ({LOADS[load]:.0%})", str(len(results))]
         for name in contestants:
-            r = runs.get(name)
-            if r is None:
+            runs = [result["runs"][name] for result in results if name in result["runs"]]
+            if len(runs) < len(results):
                 line.append("missing")
                 continue
-            p90 = r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"]
-            errors = f", {r['errors']} err" if r["errors"] else ""
-            line.append(f"{p90 * 1000:.0f} / {r['cached_ratio']:.2f} / {r['busiest_over_mean']:.2f}{errors}")
+            p90 = median([r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"]
+                          for r in runs])
+            errors = sum(r["errors"] for r in runs)
+            line.append(f"{p90 * 1000:.0f} / {median([r['cached_ratio'] for r in runs]):.2f} / "
+                        f"{median([r['busiest_over_mean'] for r in runs]):.2f}" + (f", {errors} err" if errors else ""))
         rows.append("| " + " | ".join(line) + " |")
-    return "\n".join(rows) + "\n\nEach cell: TTFT p90 ms (later turns for session workloads) / cached share / busiest÷mean."
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return ("\n".join(rows) + "\n\nEach cell: TTFT p90 ms (later turns for session workloads) / cached share / "
+            "busiest÷mean, each the median over the row's seeds.")
 
 
 if __name__ == "__main__":

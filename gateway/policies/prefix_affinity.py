@@ -20,8 +20,9 @@ recent requests calls for, holding it attracts no *new* conversation (it spreads
 system prompt makes no hot spot); once enough hold it, it attracts with its true prefill cost
 (so 64 groups' long prompts each stay on a few replicas instead of thrashing every cache). A
 preamble seen only a few times (one conversation's own system prompt) is not replicated. Once a
-conversation has a home, the true TTFT decides: the home holds its history *and* the preamble,
-and another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
+conversation has a home (a replica holds its text past the preamble, or the request carries an
+earlier answer), the true TTFT decides: the home holds its history *and* the preamble, and
+another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
 replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads.
 Candidates within `tie_s` (or `tie_ratio` of the best) are tied: the least loaded wins, then the
 one sent the fewest requests lately, then a random one. Each dispatch lengthens the replica's
@@ -130,7 +131,9 @@ class PrefixAffinityPolicy(Policy):
         prompt = max(view.prompt_tokens_estimate, most_cached)
         # A home: some replica holds this conversation's own text, past the block that straddles
         # the end of the preamble (that one is often shared too, e.g. a common first-message opening).
-        has_home = most_cached > view.preamble_tokens + view.tokens_per_block
+        # A chat request that already holds an answer continues a conversation, whatever the block
+        # size (with 128-token blocks a few short turns stay inside the straddling block).
+        has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
         discount = 1.0 - p.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
         waits, ttfts, per_token = self.cost.predict_many(candidates, loads, prompt, now)
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
@@ -288,6 +291,12 @@ class PrefixAffinityPolicy(Policy):
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
         cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
         self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
+
+
+def _continues(view: RequestView) -> bool:
+    """Does the chat request carry an earlier answer (a later turn, an agent's next hop)?"""
+    messages = view.body.get("messages") if view.endpoint == "chat" else None
+    return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
 
 
 def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:

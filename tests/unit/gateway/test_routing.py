@@ -263,3 +263,28 @@ async def test_character_keys_learn_the_replicas_tokens_per_estimated_token() ->
     await router.route(view, candidates())
     raw = prefix.compute(chat_view(conversation(1, "after")), PrefixParams()).prompt_tokens
     assert view.prompt_tokens_estimate == pytest.approx(raw / 2, rel=0.05)
+
+
+@pytest.mark.parametrize("block_chars", [64, 512])  # 16- and 128-token blocks
+async def test_a_conversations_own_system_prompt_is_never_spread(block_chars: int) -> None:
+    """One conversation with a long system prompt of its own and short turns: with 128-token blocks
+    its history past the preamble stays inside the block that straddles the preamble's end for
+    several turns, and the preamble, seen on every turn, looked like a popular one that wants more
+    replicas: the conversation was moved off its home (re-prefilling everything) while its home
+    was a request busier than the rest."""
+    router = Router(build_policy("prefix_affinity", {"seed": 1}, "routing"), PrefixParams(block_chars=block_chars),
+                    MemoryIndex(10_000))
+    system = "You are the archivist of one family's letters; " + "answer from the letters only. " * 60
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    homes = []
+    for turn in range(8):
+        messages.append({"role": "user", "content": f"Letter {turn}?"})
+        view = chat_view(list(messages))
+        busy = [1 if homes and r == homes[0] else 0 for r in IDS]
+        decision = await router.route(view, candidates(busy))
+        answer = f"Letter {turn} is from May."
+        router.finished(view, decision.replica_id, Outcome(ok=True, answer=answer))
+        messages.append({"role": "assistant", "content": answer})
+        homes.append(decision.replica_id)
+    assert homes == [homes[0]] * 8
+    await router.close()

@@ -152,7 +152,7 @@ class PrefixAffinityPolicy(Policy):
             effective = [e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
                          for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)]
         if p.delay_weight:
-            delays = self._delays(view, ids, cached, waits, per_token, prompt, now)
+            delays = self._delays(view, ids, cached, waits, per_token, prompt, now, discount)
             effective = [e + d for e, d in zip(effective, delays)]
         room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
         eligible = [i for i, ok in enumerate(room) if ok]
@@ -206,7 +206,7 @@ class PrefixAffinityPolicy(Policy):
         return holders < wanted
 
     def _delays(self, view: RequestView, ids: list[str], cached: list[int], waits: list[float],
-                per_token: list[float], prompt: int, now: float) -> list[float]:
+                per_token: list[float], prompt: int, now: float, discount: float) -> list[float]:
         """What each candidate's prefill costs the requests that will queue behind it, in seconds.
 
         A prefill of x seconds at r delays by x every request that reaches r before r's queue
@@ -225,6 +225,8 @@ class PrefixAffinityPolicy(Policy):
             i = ids.index(home)
             expected = list(cached)
             expected[i] = max(cached[i], int(p.home_credit * preamble))
+        elif discount:  # a preamble that wants more holders: copying it is the point, not a cost
+            expected = [n + int(discount * (preamble - n)) if n < preamble else n for n in cached]
         weight, window = p.delay_weight, p.balance_window_s
         out = []
         for replica_id, wait, n, s_per_token in zip(ids, waits, expected, per_token):

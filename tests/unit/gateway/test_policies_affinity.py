@@ -163,10 +163,14 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
     waits = [policy.cost.predict(c, prompt, now)[0] for c in candidates]
     ttfts = [policy.cost.predict(c, prompt, now)[1] for c in candidates]
     home = policy._homes.get(view.preamble_key) if view.preamble_tokens else None
+    home_held = home in [c.replica_id for c in candidates] and max(
+        x.cached_tokens for x in candidates) < view.preamble_tokens
     for i, c in enumerate(candidates):  # what its prefill delays the requests behind it there
         n = c.cached_tokens
-        if c.replica_id == home and max(x.cached_tokens for x in candidates) < view.preamble_tokens:
+        if home_held and c.replica_id == home:
             n = max(n, int(p.home_credit * view.preamble_tokens))
+        elif not home_held and discount and n < view.preamble_tokens:
+            n += int(discount * (view.preamble_tokens - n))
         x = policy.cost.prefill_s_per_token(c.replica_id) * max(0, prompt - n)
         effective[i] += p.delay_weight * x * (waits[i] + x) * policy._recent_work(c.replica_id, now) / p.balance_window_s
     room = has_room(candidates, p.load_epsilon, p.min_bound_requests)

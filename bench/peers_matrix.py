@@ -94,8 +94,12 @@ def main() -> None:
                     started = time.perf_counter()
                     with contextlib.redirect_stdout(io.StringIO()):
                         code = cli(shlex.split(command))
-                    print(f"{family} {load} ({rate:.3g} sessions/s) seed {seed}: {time.perf_counter() - started:.0f} s, "
-                          f"exit {code}\n  affinity-gateway {command}", flush=True)
+                    took = time.perf_counter() - started
+                    print(f"{family} {load} ({rate:.3g} sessions/s) seed {seed}: {took:.0f} s, exit {code}\n"
+                          f"  affinity-gateway {command}", flush=True)
+                if not (out / "result.json").exists():
+                    print(f"{family} {load} seed {seed}: no result in {out}", flush=True)
+                    continue
                 cells.setdefault((family, load), []).append(orjson.loads((out / "result.json").read_bytes()))
     print("\n" + table(cells, args.contestants.split(",")))
 

@@ -4,7 +4,7 @@
     choice: argmin over r of predicted_ttft(r) + discount × prefill_s_per_token
             × min(cached_tokens(r), preamble_tokens) + delay(r), among replicas within the load bound
     delay(r) = delay_weight × x(r) × (wait(r) + x(r)) × r's recent arrival rate, x(r) its prefill:
-               what the prefill costs the requests that will queue behind it (`_with_delays`)
+               what the prefill costs the requests that will queue behind it (`_delays`)
     discount = 1 − preamble_weight for a new conversation (no replica holds more than the
                preamble) whose preamble deserves more holders than it has, else 0
     holders wanted = ceil(replicas × the preamble's share of recent requests × preamble_spread),
@@ -216,7 +216,8 @@ class PrefixAffinityPolicy(Policy):
         the tail is made of. The index forgets a preamble once it would have been evicted; the
         replica it was last sent to is still taken to keep `home_credit` of it, so that a re-prefill
         goes back there instead of copying it to a second replica (a group split over replicas
-        evicts twice as much). The credit is for this cost only, never for the predicted TTFT."""
+        evicts twice as much). The credit is for this cost only, never for the predicted TTFT. A
+        preamble the spread rule wants on more replicas (`discount`) is not charged to a new holder."""
         p = self.params
         preamble = view.preamble_tokens
         expected = cached

@@ -172,7 +172,8 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
         elif not home_held and discount and n < view.preamble_tokens:
             n += int(discount * (view.preamble_tokens - n))
         x = policy.cost.prefill_s_per_token(c.replica_id) * max(0, prompt - n)
-        effective[i] += p.delay_weight * x * (waits[i] + x) * policy._recent_work(c.replica_id, now) / p.balance_window_s
+        rate = policy._recent_work(c.replica_id, now) / p.balance_window_s
+        effective[i] += p.delay_weight * x * (waits[i] + x) * rate
     room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
     eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(candidates)))
     best = min(effective[i] for i in eligible)

@@ -37,6 +37,8 @@ class Metrics:
                                ["model"], registry=r)
         self.upstream_errors = Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
                                        ["replica", "kind"], registry=r)
+        self.poison_requests = Counter("affinity_gateway_poison_requests", "Requests answered 5xx by two replicas: "
+                                       "the input's fault, charged to no breaker", registry=r)
         self.reloads = Counter("affinity_gateway_config_reloads", "Config reloads by result", ["result"], registry=r)
         self.rejected = Counter("affinity_gateway_rejected", "Requests refused before routing, by reason "
                                 "(auth, limit, rate_limit, queue)", ["model", "reason"], registry=r)

@@ -6,7 +6,15 @@
                   others in one piece (_relay_whole)
 
 Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
-never sees a stream restart. Client disconnect (handler cancellation, or a failed write) closes the
+never sees a stream restart.
+
+Poison requests (a query of death): a 5xx answer may be the input's fault, not the replica's, so
+a retried 5xx is charged to its replica's breaker only once the request ends without a second 5xx.
+A second replica answering 5xx to the same request marks the request as poison: it is answered
+with that error, no further replica is tried and no breaker is charged (two replicas failing one
+input is evidence against the input; charging even the first would let a handful of bad requests
+open every breaker of a small pool). A single 5xx with no retry left is charged as before: one
+answer cannot tell the input from the replica, and the breaker must still see a broken replica. Client disconnect (handler cancellation, or a failed write) closes the
 upstream response at once, which aborts the request at the replica; so does a streaming client that
 stops reading for `limits.client_write_timeout_s`.
 """
@@ -54,6 +62,7 @@ class Exchange:
     on_attempt_failed: Callable[[str], None] | None = None  # called with the replica id of a retried attempt
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
+    poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
 
 
 class _Retryable(Exception):
@@ -93,36 +102,49 @@ def _first_byte(exchange: Exchange, replica: Replica) -> None:
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, on_upstream_error: Callable[[str, str], None]) -> None:
+    def __init__(self, session: aiohttp.ClientSession, on_upstream_error: Callable[[str, str], None],
+                 on_poison: Callable[[], None] | None = None) -> None:
         self._session = session
         self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
+        self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
 
     async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
                       exchange: Exchange, config: Config) -> web.StreamResponse:
         failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1)
-        for attempt in range(config.limits.max_retries + 1):
-            chosen = await pick(set(exchange.failed_replicas))
-            if chosen is None:
-                break
-            replica, exchange.decision = chosen
-            exchange.replica_id = replica.replica_id
-            last = attempt == config.limits.max_retries or not pool.candidates({*exchange.failed_replicas,
-                                                                                 replica.replica_id})
-            with pool.track(replica):
-                try:
-                    return await self._send_once(request, view, replica, exchange, config, last=last)
-                except _Retryable as exc:
-                    failure = exc.error
-                    self._upstream_failed(replica, exc.kind, exc.error.message, config)
-                    exchange.failed_replicas.append(replica.replica_id)
-                    if exchange.on_attempt_failed is not None:
-                        exchange.on_attempt_failed(replica.replica_id)
-                    log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
-                             kind=exc.kind, error=exc.error.message)
-        raise failure
+        deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
+        try:
+            for attempt in range(config.limits.max_retries + 1):
+                chosen = await pick(set(exchange.failed_replicas))
+                if chosen is None:
+                    break
+                replica, exchange.decision = chosen
+                exchange.replica_id = replica.replica_id
+                last = attempt == config.limits.max_retries or not pool.candidates({*exchange.failed_replicas,
+                                                                                     replica.replica_id})
+                with pool.track(replica):
+                    try:
+                        return await self._send_once(request, view, replica, exchange, config, last=last,
+                                                     after_5xx=bool(deferred))
+                    except _Retryable as exc:
+                        failure = exc.error
+                        if exc.kind.startswith("http_"):
+                            self._on_upstream_error(replica.replica_id, exc.kind)
+                            deferred.append((replica, exc.kind, exc.error.message))
+                        else:
+                            self._upstream_failed(replica, exc.kind, exc.error.message, config)
+                        exchange.failed_replicas.append(replica.replica_id)
+                        if exchange.on_attempt_failed is not None:
+                            exchange.on_attempt_failed(replica.replica_id)
+                        log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
+                                 kind=exc.kind, error=exc.error.message)
+            raise failure
+        finally:
+            if not exchange.poison:
+                for replica, kind, message in deferred:
+                    self._charge(replica, kind, message, config)
 
     async def _send_once(self, request: web.Request, view: RequestView, replica: Replica, exchange: Exchange,
-                         config: Config, *, last: bool) -> web.StreamResponse:
+                         config: Config, *, last: bool, after_5xx: bool) -> web.StreamResponse:
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
         if config.auth.enabled:  # the gateway's key is a credential for the gateway only
@@ -142,10 +164,12 @@ class Proxy:
             raise _Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
                              "connect") from exc
         try:
-            if upstream.status >= 500 and not last:
+            if upstream.status >= 500 and after_5xx:
+                self._poisoned(view, replica, upstream.status, exchange)
+            elif upstream.status >= 500 and not last:
                 raise _Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
                                  f"http_{upstream.status}")
-            if upstream.status >= 500:
+            elif upstream.status >= 500:
                 self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
             else:
                 replica.request_succeeded()
@@ -224,8 +248,21 @@ class Proxy:
         if at_event_boundary:
             await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\ndata: [DONE]\n\n")
 
+    def _poisoned(self, view: RequestView, replica: Replica, status: int, exchange: Exchange) -> None:
+        """The second replica to answer this request with 5xx: its answer goes to the client as it is."""
+        exchange.poison = True
+        self._on_upstream_error(replica.replica_id, f"http_{status}")
+        if self._on_poison is not None:
+            self._on_poison()
+        log.warning("poison_request", request_id=view.request_id, status=status,
+                    replicas=[*exchange.failed_replicas, replica.replica_id])
+
     def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
         self._on_upstream_error(replica.replica_id, kind)
+        self._charge(replica, kind, error, config)
+
+    def _charge(self, replica: Replica, kind: str, error: str, config: Config) -> None:
+        """Count a fault against the replica's breaker (metrics are counted where the fault is seen)."""
         if replica.request_failed(config.health, error):
             log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,
                         backoff_s=round(replica.breaker.open_until - time.monotonic(), 3))

@@ -295,7 +295,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
     )
     metrics = app[METRICS]
-    app[PROXY] = Proxy(session, lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc())
+    app[PROXY] = Proxy(session, lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc(),
+                       metrics.poison_requests.inc)
     state = app[STATE]
     await state.start()
     monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.sync_capacity)

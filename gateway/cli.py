@@ -71,8 +71,10 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--port", type=int, default=8000, help="gateway port")
     p.add_argument("--host", default="127.0.0.1", help="gateway listen host")
     p.add_argument("--policy", default="prefix_affinity", help="routing policy of the pool")
-    p.add_argument("--model", default="stub-model", help="model name the replicas serve")
-    p.add_argument("--engine", default="sim", help="replica engine (sim = calibrated simulator)")
+    p.add_argument("--model", help="model name the replicas serve (default stub-model; smollm2 with --engine vllm)")
+    p.add_argument("--engine", default="sim", choices=("sim", "real", "auto", "vllm"),
+                   help="replica engine: sim (calibrated simulator), real (the stub's real model), "
+                        "vllm (real vLLM's CPU build, `make vllm`)")
     p.add_argument("--speedup", type=float, default=1.0, help="simulated engine speed factor")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--gateways", type=int, default=1, help="gateway processes, on --port, --port+1, ...")
@@ -86,7 +88,8 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
 def _up(args: argparse.Namespace) -> int:
     from gateway.cluster import ClusterSpec, run_cluster
 
+    model = args.model or ("smollm2" if args.engine == "vllm" else "stub-model")
     spec = ClusterSpec(replicas=args.replicas, port=args.port, host=args.host, policy=args.policy,
-                       model=args.model, engine=args.engine, speedup=args.speedup, log_level=args.log_level,
+                       model=model, engine=args.engine, speedup=args.speedup, log_level=args.log_level,
                        gateways=args.gateways, redis=args.redis, kv_events=args.kv_events)
     return run_cluster(spec)

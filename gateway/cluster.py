@@ -1,6 +1,7 @@
 """`affinity-gateway up`: a local cluster of child processes on loopback, for demos and manual tests.
 
-N replica stubs (`python -m replica_stub`) and one or more gateways (`python -m gateway serve`, on
+N replica stubs (`python -m replica_stub`; with `--engine vllm` real vLLM API servers, see
+`gateway.vllm_replica`) and one or more gateways (`python -m gateway serve`, on
 ports `port`, `port+1`, ...) sharing one generated config; their output is forwarded line by line
 with a `[name]` prefix; Ctrl-C or SIGTERM stops them all. With `--redis URL` the gateways share their
 warm-prefix tables through that Redis (`--redis` alone starts a private redis-server), which is the
@@ -23,10 +24,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gateway import vllm_replica
 from gateway.peers import Peer, peer_env
 
 
@@ -77,19 +80,25 @@ class _Child:
 
 
 def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memory",
-                 event_ports: list[tuple[int, int]] | None = None) -> dict[str, object]:
+                 event_ports: list[tuple[int, int]] | None = None,
+                 kv_events: list[dict[str, str]] | None = None) -> dict[str, object]:
     """One config for every gateway; each gets its own port through `--port`. With `event_ports`
-    ((publisher, replay) per replica) the pool subscribes to the replicas' KV events."""
+    ((publisher, replay) per replica) or `kv_events` (each replica's config section) the pool
+    subscribes to the replicas' KV events."""
     replicas: list[dict[str, object]] = [{"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"}
                                          for i, port in enumerate(replica_ports)]
     routing: dict[str, object] = {"policy": spec.policy}
     if spec.policy_params:
         routing["params"] = dict(spec.policy_params)
-    if event_ports:
-        for replica, (pub, replay) in zip(replicas, event_ports):
-            replica["kv_events"] = {"endpoint": f"tcp://127.0.0.1:{pub}",
-                                    "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
-        routing["prefix"] = {"tokenizer": "sim" if spec.engine == "sim" else "model:smollm2"}
+    events = kv_events or [{"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+                           for pub, replay in event_ports or []]
+    if events:
+        for replica, section in zip(replicas, events):
+            replica["kv_events"] = section
+        prefix: dict[str, object] = {"tokenizer": "sim" if spec.engine == "sim" else "model:smollm2"}
+        if spec.engine == "vllm":
+            prefix["block_tokens"] = vllm_replica.BLOCK_TOKENS
+        routing["prefix"] = prefix
     return {
         "listen": {"host": spec.host, "port": spec.port},
         "pools": {spec.model: {"replicas": replicas, "routing": routing}},
@@ -135,23 +144,28 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
     stopping = stopping or threading.Event()
     children: list[_Child] = []
     config_file = tempfile.NamedTemporaryFile("w", prefix="affinity-gateway-", suffix=".yaml", delete=False)
+    run_dir = Path(tempfile.mkdtemp(prefix="affinity-up-"))  # vLLM's ipc sockets
     try:
         store = _start_redis(spec, children, stopping) if spec.redis == START_REDIS else spec.redis or "memory"
         ports = [free_port() for _ in range(spec.replicas)]
         events = [(free_port(), free_port()) for _ in ports] if spec.kv_events else []
-        replicas = [_Child(f"replica-{i}", [
-            sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
-            "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
-            "--log-level", spec.log_level, *_engine_flags(spec), *_replica_flags(spec, events[i] if events else None)])
-            for i, port in enumerate(ports)]
-        children.extend(replicas)
-        for child, port in zip(replicas, ports):
-            _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
+        sections: list[dict[str, str]] = []
+        if spec.engine == "vllm":
+            sections = _start_vllm(spec, ports, events, run_dir, children, stopping)
+        else:
+            replicas = [_Child(f"replica-{i}", [
+                sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
+                "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
+                "--log-level", spec.log_level, *_engine_flags(spec),
+                *_replica_flags(spec, events[i] if events else None)]) for i, port in enumerate(ports)]
+            children.extend(replicas)
+            for child, port in zip(replicas, ports):
+                _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
         host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
         urls = []
         if spec.peer is not None:
             urls.append(_start_peer(spec, spec.peer, ports, children, stopping))
-        yaml.safe_dump(build_config(spec, ports, store, events), config_file)
+        yaml.safe_dump(build_config(spec, ports, store, events, sections), config_file)
         config_file.close()
         for i in range(spec.gateways if spec.peer is None else 0):
             name = "gateway" if spec.gateways == 1 else f"gateway-{i}"
@@ -168,6 +182,21 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
             child.wait(10)
         config_file.close()
         os.unlink(config_file.name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _start_vllm(spec: ClusterSpec, ports: list[int], events: list[tuple[int, int]], run_dir: Path,
+                children: list[_Child], stopping: threading.Event) -> list[dict[str, str]]:
+    """N vLLM API servers started together (start-up is mostly imports, ~50 s); their `kv_events` sections."""
+    if not vllm_replica.installed():
+        raise RuntimeError(f"--engine vllm needs vLLM's CPU build in {vllm_replica.VLLM_DIR} (run `make vllm`)")
+    replicas = [vllm_replica.VLLMReplica(i, port, *(events[i] if events else (free_port(), free_port())),
+                                         run_dir=run_dir, served_name=spec.model) for i, port in enumerate(ports)]
+    started_children = [_Child(f"vllm-{r.index}", r.command(), env=r.env()) for r in replicas]
+    children.extend(started_children)
+    for child, replica in zip(started_children, replicas):
+        _wait_ready(f"{replica.url}/health", child, stopping, vllm_replica.START_TIMEOUT_S)
+    return [r.kv_events() for r in replicas] if events else []
 
 
 def _start_peer(spec: ClusterSpec, peer: Peer, ports: list[int], children: list[_Child],

@@ -110,6 +110,11 @@ class Proxy:
         self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
         self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The shared upstream session (also for the gateway's own small calls to replicas)."""
+        return self._session
+
     async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
                       exchange: Exchange, config: Config) -> web.StreamResponse:
         failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1)

@@ -41,6 +41,7 @@ from gateway.view import RequestView
 log = structlog.get_logger("gateway.server")
 
 STATE = web.AppKey("state", GatewayState)
+_MODEL_FIELDS = ("max_model_len",)  # taken from a replica's own /v1/models entry
 METRICS = web.AppKey("metrics", Metrics)
 PROXY = web.AppKey("proxy", Proxy)
 ADMISSION = web.AppKey("admission", Admission)
@@ -165,9 +166,28 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
 
 
 async def models(request: web.Request) -> web.Response:
-    data = [{"id": m, "object": "model", "created": _STARTED, "owned_by": "affinity-gateway"}
-            for m in request.app[STATE].routes]
+    data = [{"id": m, "object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
+             **await _replica_model_fields(request.app[PROXY].session, route)}
+            for m, route in request.app[STATE].routes.items()]
     return _json({"object": "list", "data": data})
+
+
+async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRoute) -> dict[str, Any]:
+    """What a replica says of the model that clients size requests by (vLLM's `max_model_len`);
+    empty when no replica answers within a second (the list itself never fails)."""
+    for replica in route.pool:
+        if not replica.is_available():
+            continue
+        try:
+            async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                listed = (await r.json(content_type=None)).get("data", []) if r.status == 200 else []
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            continue
+        for entry in listed if isinstance(listed, list) else []:
+            if isinstance(entry, dict) and entry.get("id") == route.model:
+                return {k: entry[k] for k in _MODEL_FIELDS if k in entry}
+        return {}
+    return {}
 
 
 async def health(request: web.Request) -> web.Response:

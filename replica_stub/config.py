@@ -18,7 +18,7 @@ from replica_stub.engine.timing import TimingModel
 from replica_stub.kv_events import ENCODINGS, ENDPOINT_SCHEMES, Encoding
 
 DEFAULT_MAX_MODEL_LEN = 8192
-DTYPES = ("bfloat16", "float32")  # the real engine's weights and KV cache
+DTYPES = ("auto", "bfloat16", "float32")  # the real engine's weights and KV cache (auto: see cpu_dtype)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class StubConfig:
     sim_output_len: tuple[int, int] = (16, 256)
     kv_cache_mb: float = 256.0  # real engine: KV memory budget; sets num_gpu_blocks
     torch_threads: int = 0  # real engine: 0 -> min(2, CPU count)
-    dtype: str = "bfloat16"  # real engine: bfloat16 (fast) or float32
+    dtype: str = "auto"  # real engine: bfloat16 where the CPU has native bf16, else float32
     log_level: str = "info"
     kv_events_endpoint: str = ""  # "" -> no KV events; else the ZMQ PUB endpoint to bind
     kv_events_replay_endpoint: str = ""  # "" -> no replay; else the ZMQ ROUTER endpoint to bind

@@ -13,6 +13,7 @@ import structlog
 
 from replica_stub.config import StubConfig
 from replica_stub.engine.base import Engine
+from replica_stub.engine.cpu_dtype import resolve_dtype
 from replica_stub.engine.model import configure_torch_env, missing_parts
 from replica_stub.engine.simulated import SimEngine
 
@@ -44,10 +45,10 @@ def build_engine(config: StubConfig) -> tuple[StubConfig, Engine]:
         from replica_stub.engine.real import RealEngine
 
         threads = config.torch_threads or min(2, os.cpu_count() or 1)
-        real = RealEngine(block_size=config.block_size, kv_cache_mb=config.kv_cache_mb, threads=threads,
-                          dtype=config.dtype)
+        dtype = resolve_dtype(config.dtype)
+        real = RealEngine(block_size=config.block_size, kv_cache_mb=config.kv_cache_mb, threads=threads, dtype=dtype)
         max_len = min(config.max_model_len, real.num_blocks * config.block_size, real.max_position)
         log.info("real_engine_ready", kv_cache_mb=config.kv_cache_mb, num_gpu_blocks=real.num_blocks,
-                 max_model_len=max_len, torch_threads=threads)
+                 max_model_len=max_len, torch_threads=threads, dtype=dtype)
         return dataclasses.replace(config, engine=name, num_gpu_blocks=real.num_blocks, max_model_len=max_len), real
     raise ValueError(f"unknown engine {config.engine!r} (known: {', '.join(ENGINES)})")

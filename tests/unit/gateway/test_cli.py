@@ -11,6 +11,7 @@ import pytest
 from gateway.cli import main
 from gateway.cluster import ClusterSpec, build_config
 from gateway.config import parse_config
+from gateway.vllm_replica import VLLMReplica
 
 
 def test_serve_with_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,3 +55,24 @@ def test_policy_params_are_yaml_scalars_checked_before_any_run(tmp_path: Path,
     assert main([*base, "-P", "prefix_affinity.min_bound_requests=2", "-P", "prefix_affinity.load_epsilon=0.5"]) == 0
     meta = json.loads((tmp_path / "result.json").read_text())["meta"]
     assert meta["effective_policy_params"]["prefix_affinity"]["min_bound_requests"] == 2
+
+
+def test_up_vllm_config_connects_to_each_replicas_events_with_its_block_size(tmp_path: Path) -> None:
+    spec = ClusterSpec(replicas=2, engine="vllm", model="smollm2")
+    replicas = [VLLMReplica(i, 9001 + i, 7001 + 2 * i, 7002 + 2 * i, tmp_path, wildcard=True) for i in range(2)]
+    config = parse_config(build_config(spec, [9001, 9002], kv_events=[r.kv_events() for r in replicas]))
+    pool = config.pools["smollm2"]
+    assert [r.kv_events.endpoint for r in pool.replicas if r.kv_events] == ["tcp://127.0.0.1:7001",
+                                                                            "tcp://127.0.0.1:7003"]
+    assert pool.routing.prefix.block_tokens == 128 and pool.routing.prefix.tokenizer == "model:smollm2"
+    events = json.loads(replicas[0].command()[replicas[0].command().index("--kv-events-config") + 1])
+    assert events["endpoint"] == "tcp://*:7001"  # vLLM binds only wildcard endpoints, connects to the rest
+
+
+def test_vllm_replica_outside_a_loopback_namespace_uses_ipc_sockets(tmp_path: Path) -> None:
+    replica = VLLMReplica(0, 9001, 7001, 7002, tmp_path, wildcard=False)
+    assert replica.kv_events()["endpoint"] == f"ipc://{tmp_path}/vllm-0-events"
+    command = replica.command()
+    assert "--enable-prompt-tokens-details" in command and "--enforce-eager" in command
+    assert command[command.index("--dtype") + 1] in ("float32", "bfloat16")
+    assert replica.env()["VLLM_CPU_OMP_THREADS_BIND"] == "0" and replica.env()["HF_HUB_OFFLINE"] == "1"

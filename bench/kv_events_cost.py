@@ -21,7 +21,7 @@ import msgpack
 
 from gateway import prefix
 from gateway.index.exact import ExactTables
-from gateway.kv_events import Removed, Stored, decode_batch
+from gateway.kv_event_decode import Removed, Stored, decode_batch
 from replica_stub.block_pool import BlockRemoved, BlockStored
 from replica_stub.kv_events import encode_event
 

@@ -5,16 +5,7 @@ or evicts. Mirroring those events gives a table of what the replica really holds
 what the gateway guesses from the requests it routed. A mirror is only worth trusting when no
 event was lost, so the subscriber also tells its sink whether the table is *certain*.
 
-Wire format (vLLM `vllm/distributed/kv_events.py`): PUB multipart `(topic, seq, payload)`, `seq`
-an 8-byte big-endian counter from 0 per publisher process, payload a msgpack `EventBatch`
-`[ts, events, data_parallel_rank]` (or the same as a map). Events are tagged arrays
-`["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, ...]` or tagged maps
-`{"type": "BlockStored", ...}`; vLLM has sent both, so payloads are decoded as raw msgpack and
-both are accepted. Hashes are uint64 ints or raw digest bytes, kept as they come. Unknown
-event types and extra fields are ignored. Events whose `medium` is neither absent nor "GPU"
-(CPU or storage offload tiers) are dropped: the table mirrors the GPU prefix cache, the one a
-request hits without a transfer. The replay socket (ROUTER) answers a start seq with one
-`(seq, payload)` message per buffered batch, then `seq == -1` with an empty payload.
+Wire decoding: `gateway.kv_event_decode`.
 
 Certainty rules:
 - Start-up, and every start-over, empties the table (`cleared`) and marks it uncertain. With a
@@ -47,20 +38,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgpack
 import structlog
 import zmq
 import zmq.asyncio
 
 from gateway.errors import ConfigError
+from gateway.kv_event_decode import DecodeError, EngineHash, Removed, Stored, decode_batch
 
 log = structlog.get_logger("gateway.kv_events")
 
-EngineHash = int | bytes
-"""A block hash as the engine sends it: uint64 (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`) or digest bytes."""
-
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
-_GPU_MEDIA = (None, "GPU")
 _END_SEQ = -1
 
 
@@ -102,103 +89,6 @@ class EventSink(Protocol):
 
     def set_certain(self, replica_id: str, certain: bool) -> None:
         """Whether the table is known to mirror the replica's cache exactly."""
-
-
-@dataclass(frozen=True)
-class Stored:
-    """Blocks became resident; `block_hashes[0]` continues the chain at `parent`."""
-
-    block_hashes: tuple[EngineHash, ...]
-    parent: EngineHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-
-
-@dataclass(frozen=True)
-class Removed:
-    """Blocks were evicted."""
-
-    block_hashes: tuple[EngineHash, ...]
-
-
-@dataclass(frozen=True)
-class Cleared:
-    """The whole cache was emptied (AllBlocksCleared)."""
-
-
-Event = Stored | Removed | Cleared
-
-
-class DecodeError(ValueError):
-    """The payload is not an event batch this module understands."""
-
-
-def decode_batch(payload: bytes) -> list[Event]:
-    """The GPU-cache events of one msgpack EventBatch, in order; raises DecodeError if malformed."""
-    try:
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, TypeError) as exc:  # msgpack's errors are ValueErrors; unhashable map keys TypeError
-        raise DecodeError(f"not msgpack: {type(exc).__name__}") from exc
-    if isinstance(batch, dict):
-        events = batch.get("events")
-    elif isinstance(batch, list) and len(batch) >= 2:
-        events = batch[1]
-    else:
-        raise DecodeError("batch is neither [ts, events, ...] nor a map")
-    if not isinstance(events, list):
-        raise DecodeError("batch events is not a list")
-    out = []
-    for raw in events:
-        event = _decode_event(raw)
-        if event is not None:
-            out.append(event)
-    return out
-
-
-# Positional fields after the tag, in vLLM's struct order (array_like encoding; trailing defaults may be omitted).
-_ARRAY_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
-    "BlockRemoved": ("block_hashes", "medium"),
-    "AllBlocksCleared": ("medium",),  # vLLM sends no fields; some engines name the medium cleared
-}
-
-
-def _decode_event(raw: Any) -> Event | None:
-    """One event; None for unknown types and non-GPU media."""
-    if isinstance(raw, list) and raw and isinstance(raw[0], str):
-        kind, fields = raw[0], dict(zip(_ARRAY_FIELDS.get(raw[0], ()), raw[1:]))
-    elif isinstance(raw, dict):
-        kind, fields = raw.get("type"), raw
-    else:
-        raise DecodeError("event is neither a tagged array nor a map")
-    if not isinstance(kind, str) or kind not in _ARRAY_FIELDS or fields.get("medium") not in _GPU_MEDIA:
-        return None
-    if kind == "AllBlocksCleared":
-        return Cleared()
-    hashes = _hashes(fields.get("block_hashes"))
-    if kind == "BlockRemoved":
-        return Removed(hashes)
-    parent, tokens, block_size = fields.get("parent_block_hash"), fields.get("token_ids"), fields.get("block_size")
-    if parent is not None:
-        _check_hash(parent)
-    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-        raise DecodeError("BlockStored token_ids is not a list of ints")
-    if type(block_size) is not int or block_size < 1:
-        raise DecodeError("BlockStored block_size is not a positive int")
-    return Stored(hashes, parent, tuple(tokens), block_size)
-
-
-def _hashes(value: Any) -> tuple[EngineHash, ...]:
-    if not isinstance(value, list):
-        raise DecodeError("block_hashes is not a list")
-    for item in value:
-        _check_hash(item)
-    return tuple(value)
-
-
-def _check_hash(value: Any) -> None:
-    if not isinstance(value, bytes) and type(value) is not int:
-        raise DecodeError("a block hash is neither an int nor bytes")
 
 
 class KVEventSubscriber:

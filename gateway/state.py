@@ -31,7 +31,8 @@ from gateway.policies import build_policy
 from gateway.replicas import Replica, ReplicaPool
 from gateway.routing import Router
 from gateway.routing_metrics import RoutingMetrics
-from gateway.tokenize import PromptKeys, ReplicaTokenizer, build_prompt_tokenizer
+from gateway.replica_tokenizer import ReplicaTokenizer
+from gateway.tokenize import PromptKeys, build_prompt_tokenizer
 
 log = structlog.get_logger("gateway.state")
 

@@ -69,12 +69,14 @@ class SimTokenizer:
 
 
 def render_content(content: Any) -> str:
-    """A message's content: a string, None, or a list of OpenAI content parts (text only)."""
+    """A message's content: a string, None, or a list of OpenAI content parts, whose text parts are
+    joined with "\n" as vLLM joins them (other parts carry no text)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return "\n".join(part.get("text", "") for part in content
+                     if isinstance(part, Mapping) and part.get("type", "text") == "text")
 
 
 def apply_chat_template(messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:

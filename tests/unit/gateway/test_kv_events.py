@@ -15,16 +15,8 @@ import zmq.asyncio
 
 from gateway.cluster import free_port
 from gateway.errors import ConfigError
-from gateway.kv_events import (
-    Cleared,
-    DecodeError,
-    EngineHash,
-    KVEventsConfig,
-    KVEventSubscriber,
-    Removed,
-    Stored,
-    decode_batch,
-)
+from gateway.kv_event_decode import Cleared, DecodeError, EngineHash, Removed, Stored, decode_batch
+from gateway.kv_events import KVEventsConfig, KVEventSubscriber
 from gateway.schema import build
 
 pytestmark = pytest.mark.timeout(30)

@@ -27,8 +27,11 @@ Certainty rules:
 - A batch that does not decode is counted and skipped whole (no event of it is applied); its
   effects are unknown, so the table becomes uncertain until the next start-over.
 - ZMQ reconnects a dropped connection by itself, but a SUB socket cannot tell a silent
-  publisher from a lost one: while no batch arrives, the table keeps its last state and
-  certainty. The next batch after an outage shows a gap or a restart and is handled as above.
+  publisher from a lost one. The next batch after an outage shows a gap or a restart and is
+  handled as above; meanwhile what the feed cannot see is watched from outside: a replica that
+  goes down, or whose engine counters go backwards (a restart), gets `restart()` (its table
+  dropped at once, a new session); a table that should have heard of a finished request's new
+  blocks and did not turns itself uncertain (`gateway.index.exact`).
 """
 
 from __future__ import annotations
@@ -128,7 +131,22 @@ class KVEventSubscriber:
         destroys it); without one the subscriber owns a context of its own."""
         self._owns_ctx = ctx is None
         self._ctx = zmq.asyncio.Context() if ctx is None else ctx
+        self._spawn()
+
+    def _spawn(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"kv-events-{self.replica_id}")
+
+    def restart(self, reason: str) -> None:
+        """The replica went down or its engine restarted (seen outside the feed): drop its table now,
+        before it can mislead a decision, and start a new session, which replays the new history."""
+        self.resets += 1
+        log.warning("kv_events_table_dropped", replica=self.replica_id, reason=reason)
+        self.sink.cleared(self.replica_id)
+        self._set_certain(False)
+        self._next = None
+        if self._task is not None:
+            self._task.cancel()
+            self._spawn()
 
     async def close(self, timeout_s: float = 1.0) -> None:
         """Stop the task and close its sockets; bounded by `timeout_s` even if the task is stuck."""

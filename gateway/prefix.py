@@ -42,13 +42,18 @@ _FIELD = "\x1f"
 TOKENS, CHARACTERS = "tokens", "characters"
 
 
+DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size (its CPU backend uses 128)
+
+
 @dataclass(frozen=True)
 class PrefixParams:
     """YAML `pools.<name>.routing.prefix`."""
 
     block_chars: int = 64  # ≈ 4 chars/token × vLLM's default block of 16 tokens
     chars_per_token: float = 4.0
-    block_tokens: int = 16  # the replica's KV block size: blocks of token keys
+    # The replica's KV block size: blocks of token keys. None: learned from the replicas
+    # (vllm:cache_config_info, BlockStored events), vLLM's default 16 until then.
+    block_tokens: int | None = None
     salt_by_tenant: bool = False
     max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
     # Token-exact keys: "replica" (the replicas' own /tokenize), "sim" (the replica stub's
@@ -60,7 +65,8 @@ class PrefixParams:
 
     def validate(self, key: str) -> None:
         for name in ("block_chars", "block_tokens", "max_blocks"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise ConfigError("must be at least 1", key=f"{key}.{name}")
         for name in ("chars_per_token", "tokenize_budget_ms", "speculative_ttl_s"):
             if getattr(self, name) <= 0:
@@ -71,6 +77,11 @@ class PrefixParams:
             raise ConfigError(f"{spec!r}: no such file or folder (expected \"replica\", \"sim\", \"model:smollm2\" "
                               "or the path of the model's tokenizer.json, its folder or its .gguf)",
                               key=f"{key}.tokenizer")
+
+    @property
+    def block(self) -> int:
+        """The token block size in use: the configured or learned one, else vLLM's default."""
+        return self.block_tokens or DEFAULT_BLOCK_TOKENS
 
     @property
     def tokens_per_block(self) -> float:
@@ -98,8 +109,8 @@ def compute(view: RequestView, params: PrefixParams) -> Prefix:
         inside = min(preamble // params.block_chars, len(blocks))
         return Prefix(blocks, math.ceil(len(source) / params.chars_per_token), per_block,
                       int(inside * per_block), blocks[inside - 1] if inside else 0)
-    blocks = chain_hash_tokens(source, params.block_tokens, seed, params.max_blocks)
-    return Prefix(blocks, len(source), float(params.block_tokens), 0, kind=TOKENS)
+    blocks = chain_hash_tokens(source, params.block, seed, params.max_blocks)
+    return Prefix(blocks, len(source), float(params.block), 0, kind=TOKENS)
 
 
 def attach(view: RequestView, keyed: Prefix) -> None:
@@ -111,9 +122,9 @@ def attach(view: RequestView, keyed: Prefix) -> None:
 
 def from_tokens(view: RequestView, params: PrefixParams, prompt: TokenizedPrompt) -> Prefix:
     """Hash a token-exact prompt in the replica's KV blocks (`block_tokens`)."""
-    blocks = chain_hash_tokens(prompt.token_ids, params.block_tokens, _seed(view, params), params.max_blocks)
-    inside = min(prompt.preamble_tokens // params.block_tokens, len(blocks))
-    return Prefix(blocks, len(prompt.token_ids), float(params.block_tokens), inside * params.block_tokens,
+    blocks = chain_hash_tokens(prompt.token_ids, params.block, _seed(view, params), params.max_blocks)
+    inside = min(prompt.preamble_tokens // params.block, len(blocks))
+    return Prefix(blocks, len(prompt.token_ids), float(params.block), inside * params.block,
                   blocks[inside - 1] if inside else 0, kind=TOKENS)
 
 

@@ -29,6 +29,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
+
 from gateway import prefix
 from gateway.index import MemoryIndex, WarmIndex
 from gateway.index.base import IndexParams
@@ -39,6 +41,7 @@ from gateway.routing_metrics import RoutingMetrics
 from gateway.tokenize import PromptKeys
 from gateway.view import RequestView
 
+log = structlog.get_logger("gateway.routing")
 MAX_TRACKED = 100_000  # predictions kept for requests not yet finished (bounds a leak if one never is)
 HISTORY = "history"  # the warm index of routed requests; CHARACTERS (prefix) when keyed by characters
 
@@ -63,6 +66,10 @@ class Router:
         self._ratio_samples = 0
         self._applied_ratio = 1.0
         self._kv_tokens: dict[str, int] = {}  # each replica's KV capacity in tokens (cache_config_info)
+        self._configured_block = self.prefix_params.block_tokens  # None: learn it from the replicas
+        self._mismatched: set[str] = set()  # replicas whose block size differs from the configured one (logged)
+        if exact is not None:
+            exact.on_block_size = self.block_size_seen
         self._background: set[asyncio.Task[None]] = set()
 
     async def decide(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
@@ -116,6 +123,27 @@ class Router:
         self._kv_tokens[replica_id] = kv_tokens
         self.index.set_capacity(replica_id, self._index_blocks(kv_tokens))
 
+    def block_size_seen(self, replica_id: str, block_size: int, source: str) -> None:
+        """A replica told its KV block size. Unset in the config: adopt it (the first one seen; a
+        pool mixing block sizes needs the setting). Set and different: log once, export the gauge."""
+        if self._configured_block is None:
+            if self.prefix_params.block_tokens is None:
+                self.prefix_params = dataclasses.replace(self.prefix_params, block_tokens=block_size)
+                if self.exact is not None:
+                    self.exact.block_tokens = block_size
+                log.info("block_tokens_learned", pool=self.pool, replica=replica_id, block_tokens=block_size,
+                         source=source)
+            return
+        mismatched = block_size != self._configured_block
+        if mismatched and replica_id not in self._mismatched:
+            log.warning("block_tokens_mismatch", pool=self.pool, replica=replica_id, replica_block_size=block_size,
+                        configured_block_tokens=self._configured_block, source=source,
+                        detail="token keys never match this replica's blocks; set routing.prefix.block_tokens "
+                               f"to {block_size} or leave it unset to learn it")
+        (self._mismatched.add if mismatched else self._mismatched.discard)(replica_id)
+        if self.metrics is not None:
+            self.metrics.block_tokens_mismatch.labels(self.pool, replica_id).set(block_size if mismatched else 0)
+
     def _index_blocks(self, kv_tokens: int) -> int:
         return max(1, int(kv_tokens / (self.prefix_params.tokens_per_block * self.token_ratio)))
 
@@ -159,6 +187,9 @@ class Router:
                     predicted.cached_tokens - outcome.cached_tokens)
             if outcome.ttft_s is not None and self.policy.needs_index:
                 self.metrics.ttft_error.labels(self.pool).observe(predicted.score - outcome.ttft_s)
+        exact = self.exact  # whatever its keys: the replica stored its blocks either way
+        if exact is not None and outcome.ok and outcome.prompt_tokens is not None:
+            exact.completed(replica_id, outcome.prompt_tokens, outcome.cached_tokens or 0, outcome.ttft_s)
         if outcome.ok and outcome.prompt_tokens and view.key_kind == CHARACTERS:
             self._learn_ratio(view, outcome.prompt_tokens)
         if outcome.ok and outcome.answer and self.records_answers:
@@ -287,7 +318,7 @@ class Router:
         chain = prefix.from_tokens(view, self.prefix_params, tokenized).block_hashes
         if outcome.prompt_tokens is not None and outcome.completion_tokens is not None:
             held = outcome.prompt_tokens + outcome.completion_tokens - 1
-            chain = chain[:held // self.prefix_params.block_tokens]
+            chain = chain[:held // self.prefix_params.block]
         self.index.record(replica_id, chain)
 
     def _track(self, request_id: str, chosen: Score, rung: str) -> None:

@@ -37,6 +37,10 @@ class RoutingMetrics:
         self.route_seconds = Histogram(
             "affinity_gateway_route_seconds", "Time to hash, look up and choose a replica",
             ["pool"], buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05), registry=registry)
+        self.block_tokens_mismatch = Gauge(
+            "affinity_gateway_block_tokens_mismatch", "The replica's KV block size (from cache_config_info "
+            "or its KV events) while it differs from the configured routing.prefix.block_tokens, else 0: "
+            "token keys then never match its blocks", ["pool", "replica"], registry=registry)
         self.index_degraded = Gauge(
             "affinity_gateway_index_degraded", "1 while the shared warm-prefix store is unreachable "
             "and routing uses the local table", ["pool"], registry=registry)

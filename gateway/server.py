@@ -319,7 +319,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
                        metrics.poison_requests.inc)
     state = app[STATE]
     await state.start()
-    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.sync_capacity)
+    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.after_scrape)
     monitor.start()
     yield
     await monitor.stop()

@@ -58,6 +58,8 @@ class GatewayState:
         self._found: dict[str, list[ReplicaConfig]] = {}  # per model: the replicas DNS gave last
         # per (model, replica): its KV-event subscriber, the tables it feeds and the feed's config
         self._feeds: dict[tuple[str, str], tuple[KVEventSubscriber, ExactTables, KVEventsConfig]] = {}
+        self._feed_watch: dict[tuple[str, str], tuple[bool, float | None]] = {}  # (healthy, completed) last seen
+        self._forgetting: set[asyncio.Task[None]] = set()  # history drops of restarted replicas, in flight
         self._zmq: zmq.asyncio.Context | None = None  # one ZMQ I/O thread for every feed
 
     async def start(self) -> None:
@@ -88,12 +90,46 @@ class GatewayState:
     def pools(self) -> Iterator[ReplicaPool]:
         return (route.pool for route in tuple(self.routes.values()))
 
+    def after_scrape(self) -> None:
+        self.sync_capacity()
+        self.watch_feeds()
+
     def sync_capacity(self) -> None:
         """Size each replica's warm-prefix table like its KV cache, once the replica has told us."""
         for route in self.routes.values():
             for replica in route.pool:
                 if replica.load.num_gpu_blocks and replica.load.block_size:
                     route.router.set_capacity(replica.replica_id, replica.load.num_gpu_blocks * replica.load.block_size)
+                    route.router.block_size_seen(replica.replica_id, replica.load.block_size, "cache_config_info")
+
+    def watch_feeds(self) -> None:
+        """What a KV-event feed cannot see: the replica went down (its next life starts with an
+        empty cache), or its engine counters went backwards (it restarted between two probes).
+        Either way what the gateway believes it holds is dropped now, not at the new engine's
+        first batch: its event table (the feed then replays the new history) and its routing
+        history. A replica without a feed keeps its history through a blip; only a restart drops it."""
+        for route in self.routes.values():
+            feeds = self.feeds(route.model)
+            for replica in route.pool:
+                key = (route.model, replica.replica_id)
+                was_healthy, last = self._feed_watch.get(key, (True, None))
+                completed = replica.load.completed
+                feed = feeds.get(replica.replica_id)
+                reason = None
+                if completed is not None and last is not None and completed < last:
+                    reason = f"its engine counters went backwards (request_success_total {last:g} -> {completed:g})"
+                elif feed is not None and was_healthy and not replica.healthy:
+                    reason = "the replica went down"
+                self._feed_watch[key] = (replica.healthy, last if completed is None else completed)
+                if reason is None:
+                    continue
+                if feed is not None:
+                    feed.restart(reason)
+                else:
+                    log.warning("replica_restarted", model=route.model, replica=replica.replica_id, reason=reason)
+                task = asyncio.get_running_loop().create_task(route.router.index.forget(replica.replica_id))
+                self._forgetting.add(task)
+                task.add_done_callback(self._forgetting.discard)
 
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""
@@ -168,7 +204,7 @@ class GatewayState:
             keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
             if pool.has_kv_events:
                 shared = config.state.store != "memory"  # other gateways read what the events say
-                exact = ExactTables(prefix.model_seed(model), params.block_tokens, params.speculative_ttl_s,
+                exact = ExactTables(prefix.model_seed(model), params.block, params.speculative_ttl_s,
                                     share=index.record if shared else None)
         return Router(policy, params, index, self._routing_metrics, pool=model, keys=keys, exact=exact)
 

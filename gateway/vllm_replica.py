@@ -55,6 +55,7 @@ class VLLMReplica:
     served_name: str = "smollm2"
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: /reset_prefix_cache (tests)
     wildcard: bool | None = None  # tcp://* endpoints; None: where this process sees only loopback
+    num_blocks: int | None = None  # KV capacity in blocks instead of 1 GiB (tests: evictions within seconds)
 
     @property
     def url(self) -> str:
@@ -81,7 +82,8 @@ class VLLMReplica:
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", resolve_dtype("auto"), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
                 "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--kv-events-config", json.dumps(events), "--uvicorn-log-level", "warning"]
+                "--kv-events-config", json.dumps(events), "--uvicorn-log-level", "warning",
+                *(["--num-gpu-blocks-override", str(self.num_blocks)] if self.num_blocks else [])]
 
     def env(self) -> dict[str, str]:
         cores = os.cpu_count() or 1

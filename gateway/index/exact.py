@@ -9,8 +9,17 @@ key, and an engine-hash → own-key map turns later removals into our keys (dual
 
 Events arrive after the replica has run the prefill. Between dispatch and the event, a burst
 of sibling requests would see nothing: `speculate` inserts the dispatched request's blocks
-for a few seconds, and a lookup counts a block as held if the events or an unexpired
-speculation say so.
+until their BlockStored arrives, and a lookup counts a block as held if the events or an
+unexpired speculation say so. The bound follows the replica: `PREFILL_MULTIPLE` times its
+observed time to first token (an EWMA of the requests that finished there), never less than
+`speculative_ttl_s` (the value before any observation). A CPU prefill takes seconds, a GPU's
+milliseconds; a fixed 2 s expired before a CPU replica had stored anything.
+
+A finished request whose prompt filled a block the replica did not have cached must have made
+the replica publish a BlockStored. When no event at all arrives within that same window, the
+publisher is not reaching us (vLLM given a non-wildcard endpoint connects its PUB socket
+instead of binding it, while its replay socket binds, so a replay succeeds and live batches
+never come): the table turns uncertain with a warning saying so, until an event arrives.
 
 A table is *certain* when it is known to mirror the replica's cache (the subscriber saw its
 whole event history); an uncertain table still answers, and the router takes the larger of
@@ -36,6 +45,8 @@ log = structlog.get_logger("gateway.index.exact")
 
 EngineHash = int | bytes
 EVENTS, SPECULATIVE = "events", "speculative"
+PREFILL_MULTIPLE = 4.0  # the events window, in observed times to first token
+TTFT_WEIGHT = 0.2  # EWMA weight of the newest observation
 
 
 @dataclass(slots=True)
@@ -46,6 +57,9 @@ class _Table:
     next_sweep: float = 0.0
     certain: bool = False
     orphans: int = 0  # stored blocks whose parent we never saw: no key can name them
+    ttft_s: float | None = None  # EWMA of observed times to first token there
+    expecting_since: float | None = None  # a finished request stored new blocks; no event since
+    silent: bool = False  # events were due and did not come: uncertain until one does
 
 
 class ExactTables:
@@ -63,21 +77,19 @@ class ExactTables:
         self.block_tokens = block_tokens
         self.speculative_ttl_s = speculative_ttl_s
         self._tables: dict[str, _Table] = {}
-        self._warned_block_size = False
+        self.on_block_size: Callable[[str, int, str], None] = lambda replica_id, size, source: None  # the router's
 
     # -- what a subscriber feeds in (EventSink) --
 
     def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
                token_ids: Sequence[int], block_size: int) -> None:
-        table = self._table(replica_id)
+        table = self._heard(replica_id)
         seed = self.root_seed if parent is None else table.own_key.get(parent)
         if seed is None:
             table.orphans += len(block_hashes)
             return
-        if block_size != self.block_tokens and not self._warned_block_size:
-            self._warned_block_size = True
-            log.warning("kv_events_block_size_mismatch", replica=replica_id, replica_block_size=block_size,
-                        gateway_block_tokens=self.block_tokens)
+        if block_size != self.block_tokens:
+            self.on_block_size(replica_id, block_size, "kv_events")
         keys = chain_hash_tokens(list(token_ids), block_size, seed, len(block_hashes))
         for engine_hash, key in zip(block_hashes, keys):
             if engine_hash in table.own_key:
@@ -89,7 +101,7 @@ class ExactTables:
             self.share(replica_id, keys)
 
     def removed(self, replica_id: str, block_hashes: Sequence[EngineHash]) -> None:
-        table = self._table(replica_id)
+        table = self._heard(replica_id)
         for engine_hash in block_hashes:
             key = table.own_key.pop(engine_hash, None)
             if key is None:
@@ -101,7 +113,7 @@ class ExactTables:
                 del table.held[key]
 
     def cleared(self, replica_id: str) -> None:
-        table = self._table(replica_id)
+        table = self._heard(replica_id)
         table.own_key.clear()
         table.held.clear()
 
@@ -116,7 +128,29 @@ class ExactTables:
 
     def certain(self, replica_id: str) -> bool:
         table = self._tables.get(replica_id)
-        return table is not None and table.certain
+        if table is None or not table.certain:
+            return False
+        since = table.expecting_since
+        if not table.silent and since is not None and self.clock() - since > self._window(table):
+            table.silent = True
+            log.warning("kv_events_silent", replica=replica_id, waited_s=round(self.clock() - since, 1),
+                        detail="requests finished there with new blocks but no KV event arrived; the table is "
+                               "uncertain until one does. Likely cause: the replica connects its PUB socket "
+                               "instead of binding it (vLLM binds only wildcard endpoints: give it tcp://*:PORT "
+                               "and the gateway tcp://<replica-host>:PORT), or the endpoint or topic is wrong")
+        return not table.silent
+
+    def completed(self, replica_id: str, prompt_tokens: int, cached_tokens: int, ttft_s: float | None) -> None:
+        """A request finished there: learn its time to first token, and expect the BlockStored of
+        any block its prompt filled beyond what was cached."""
+        table = self._tables.get(replica_id)
+        if table is None:
+            return
+        if ttft_s is not None and ttft_s > 0:
+            table.ttft_s = ttft_s if table.ttft_s is None else table.ttft_s + TTFT_WEIGHT * (ttft_s - table.ttft_s)
+        new_block = prompt_tokens // self.block_tokens > cached_tokens // self.block_tokens
+        if new_block and table.expecting_since is None:
+            table.expecting_since = self.clock()
 
     def match(self, hashes: Sequence[int], replica_id: str) -> tuple[int, str]:
         """Leading blocks of `hashes` the replica holds, and whether any was only speculated."""
@@ -141,13 +175,14 @@ class ExactTables:
         if table is None or not hashes:
             return
         now = self.clock()
-        expiry = now + self.speculative_ttl_s
+        window = self._window(table)
+        expiry = now + window
         speculative = table.speculative
         for key in hashes:
             if key not in table.held:
                 speculative[key] = expiry
-        if now >= table.next_sweep:  # drop expired entries once per TTL: bounded by recent traffic
-            table.next_sweep = now + self.speculative_ttl_s
+        if now >= table.next_sweep:  # drop expired entries once per window: bounded by recent traffic
+            table.next_sweep = now + window
             table.speculative = {k: t for k, t in speculative.items() if t > now}
 
     def unspeculate(self, replica_id: str, hashes: Sequence[int]) -> None:
@@ -165,8 +200,9 @@ class ExactTables:
         table = self._tables.get(replica_id)
         if table is None:
             return {}
-        return {"certain": table.certain, "blocks": len(table.own_key), "speculative": len(table.speculative),
-                "orphan_blocks": table.orphans}
+        return {"certain": self.certain(replica_id), "silent": table.silent, "blocks": len(table.own_key),
+                "speculative": len(table.speculative), "orphan_blocks": table.orphans,
+                "events_window_s": round(self._window(table), 3)}
 
     def size(self, replica_id: str) -> int:
         table = self._tables.get(replica_id)
@@ -176,6 +212,16 @@ class ExactTables:
         """Our keys of every block the replica holds (tests compare this with the replica's cache)."""
         table = self._tables.get(replica_id)
         return set(table.held) if table else set()
+
+    def _window(self, table: _Table) -> float:
+        """How long a dispatched request's events may take: a multiple of the replica's prefill time."""
+        return max(self.speculative_ttl_s, PREFILL_MULTIPLE * (table.ttft_s or 0.0))
+
+    def _heard(self, replica_id: str) -> _Table:
+        """An event arrived: the publisher reaches us."""
+        table = self._table(replica_id)
+        table.expecting_since, table.silent = None, False
+        return table
 
     def _table(self, replica_id: str) -> _Table:
         table = self._tables.get(replica_id)

@@ -17,6 +17,7 @@ RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 CACHE_INFO = "vllm:cache_config_info"
+COMPLETED = "vllm:request_success_total"
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -49,6 +50,7 @@ def parse_metrics(text: str) -> ReplicaLoad:
     load.waiting = int(_first(sums, WAITING))
     kv_name = next((n for n in KV_USAGE if n in sums), None)
     load.kv_usage = sums[kv_name] / counts[kv_name] if kv_name else 0.0
+    load.completed = sums.get(COMPLETED)
     return load
 
 

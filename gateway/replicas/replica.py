@@ -25,6 +25,7 @@ class ReplicaLoad:
     kv_usage: float = 0.0
     num_gpu_blocks: int | None = None  # from vllm:cache_config_info, for the warm-prefix index capacity
     block_size: int | None = None
+    completed: float | None = None  # vllm:request_success_total: falls only when the engine restarted
     scraped_at: float = 0.0  # time.monotonic() of the last good scrape, 0 = never
 
 

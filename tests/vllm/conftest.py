@@ -28,6 +28,7 @@ from tests.vllm.netns import join_loopback_namespace
 SKIP = os.environ.get("AFFINITY_SKIP_VLLM") == "1"
 WILDCARD = False if SKIP else join_loopback_namespace()
 MODEL = "smollm2"
+NUM_BLOCKS = 48  # 6,144 tokens per replica: a few long prompts evict (max_model_len 4096 still fits)
 HERE = Path(__file__).resolve().parent
 
 
@@ -44,7 +45,7 @@ class VLLMPair:
     def __init__(self) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="vllm-tests-"))
         self.replicas = [VLLMReplica(i, free_port(), free_port(), free_port(), self.run_dir, MODEL, dev_mode=True,
-                                     wildcard=WILDCARD) for i in range(2)]
+                                     wildcard=WILDCARD, num_blocks=NUM_BLOCKS) for i in range(2)]
         self.procs: list[Proc] = []
 
     def start(self) -> None:

@@ -136,8 +136,8 @@ def test_model_and_cache_salt_seed_the_chain() -> None:
 def test_token_ids_hash_in_token_blocks() -> None:
     ids = list(range(100))
     result = prefix.compute(view({"prompt": ids}, endpoint="completions"), P)
-    assert len(result.block_hashes) == 100 // P.block_tokens
-    assert result.prompt_tokens == 100 and result.tokens_per_block == P.block_tokens
+    assert len(result.block_hashes) == 100 // P.block
+    assert result.prompt_tokens == 100 and result.tokens_per_block == P.block
     batch = prefix.compute(view({"prompt": [ids, [1, 2]]}, endpoint="completions"), P)
     assert batch.block_hashes == result.block_hashes
     bad = prefix.compute(view({"prompt": [1, 2, -5] + [1] * 20}, endpoint="completions"), P)

@@ -57,6 +57,8 @@ def add_bench(commands: Subparsers) -> None:
                         "sglang:cache_aware, vllm-router:consistent_hash, ...; `make peers` installs them)")
     p.add_argument("--replicas", type=int, default=4, help="with --compare: replica stubs per cluster")
     p.add_argument("--speedup", type=float, default=10.0, help="with --compare: sim replicas' speed factor")
+    p.add_argument("--engine", default="sim", choices=("sim", "real", "vllm"),
+                   help="with --compare: the replicas (sim stubs, real-model stubs, or real vLLM: `make vllm`)")
     p.add_argument("--num-gpu-blocks", type=int, help="with --compare: KV capacity per replica in 16-token blocks")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (for servers that reject it; answers may then be shorter)")
@@ -120,8 +122,8 @@ def _bench(args: argparse.Namespace) -> int:
         return peers.rerun_isolated(args.argv)
     if args.compare:
         cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error",
-                              num_gpu_blocks=args.num_gpu_blocks)
-        meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup,
+                              num_gpu_blocks=args.num_gpu_blocks, engine=args.engine)
+        meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup, engine=args.engine,
                     num_gpu_blocks=args.num_gpu_blocks, evidence=evidence, policy_params=policy_params)
         meta["contestants"] = labels = {}
         runs = benchmark.bench_compare(contestants, sessions, cluster, concurrency=args.concurrency,

@@ -191,7 +191,8 @@ def _start_vllm(spec: ClusterSpec, ports: list[int], events: list[tuple[int, int
     if not vllm_replica.installed():
         raise RuntimeError(f"--engine vllm needs vLLM's CPU build in {vllm_replica.VLLM_DIR} (run `make vllm`)")
     replicas = [vllm_replica.VLLMReplica(i, port, *(events[i] if events else (free_port(), free_port())),
-                                         run_dir=run_dir, served_name=spec.model, num_blocks=spec.num_gpu_blocks)
+                                         run_dir=run_dir, served_name=spec.model, num_blocks=spec.num_gpu_blocks,
+                                         log_level=spec.log_level)
                 for i, port in enumerate(ports)]
     started_children = [_Child(f"vllm-{r.index}", r.command(), env=r.env()) for r in replicas]
     children.extend(started_children)

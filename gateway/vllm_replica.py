@@ -56,6 +56,7 @@ class VLLMReplica:
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: /reset_prefix_cache (tests)
     wildcard: bool | None = None  # tcp://* endpoints; None: where this process sees only loopback
     num_blocks: int | None = None  # KV capacity in blocks instead of 1 GiB (tests: evictions within seconds)
+    log_level: str = "info"
 
     @property
     def url(self) -> str:
@@ -89,7 +90,8 @@ class VLLMReplica:
         cores = os.cpu_count() or 1
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
                "VLLM_CPU_OMP_THREADS_BIND": str(self.index % cores),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_LOGGING_LEVEL": self.log_level.upper()}
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         return env

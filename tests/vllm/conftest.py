@@ -45,7 +45,7 @@ class VLLMPair:
     def __init__(self) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="vllm-tests-"))
         self.replicas = [VLLMReplica(i, free_port(), free_port(), free_port(), self.run_dir, MODEL, dev_mode=True,
-                                     wildcard=WILDCARD, num_blocks=NUM_BLOCKS) for i in range(2)]
+                                     wildcard=WILDCARD, num_blocks=NUM_BLOCKS, log_level="warning") for i in range(2)]
         self.procs: list[Proc] = []
 
     def start(self) -> None:

@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, help="max prompt+output tokens (default min(8192, KV capacity))")
     serve.add_argument("--kv-cache-mb", type=float, help="real engine: KV cache memory in MiB (default 256)")
     serve.add_argument("--torch-threads", type=int, help="real engine: torch threads (default min(2, CPUs))")
-    serve.add_argument("--dtype", choices=DTYPES, help="real engine: weights and KV dtype (default auto: bfloat16 where the CPU "
-                       "has avx512_bf16 or AMX, else float32, ~5x faster there than emulated bf16)")
+    serve.add_argument("--dtype", choices=DTYPES,
+                       help="real engine: weights and KV dtype (default auto: bfloat16 where the CPU has avx512_bf16 "
+                            "or AMX, else float32, ~5x faster there than emulated bf16)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     serve.add_argument("--kv-events-endpoint",
                        help="publish vLLM KV events on this ZMQ PUB endpoint, bound (e.g. tcp://*:5557; default off)")

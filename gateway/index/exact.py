@@ -15,9 +15,9 @@ observed time to first token (an EWMA of the requests that finished there), neve
 `speculative_ttl_s` (the value before any observation). A CPU prefill takes seconds, a GPU's
 milliseconds; a fixed 2 s expired before a CPU replica had stored anything.
 
-A finished request whose prompt filled a block the replica did not have cached must have made
-the replica publish a BlockStored. When no event at all arrives within that same window, the
-publisher is not reaching us (vLLM given a non-wildcard endpoint connects its PUB socket
+A request dispatched with blocks the table lacks, and then one that filled a new block finishing
+there, mean the replica has published a BlockStored since. When no event at all has arrived since
+that dispatch, and the window passes after that finish, the publisher is not reaching us (vLLM given a non-wildcard endpoint connects its PUB socket
 instead of binding it, while its replay socket binds, so a replay succeeds and live batches
 never come): the table turns uncertain with a warning saying so, until an event arrives.
 
@@ -58,7 +58,8 @@ class _Table:
     certain: bool = False
     orphans: int = 0  # stored blocks whose parent we never saw: no key can name them
     ttft_s: float | None = None  # EWMA of observed times to first token there
-    expecting_since: float | None = None  # a finished request stored new blocks; no event since
+    expecting_since: float | None = None  # a request with new blocks was sent there; no event since
+    due_since: float | None = None  # ... and a request that filled a new block finished there since
     silent: bool = False  # events were due and did not come: uncertain until one does
 
 
@@ -130,7 +131,7 @@ class ExactTables:
         table = self._tables.get(replica_id)
         if table is None or not table.certain:
             return False
-        since = table.expecting_since
+        since = table.due_since
         if not table.silent and since is not None and self.clock() - since > self._window(table):
             table.silent = True
             log.warning("kv_events_silent", replica=replica_id, waited_s=round(self.clock() - since, 1),
@@ -141,16 +142,16 @@ class ExactTables:
         return not table.silent
 
     def completed(self, replica_id: str, prompt_tokens: int, cached_tokens: int, ttft_s: float | None) -> None:
-        """A request finished there: learn its time to first token, and expect the BlockStored of
-        any block its prompt filled beyond what was cached."""
+        """A request finished there: learn its time to first token; if its prompt filled a block
+        beyond what was cached while a dispatch there is still unheard of, an event is due."""
         table = self._tables.get(replica_id)
         if table is None:
             return
         if ttft_s is not None and ttft_s > 0:
             table.ttft_s = ttft_s if table.ttft_s is None else table.ttft_s + TTFT_WEIGHT * (ttft_s - table.ttft_s)
         new_block = prompt_tokens // self.block_tokens > cached_tokens // self.block_tokens
-        if new_block and table.expecting_since is None:
-            table.expecting_since = self.clock()
+        if new_block and table.expecting_since is not None and table.due_since is None:
+            table.due_since = self.clock()
 
     def match(self, hashes: Sequence[int], replica_id: str) -> tuple[int, str]:
         """Leading blocks of `hashes` the replica holds, and whether any was only speculated."""
@@ -181,6 +182,8 @@ class ExactTables:
         for key in hashes:
             if key not in table.held:
                 speculative[key] = expiry
+                if table.expecting_since is None:
+                    table.expecting_since = now
         if now >= table.next_sweep:  # drop expired entries once per window: bounded by recent traffic
             table.next_sweep = now + window
             table.speculative = {k: t for k, t in speculative.items() if t > now}
@@ -220,7 +223,8 @@ class ExactTables:
     def _heard(self, replica_id: str) -> _Table:
         """An event arrived: the publisher reaches us."""
         table = self._table(replica_id)
-        table.expecting_since, table.silent = None, False
+        table.expecting_since = table.due_since = None
+        table.silent = False
         return table
 
     def _table(self, replica_id: str) -> _Table:

@@ -57,6 +57,7 @@ def test_a_fast_replica_keeps_the_configured_floor() -> None:
 def test_due_events_that_never_come_make_the_table_uncertain_until_one_does() -> None:
     clock = Clock()
     tables = tables_with_feed(clock)
+    tables.speculate("a", chain(3))  # sent there with blocks the table lacks
     tables.completed("a", prompt_tokens=3 * BS + 5, cached_tokens=BS, ttft_s=0.1)  # filled two new blocks
     clock.now += 1.0
     assert tables.certain("a")
@@ -66,9 +67,20 @@ def test_due_events_that_never_come_make_the_table_uncertain_until_one_does() ->
     assert tables.certain("a")
 
 
+def test_events_heard_during_the_request_satisfy_it() -> None:
+    clock = Clock()
+    tables = tables_with_feed(clock)
+    tables.speculate("a", chain(3))
+    tables.removed("a", [12345])  # its events arrive while it decodes
+    tables.completed("a", prompt_tokens=3 * BS, cached_tokens=0, ttft_s=0.1)
+    clock.now += 60  # idle afterwards: nothing more is due
+    assert tables.certain("a")
+
+
 def test_a_request_that_filled_no_new_block_expects_no_event() -> None:
     clock = Clock()
     tables = tables_with_feed(clock)
+    tables.speculate("a", chain(3))
     tables.completed("a", prompt_tokens=2 * BS + 15, cached_tokens=2 * BS, ttft_s=0.1)  # partial block only
     tables.completed("a", prompt_tokens=BS - 1, cached_tokens=0, ttft_s=0.1)
     clock.now += 60

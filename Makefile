@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test install model vllm redis-check bench peers bench-peers calibrate clean
+.PHONY: run run-sim test install model vllm redis-check bench peers nginx-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,8 @@ redis-check:
 test: install model redis-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: install
+# The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.
+bench: install peers
 	$(BIN)/python -m bench.gateway_overhead
 
 # Other routers, for the head-to-head benchmark only (tests need none of them): each in its own venv
@@ -75,7 +76,14 @@ $(PEERS_DIR)/%/.installed:
 	$(PEERS_DIR)/$*/bin/pip install --quiet "$(patsubst $*=%,%,$(filter $*=%,$(PEER_PINS)))"
 	touch $@
 
-peers: $(foreach pin,$(PEER_PINS),$(PEERS_DIR)/$(firstword $(subst =, ,$(pin)))/.installed)
+peers: $(foreach pin,$(PEER_PINS),$(PEERS_DIR)/$(firstword $(subst =, ,$(pin)))/.installed) nginx-check
+
+# nginx, the plain reverse proxy in the overhead benchmark (`make bench`): Debian's, where we can install it.
+nginx-check:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; \
+	  else echo "nginx not found: the overhead benchmark will report it as not installed" >&2; fi; }
 
 # The published head-to-head (docs/BENCHMARKS.md): every contestant in front of fresh stubs, per cell.
 bench-peers: install peers

@@ -1,14 +1,21 @@
-"""What the gateway adds: latency (p50/p99) and requests per second, direct vs through the gateway.
+"""What a router adds: latency (p50/p99), requests per second and CPU per request, direct vs through
+our gateway and through the other routers, in one run.
 
     python -m bench.gateway_overhead [--requests 1000] [--concurrency 32] [--speedup 1000]
+                                     [--routers affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx]
 
-Starts one replica stub (simulated engine, very fast) and one gateway in front of it, both as
-child processes on loopback, then in one run:
-  1. low load: N sequential requests, alternating direct / via gateway (so drift hits both),
+Starts one replica stub (simulated engine, very fast) and each router in front of it, all as child
+processes on loopback, then in one run:
+  1. low load: N sequential requests per target, in rounds over every target (so drift hits all),
      non-streaming (max_tokens 1) and streaming (max_tokens 4, time to the last byte);
-  2. throughput: the same requests at a fixed concurrency, direct vs via gateway.
-The gateway runs its shipped defaults (request log on, load scrape every 0.5 s, probes every 2 s).
-Client, gateway and replica share the machine's cores, so rps is a lower bound for the gateway.
+  2. throughput: the same requests at a fixed concurrency, one target at a time, with the CPU
+     time the router's processes spent (user + system, from /proc) divided by the requests.
+Our gateway runs its shipped defaults (request log on, load scrape every 0.5 s, probes every 2 s)
+with the policy named after the colon (round_robin when none). sglang-router and SMG come from
+`make peers` (round_robin), nginx from the system (`proxy_buffering off`, upstream keep-alive). A
+router named but not installed is printed as such, never left out. As root the whole run moves
+into a loopback-only network namespace (the peers stay offline). Client, replica and routers share
+the machine's cores, so requests per second are lower bounds; compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -24,23 +32,33 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import aiohttp
 import yaml
 
+from gateway import peers
 from gateway.cluster import free_port
 
 MODEL = "bench-model"
+ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx"
+NGINX_CONF = """daemon off; worker_processes 1; pid {dir}/nginx.pid; error_log {dir}/error.log error;
+events {{ worker_connections 4096; }}
+http {{ access_log off; upstream replica {{ server 127.0.0.1:{replica}; keepalive 64; }}
+  server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://replica; proxy_http_version 1.1;
+    proxy_set_header Connection ""; proxy_buffering off; }} }} }}
+"""
 
 
 @contextmanager
-def _process(args: list[str], port: int) -> Iterator[None]:
-    """Run a child process until the block ends; ready once its port accepts connections."""
+def _process(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[int]:
+    """Run a child process until the block ends; ready once its port accepts connections. Yields its pid."""
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
                 log.seek(0)
@@ -52,10 +70,33 @@ def _process(args: list[str], port: int) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and its live descendants (nginx's workers), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, total, grew = {pid}, 0.0, True
+    while grew:
+        grew = False
+        for child, (parent, _) in stats.items():
+            if parent in tree and child not in tree:
+                tree.add(child)
+                grew = True
+    for member in tree:
+        total += stats.get(member, (0, 0.0))[1]
+    return total
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -73,19 +114,20 @@ async def _one(session: aiohttp.ClientSession, url: str, stream: bool) -> float:
     return time.perf_counter() - started
 
 
-async def _latency(direct: str, gateway: str, n: int, stream: bool) -> dict[str, list[float]]:
-    samples: dict[str, list[float]] = {"direct": [], "gateway": []}
+async def _latency(targets: dict[str, str], n: int, stream: bool) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in targets}
     async with aiohttp.ClientSession() as session:
         for _ in range(20):  # warm up connections and code paths
-            await _one(session, direct, stream)
-            await _one(session, gateway, stream)
+            for url in targets.values():
+                await _one(session, url, stream)
         for _ in range(n):
-            samples["direct"].append(await _one(session, direct, stream))
-            samples["gateway"].append(await _one(session, gateway, stream))
+            for name, url in targets.items():
+                samples[name].append(await _one(session, url, stream))
     return samples
 
 
-async def _throughput(url: str, n: int, concurrency: int, stream: bool) -> float:
+async def _throughput(url: str, n: int, concurrency: int, stream: bool, pid: int | None) -> tuple[float, float]:
+    """Requests per second at `concurrency`, and CPU ms per request of `pid`'s processes (nan: no pid)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(_one(session, url, stream) for _ in range(concurrency)))
         remaining = n
@@ -96,25 +138,60 @@ async def _throughput(url: str, n: int, concurrency: int, stream: bool) -> float
                 remaining -= 1
                 await _one(session, url, stream)
 
+        cpu_before = cpu_seconds(pid) if pid else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return n / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        cpu_ms = (cpu_seconds(pid) - cpu_before) * 1e3 / n if pid else float("nan")
+        return n / elapsed, cpu_ms
 
 
-async def _run(direct: str, gateway: str, args: argparse.Namespace) -> list[str]:
-    rows = ["| mode | direct p50 ms | gateway p50 ms | added p50 ms | direct p99 ms | gateway p99 ms | added p99 ms "
-            f"| direct rps (c={args.concurrency}) | gateway rps | rps ratio |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+async def _run(targets: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> list[str]:
+    rows = [f"| mode | target | p50 ms | added p50 ms | p99 ms | added p99 ms | rps (c={args.concurrency}) "
+            "| rps / direct | rps / ours | CPU ms per request |", "|---|---|---|---|---|---|---|---|---|---|"]
     for stream in (False, True):
-        s = await _latency(direct, gateway, args.requests, stream)
-        d50, g50 = statistics.median(s["direct"]) * 1e3, statistics.median(s["gateway"]) * 1e3
-        d99, g99 = _percentile(s["direct"], 0.99) * 1e3, _percentile(s["gateway"], 0.99) * 1e3
-        rps_direct = await _throughput(direct, args.requests, args.concurrency, stream)
-        rps_gateway = await _throughput(gateway, args.requests, args.concurrency, stream)
-        rows.append(f"| {'streaming' if stream else 'non-streaming'} | {d50:.2f} | {g50:.2f} | {g50 - d50:.2f} "
-                    f"| {d99:.2f} | {g99:.2f} | {g99 - d99:.2f} | {rps_direct:.0f} | {rps_gateway:.0f} "
-                    f"| {rps_gateway / rps_direct:.2f} |")
+        samples = await _latency(targets, args.requests, stream)
+        rps = {name: await _throughput(url, args.requests, args.concurrency, stream, pids.get(name))
+               for name, url in targets.items()}
+        d50, d99 = statistics.median(samples["direct"]) * 1e3, _percentile(samples["direct"], 0.99) * 1e3
+        ours = rps["affinity-gateway"][0]
+        for name in targets:
+            p50, p99 = statistics.median(samples[name]) * 1e3, _percentile(samples[name], 0.99) * 1e3
+            rate, cpu_ms = rps[name]
+            cpu = "-" if name == "direct" else f"{cpu_ms:.3f}"
+            rows.append(f"| {'streaming' if stream else 'non-streaming'} | {name} | {p50:.2f} | {p50 - d50:.2f} "
+                        f"| {p99:.2f} | {p99 - d99:.2f} | {rate:.0f} | {rate / rps['direct'][0]:.2f} "
+                        f"| {rate / ours:.2f} | {cpu} |")
     return rows
+
+
+def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workdir: Path) -> tuple[str, int] | str:
+    """Start one router in front of the replica: (its URL, its pid), or why it cannot run here."""
+    port = free_port()
+    name, _, policy = router.partition(":")
+    if name == "affinity-gateway":
+        config = {"listen": {"host": "127.0.0.1", "port": port},
+                  "pools": {MODEL: {"replicas": [{"url": replica, "name": "r0"}],
+                                    "routing": {"policy": policy or "round_robin"}}}}
+        path = workdir / f"gateway-{port}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        pid = stack.enter_context(_process([sys.executable, "-m", "gateway", "serve", "--config", str(path)], port))
+    elif name == "nginx":
+        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if binary is None:
+            return "not installed (apt-get install nginx)"
+        conf = workdir / f"nginx-{port}.conf"
+        conf.write_text(NGINX_CONF.format(dir=workdir, replica=replica_port, port=port))
+        pid = stack.enter_context(_process([binary, "-c", str(conf), "-p", str(workdir)], port))
+    else:
+        try:
+            contestant = peers.contestant(f"{name}:{policy or 'round_robin'}")
+        except ValueError as exc:
+            return str(exc)
+        assert contestant.peer is not None
+        command = contestant.peer.command(contestant.policy, port, [replica], free_port())
+        pid = stack.enter_context(_process(command, port, env=peers.peer_env()))
+    return f"http://127.0.0.1:{port}", pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,23 +199,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1000, help="requests per measurement")
     parser.add_argument("--concurrency", type=int, default=32, help="in-flight requests in the throughput phase")
     parser.add_argument("--speedup", type=float, default=1000.0, help="replica stub speed factor")
+    parser.add_argument("--routers", default=ROUTERS, help=f"comma-separated (default {ROUTERS})")
     args = parser.parse_args(argv)
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    wants_peer = any(r.partition(":")[0] in peers.PEERS for r in routers)
+    if wants_peer and os.geteuid() == 0 and shutil.which("ip") and not peers.isolated():
+        return peers.rerun_isolated(sys.argv[1:] if argv is None else argv, module="bench.gateway_overhead")
 
-    replica_port, gateway_port = free_port(), free_port()
-    direct, gateway = f"http://127.0.0.1:{replica_port}", f"http://127.0.0.1:{gateway_port}"
-    config = {"listen": {"host": "127.0.0.1", "port": gateway_port},
-              "pools": {MODEL: {"replicas": [{"url": direct, "name": "r0"}]}}}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config_file:
-        yaml.safe_dump(config, config_file)
-        config_file.flush()
-        stub = [sys.executable, "-m", "replica_stub", "--port", str(replica_port), "--model", MODEL,
-                "--engine", "sim", "--speedup", str(args.speedup), "--log-level", "warning"]
-        serve = [sys.executable, "-m", "gateway", "serve", "--config", config_file.name]
-        with _process(stub, replica_port), _process(serve, gateway_port):
-            rows = asyncio.run(_run(direct, gateway, args))
-    print(f"# gateway overhead: {args.requests} requests per cell, replica stub speedup {args.speedup}, "
+    replica_port = free_port()
+    replica = f"http://127.0.0.1:{replica_port}"
+    stub = [sys.executable, "-m", "replica_stub", "--port", str(replica_port), "--model", MODEL,
+            "--engine", "sim", "--speedup", str(args.speedup), "--log-level", "warning"]
+    missing: list[str] = []
+    with tempfile.TemporaryDirectory() as workdir, ExitStack() as stack:
+        stack.enter_context(_process(stub, replica_port))
+        targets, pids = {"direct": replica}, {}
+        for router in routers:
+            started = _start(stack, router, replica, replica_port, Path(workdir))
+            if isinstance(started, str):
+                missing.append(f"- {router}: {started}")
+                continue
+            targets[router], pids[router] = started
+        if "affinity-gateway" not in targets:
+            parser.error("--routers must include affinity-gateway (the ratios are to it)")
+        rows = asyncio.run(_run(targets, pids, args))
+    print(f"# router overhead: {args.requests} requests per cell, replica stub speedup {args.speedup}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}")
     print("\n".join(rows))
+    if missing:
+        print("\nNot measured:\n" + "\n".join(missing))
     return 0
 
 

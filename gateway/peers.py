@@ -115,7 +115,7 @@ def namespace() -> Iterator[list[str]]:
         subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
-def rerun_isolated(argv: list[str]) -> int:
-    """Run `python -m gateway <argv>` again inside a loopback-only namespace; its exit code."""
+def rerun_isolated(argv: list[str], module: str = "gateway") -> int:
+    """Run `python -m <module> <argv>` again inside a loopback-only namespace; its exit code."""
     with namespace() as prefix:
-        return subprocess.call([*prefix, sys.executable, "-m", "gateway", *argv])
+        return subprocess.call([*prefix, sys.executable, "-m", module, *argv])

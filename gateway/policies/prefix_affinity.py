@@ -24,7 +24,9 @@ conversation has a home (a replica holds its text past the preamble, or the requ
 earlier answer), the true TTFT decides: the home holds its history *and* the preamble, and
 another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
 replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads.
-Candidates within `tie_s` (or `tie_ratio` of the best) are tied: the least loaded wins, then the
+Candidates within `tie_s` (or `tie_ratio` of the best) are tied: a new conversation, where most
+traffic continues conversations (`conversation_share`), goes to the least full cache of them (its
+later turns will queue behind the conversations homed there); then the least loaded wins, then the
 one sent the fewest requests lately, then a random one. Each dispatch lengthens the replica's
 virtual queue, so even a burst of identical requests arriving before any load update spreads.
 
@@ -50,6 +52,7 @@ from gateway.policies.bound import has_room_loads
 from gateway.view import RequestView
 
 MAX_TRACKED = 100_000  # dispatched requests remembered until they finish (bounds a leak if one never does)
+FILL_TIE = 0.01  # cache fills this close count as equal
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class PrefixAffinityParams(CostParams):
     eviction_weight: float = 1.0  # writing a shared preamble into a full cache also costs this × its prefill
     delay_weight: float = 1.0  # a prefill also costs this × the delay it causes the requests queued behind it
     home_credit: float = 1.0  # ...where a preamble's last replica is taken to keep this share of it
+    conversation_share: float = 0.5  # above this share of recent requests continuing a conversation,
+    # a new one goes to the least full cache among the tied (1 = never)
     seed: int | None = None
 
     def validate(self, key: str) -> None:
@@ -84,6 +89,8 @@ class PrefixAffinityParams(CostParams):
             raise ConfigError("must be >= 0", key=f"{key}.delay_weight")
         if not 0 <= self.home_credit <= 1:
             raise ConfigError("must be between 0 and 1", key=f"{key}.home_credit")
+        if not 0 <= self.conversation_share <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.conversation_share")
         if self.eviction_weight < 0:
             raise ConfigError("must be >= 0", key=f"{key}.eviction_weight")
         if self.preamble_spread <= 0:
@@ -103,9 +110,10 @@ class PrefixAffinityPolicy(Policy):
         super().__init__(params)
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)
-        # The last choice's request, prompt tokens, candidates, their cached tokens and loads, for
-        # on_dispatched to queue the chosen one's uncached prefill (one slot, never grows).
-        self._last: tuple[str, int, list[str], list[int], list[float]] = ("", 0, [], [], [])
+        # The last choice's request, prompt tokens, candidates, their cached tokens and loads, and
+        # whether it had a home, for on_dispatched to queue the chosen one's uncached prefill (one
+        # slot, never grows).
+        self._last: tuple[str, int, list[str], list[int], list[float], bool] = ("", 0, [], [], [], False)
         # Requests sent to a replica that had nothing else: only their TTFTs teach the prefill cost.
         # Behind a queue, any error in the predicted wait is learned as a slower or faster prefill,
         # and the next waits are predicted with it: the estimate swung 700x within one run.
@@ -118,6 +126,8 @@ class PrefixAffinityPolicy(Policy):
         self._recent: dict[str, tuple[float, float]] = {}
         # The same, per preamble (view.preamble_key, 0 = all requests), oldest first; bounded.
         self._preambles: dict[int, tuple[float, float]] = {}
+        # Recent requests that continued a conversation (had a home), decaying as the counts above.
+        self._continuing: tuple[float, float] = (0.0, 0.0)
 
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         # One pass per quantity over the candidates, everything per-request looked up once: this
@@ -173,6 +183,11 @@ class PrefixAffinityPolicy(Policy):
                 best = min(best, min([effective[i] for i in keep]))
         cutoff = best + max(p.tie_s, p.tie_ratio * best)
         near = [i for i in eligible if effective[i] <= cutoff]
+        if not has_home and len(near) > 1 and self._conversational(now):
+            # A new conversation will come back: its later turns queue behind the conversations already
+            # homed where it lands, and need cache room there. The least full cache has the fewest.
+            least_fill = min([candidates[i].cache_fill for i in near])
+            near = [i for i in near if candidates[i].cache_fill <= least_fill + FILL_TIE]
         # Near-ties: the least loaded, then the one given the least recent work (new conversations
         # spread evenly, so their later turns do too), then a random one.
         least_load = min([loads[i] for i in near])
@@ -182,7 +197,7 @@ class PrefixAffinityPolicy(Policy):
             least = min(recent.values())
             tied = [i for i in tied if recent[i] == least]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
-        self._last = (view.request_id, prompt, ids, cached, loads)
+        self._last = (view.request_id, prompt, ids, cached, loads, has_home)
         if len(eligible) < len(rows) and min(effective) < effective[pick]:
             reason = "load_bound"  # the fastest-looking replica was over the bound
         else:
@@ -238,6 +253,13 @@ class PrefixAffinityPolicy(Policy):
     def _recent_work(self, replica_id: str, now: float) -> float:
         return _decayed(self._recent, replica_id, now, self.params.balance_window_s)
 
+    def _conversational(self, now: float) -> bool:
+        """Do most recent requests continue a conversation? Then placing a new one places its future
+        turns too; for single requests (a hot system prompt, prefix groups) the load decides alone."""
+        window = self.params.balance_window_s
+        continuing = _decay(self._continuing, now, window)
+        return continuing > self.params.conversation_share * _decayed(self._preambles, 0, now, window)
+
     def on_dispatched(self, view: RequestView, replica_id: str) -> None:
         now = self.cost.clock()
         window = self.params.balance_window_s
@@ -250,7 +272,9 @@ class PrefixAffinityPolicy(Policy):
             self._preambles[key] = (seen, now)
         if view.preamble_key:
             _put_newest(self._homes, view.preamble_key, replica_id)
-        request_id, prompt, ids, cached, loads = self._last
+        request_id, prompt, ids, cached, loads, has_home = self._last
+        if request_id == view.request_id and has_home:
+            self._continuing = (_decay(self._continuing, now, window) + 1.0, now)
         if request_id == view.request_id and replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
             done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
@@ -302,7 +326,11 @@ def _continues(view: RequestView) -> bool:
     return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
 
 
-def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
+def _decay(entry: tuple[float, float] | None, now: float, window_s: float) -> float:
     """A count that decays with time constant `window_s`, stored as (count, as of time)."""
-    count, since = counts.get(key, (0.0, now))
+    count, since = entry or (0.0, now)
     return count if since == now else count * math.exp((since - now) / window_s)  # exp(0) = 1 exactly
+
+
+def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
+    return _decay(counts.get(key), now, window_s)

@@ -182,6 +182,8 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
         eligible += [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > p.bound_margin * waits[i]]
         best = min(effective[i] for i in eligible)
     near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
+    if not has_home and policy._conversational(now):  # a new conversation: the least full cache first
+        near = [i for i in near if candidates[i].cache_fill <= min(candidates[j].cache_fill for j in near) + 0.01]
     keys = {i: (candidates[i].load, policy._recent_work(candidates[i].replica_id, now)) for i in near}
     tied = [i for i in near if keys[i] == min(keys.values())]
     if len(tied) > 1:
@@ -465,3 +467,29 @@ def test_a_shared_preamble_is_not_duplicated_into_a_full_cache_for_less_than_it_
     assert prefix_policy(load_epsilon=100.0, eviction_weight=0.0).choose(view, candidates).replica_id == "b"
     candidates[1].cache_fill = 0.0  # room to spare on b: nothing is evicted, the faster TTFT wins
     assert prefix_policy(load_epsilon=100.0).choose(view, candidates).replica_id == "b"
+
+
+def continuing_view() -> RequestView:
+    view = make_view()
+    view.body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                              {"role": "user", "content": "more"}]}
+    return view
+
+
+@pytest.mark.parametrize("params,conversational,always_b", [
+    ({}, True, True),  # later turns are most of the traffic: the least full cache takes the new conversation
+    ({}, False, False),  # single requests: a new prompt brings no later turns, the tie stays a tie
+    ({"conversation_share": 1.0}, True, False),  # switched off
+])
+def test_a_new_conversation_goes_to_the_least_full_cache_when_conversations_come_back(
+        params: dict[str, Any], conversational: bool, always_b: bool) -> None:
+    picks: collections.Counter[str] = collections.Counter()
+    for seed in range(20):
+        policy = prefix_policy(seed=seed, **params)
+        for replica in IDS * 3:  # recent traffic, spread evenly (equal recent work everywhere)
+            view = continuing_view() if conversational else make_view()
+            policy.choose(view, make_candidates(cached_tokens=[0] * 4))
+            policy.on_dispatched(view, replica)
+        candidates = make_candidates(cache_fill=[0.9, 0.2, 0.6, 0.5])
+        picks[policy.choose(make_view(), candidates).replica_id] += 1
+    assert (set(picks) == {"b"}) == always_b, picks

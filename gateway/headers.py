@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Iterable
+
 from multidict import CIMultiDict
 
 # RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
@@ -10,7 +13,7 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
     "TE", "Trailer", "Transfer-Encoding", "Upgrade",
 ))
-REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding"}  # bodies go on decoded (gateway.encoding)
 RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 
 REQUEST_ID = "X-Request-Id"
@@ -24,3 +27,12 @@ def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]
     items = list(headers)
     named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
     return CIMultiDict((k, v) for k, v in items if k.lower() not in drop and k.lower() not in named)
+
+
+_REQUEST_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII: safe in every header, log line and metric label
+
+
+def request_id(sent: str | None) -> str:
+    """The client's X-Request-Id if it is 1-128 visible ASCII characters, else a fresh one: a request id
+    with other bytes (non-UTF-8 ones arrive as surrogates) cannot be echoed in a response header."""
+    return sent if sent is not None and _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex

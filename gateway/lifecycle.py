@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import ConfigError
+from gateway.http_server import GatewayRunner
 
 if TYPE_CHECKING:
     from gateway.config import Config
@@ -68,7 +69,7 @@ def serve(app: web.Application, config: Config) -> None:
 
 async def _serve(app: web.Application, config: Config) -> None:
     limits = config.limits
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
+    runner = GatewayRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
                            shutdown_timeout=config.shutdown.grace_s, keepalive_timeout=limits.client_header_timeout_s,
                            max_line_size=limits.max_header_bytes, max_field_size=limits.max_header_bytes,
                            max_headers=limits.max_headers)

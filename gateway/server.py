@@ -291,8 +291,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[STATE].config
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s,
-                                      sock_read=config.timeouts.read_s),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s),  # silence: gateway.watch
         auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
     )
     metrics = app[METRICS]
@@ -300,7 +299,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
                        metrics.poison_requests.inc)
     state = app[STATE]
     await state.start()
-    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.sync_capacity)
+    app[LIFECYCLE].cut_streams = partial(app[PROXY].watches.cut, "shutdown")
+    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.sync_capacity,
+                      on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"))
     monitor.start()
     yield
     await monitor.stop()

@@ -22,6 +22,7 @@ from gateway import schema
 from gateway.admission import AdmissionConfig
 from gateway.auth import AuthConfig
 from gateway.errors import ConfigError
+from gateway.headers import HeadersConfig
 from gateway.index.base import IndexParams
 from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
@@ -222,6 +223,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    headers: HeadersConfig = field(default_factory=HeadersConfig)
 
     def validate(self, key: str) -> None:
         if not self.pools:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
 
 from multidict import CIMultiDict
+
+from gateway.errors import ConfigError
 
 # RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
 HOP_BY_HOP = frozenset(h.lower() for h in (
@@ -14,8 +18,29 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
     "TE", "Trailer", "Transfer-Encoding", "Upgrade",
 ))
 REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding"}  # bodies go on decoded (gateway.encoding)
-RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
+# The replica's identity and cookies are its own business; the gateway sets its own id headers.
+RESPONSE_DROP = HOP_BY_HOP | {"content-length", "server", "set-cookie", "x-replica-id", "x-affinity-reason",
+                              "x-gateway-route"}
 
+@dataclass(frozen=True)
+class HeadersConfig:
+    """YAML `headers`: what a client learns from response headers (public deployments turn the ids off)."""
+
+    drop_response: tuple[str, ...] = ()  # more replica response headers never to pass on (e.g. debug ones)
+    replica_id: bool = True  # X-Replica-Id: the replica that answered
+    affinity_reason: bool = True  # X-Affinity-Reason: why the policy chose it
+
+    def validate(self, key: str) -> None:
+        for i, name in enumerate(self.drop_response):
+            if not _TOKEN.fullmatch(name):
+                raise ConfigError(f"not a header name: {name!r}", key=f"{key}.drop_response[{i}]")
+
+    @cached_property
+    def response_drop(self) -> frozenset[str]:
+        return RESPONSE_DROP | {name.lower() for name in self.drop_response}
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 REQUEST_ID = "X-Request-Id"
 REPLICA_ID = "X-Replica-Id"
 ROUTE_REASON = "X-Affinity-Reason"

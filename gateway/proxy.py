@@ -210,11 +210,13 @@ class Proxy:
     async def _relay(self, request: web.Request, view: RequestView, upstream: aiohttp.ClientResponse,
                      replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         exchange.status = upstream.status
-        back = h.filtered(upstream.headers.items(), h.RESPONSE_DROP)
-        back.setdefault(h.REQUEST_ID, view.request_id)
-        back.setdefault(h.REPLICA_ID, replica.replica_id)
+        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back[h.REQUEST_ID] = view.request_id
+        if config.headers.replica_id:
+            back[h.REPLICA_ID] = replica.replica_id
         if exchange.decision is not None:
-            back[h.ROUTE_REASON] = exchange.decision.reason
+            if config.headers.affinity_reason:
+                back[h.ROUTE_REASON] = exchange.decision.reason
             if config.pools[view.model].routing.explain_header:
                 back[h.ROUTE_EXPLAIN] = exchange.decision.header_value()
         if _is_stream(upstream):

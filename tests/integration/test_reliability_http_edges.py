@@ -8,11 +8,14 @@ import gzip
 import socket
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
+from tests.upstream import FakeReplica, ThreadServer
 
 pytestmark = pytest.mark.timeout(60)
 BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
@@ -132,3 +135,23 @@ def _assert_reusable(conn: Conn, headers: dict[str, str]) -> None:
         return
     status, _, answer = conn.send(post(BODY), BODY)
     assert status == 200, answer[:300]
+
+
+LEAKY = {"Server": "replica/1.0", "Set-Cookie": "session=secret", "X-Debug-Trace": "internal", "X-Replica-Id": "own-id",
+         "X-Affinity-Reason": "forged"}
+
+
+@pytest.mark.parametrize("ids", [True, False], ids=["ids-on", "ids-off"])
+def test_replica_response_headers_do_not_leak(tmp_path: Path, ids: bool) -> None:
+    """Server, Set-Cookie and the configured deny list are stripped; the gateway's X-Replica-Id wins, and
+    both id headers can be turned off (`headers.replica_id`, `headers.affinity_reason`)."""
+    with ThreadServer(FakeReplica("fake", headers=LEAKY).app) as url, running() as track:
+        gateway = track(start_gateway(tmp_path, {MODEL: pool(("gateway-name", url))},
+                                      headers={"drop_response": ["x-debug-trace"], "replica_id": ids,
+                                               "affinity_reason": ids}))
+        resp = httpx.post(f"{gateway.url}/v1/chat/completions", content=BODY, timeout=10)
+    assert resp.status_code == 200 and resp.headers["X-Custom"] == "kept"
+    assert "replica" not in resp.headers.get("Server", "") and "Set-Cookie" not in resp.headers
+    assert "X-Debug-Trace" not in resp.headers
+    assert resp.headers.get("X-Replica-Id") == ("gateway-name" if ids else None)
+    assert resp.headers.get("X-Affinity-Reason") == ("round_robin" if ids else None)

@@ -22,6 +22,7 @@ from gateway import schema
 from gateway.admission import AdmissionConfig
 from gateway.auth import AuthConfig
 from gateway.errors import ConfigError
+from gateway.headers import HeadersConfig
 from gateway.index.base import IndexParams
 from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
@@ -163,11 +164,14 @@ class LoadConfig:
 
 @dataclass(frozen=True)
 class TimeoutsConfig:
+    """Upstream limits (gateway.watch): a first byte may take a long prefill; silence mid-answer may not."""
+
     connect_s: float = 5.0
-    read_s: float = 600.0  # longest silence allowed between upstream bytes (covers a long prefill)
+    first_byte_s: float = 300.0  # a stream's first chunk, a whole answer's headers; then retried elsewhere
+    idle_s: float = 60.0  # longest gap between upstream bytes once the first came
 
     def validate(self, key: str) -> None:
-        _positive(self, key, "connect_s", "read_s")
+        _positive(self, key, "connect_s", "first_byte_s", "idle_s")
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    headers: HeadersConfig = field(default_factory=HeadersConfig)
 
     def validate(self, key: str) -> None:
         if not self.pools:

@@ -8,6 +8,7 @@
     ├── NotFoundError           404  unknown model or route
     ├── RequestTimeoutError     408  the client sent its body too slowly
     ├── PayloadTooLargeError    413  body over the configured limit
+    ├── UnsupportedMediaTypeError 415  a Content-Encoding the gateway does not decode
     ├── RateLimitError          429  admission queue full / rate limit (Retry-After)
     ├── UpstreamError           502  replica failed before any byte reached the client
     ├── NoReplicaError          503  no healthy replica for the model (Retry-After)
@@ -78,6 +79,10 @@ class PayloadTooLargeError(GatewayError):
     status, type = 413, "PayloadTooLargeError"
 
 
+class UnsupportedMediaTypeError(GatewayError):
+    status, type = 415, "UnsupportedMediaTypeError"
+
+
 class RateLimitError(GatewayError):
     status, type = 429, "RateLimitError"
 
@@ -92,6 +97,17 @@ class NoReplicaError(GatewayError):
 
 class UpstreamTimeoutError(GatewayError):
     status, type = 504, "GatewayTimeoutError"
+
+
+_HTTP_KINDS = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowedError", 408: "RequestTimeoutError",
+               413: "PayloadTooLargeError", 415: "UnsupportedMediaTypeError", 417: "ExpectationFailedError",
+               431: "RequestHeaderFieldsTooLargeError", 500: "InternalServerError"}
+
+
+def http_error_body(status: int, message: str) -> bytes:
+    """An error aiohttp itself raised (routing, parsing, Expect) in the OpenAI shape."""
+    return error_body(message, _HTTP_KINDS.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
+                      status)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -2,17 +2,45 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+
 from multidict import CIMultiDict
+
+from gateway.errors import ConfigError
 
 # RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
 HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
     "TE", "Trailer", "Transfer-Encoding", "Upgrade",
 ))
-REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
-RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding"}  # bodies go on decoded (gateway.encoding)
+# The replica's identity and cookies are its own business; the gateway sets its own id headers.
+RESPONSE_DROP = HOP_BY_HOP | {"content-length", "server", "set-cookie", "x-replica-id", "x-affinity-reason",
+                              "x-gateway-route"}
 
+@dataclass(frozen=True)
+class HeadersConfig:
+    """YAML `headers`: what a client learns from response headers (public deployments turn the ids off)."""
+
+    drop_response: tuple[str, ...] = ()  # more replica response headers never to pass on (e.g. debug ones)
+    replica_id: bool = True  # X-Replica-Id: the replica that answered
+    affinity_reason: bool = True  # X-Affinity-Reason: why the policy chose it
+
+    def validate(self, key: str) -> None:
+        for i, name in enumerate(self.drop_response):
+            if not _TOKEN.fullmatch(name):
+                raise ConfigError(f"not a header name: {name!r}", key=f"{key}.drop_response[{i}]")
+
+    @cached_property
+    def response_drop(self) -> frozenset[str]:
+        return RESPONSE_DROP | {name.lower() for name in self.drop_response}
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 REQUEST_ID = "X-Request-Id"
 REPLICA_ID = "X-Replica-Id"
 ROUTE_REASON = "X-Affinity-Reason"
@@ -24,3 +52,12 @@ def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]
     items = list(headers)
     named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
     return CIMultiDict((k, v) for k, v in items if k.lower() not in drop and k.lower() not in named)
+
+
+_REQUEST_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII: safe in every header, log line and metric label
+
+
+def request_id(sent: str | None) -> str:
+    """The client's X-Request-Id if it is 1-128 visible ASCII characters, else a fresh one: a request id
+    with other bytes (non-UTF-8 ones arrive as surrogates) cannot be echoed in a response header."""
+    return sent if sent is not None and _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex

@@ -2,8 +2,10 @@
 
     SIGTERM/SIGINT → /ready answers 503 ("draining") → after `shutdown.ready_delay_s` the listener
     closes (new connections are refused; idle keep-alive connections are closed) → requests already
-    accepted, streams included, run to completion for up to `shutdown.grace_s` → whatever is still
-    running then is cancelled (its upstream request closed) → background tasks stop.
+    accepted, streams included, run to completion for up to `shutdown.grace_s` → then every stream
+    still open ends with the SSE error event and `[DONE]` (`gateway.watch`), and whatever is left after
+    `CUT_S` more is closed (its upstream request with it) → background tasks stop. The process exits
+    within `ready_delay_s + grace_s + CUT_S` plus the background tasks' own stop.
 
 The ready delay exists for load balancers that poll /ready: they stop sending before the port
 closes. The HTTP server's own limits are set here too: header line size and count, and the
@@ -23,11 +25,13 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import ConfigError
+from gateway.http_server import GatewayRunner
 
 if TYPE_CHECKING:
     from gateway.config import Config
 
 log = structlog.get_logger("gateway.lifecycle")
+CUT_S = 0.5  # after the grace period: time for cut streams to write their error event before connections close
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Lifecycle:
     """Mutable for the app's life: set once SIGTERM arrives."""
 
     draining: bool = False
+    cut_streams: Callable[[str], object] = staticmethod(lambda message: None)  # set by the app: ends open streams
 
 
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
@@ -68,8 +73,9 @@ def serve(app: web.Application, config: Config) -> None:
 
 async def _serve(app: web.Application, config: Config) -> None:
     limits = config.limits
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
-                           shutdown_timeout=config.shutdown.grace_s, keepalive_timeout=limits.client_header_timeout_s,
+    grace_s = config.shutdown.grace_s
+    runner = GatewayRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
+                           shutdown_timeout=grace_s + 2 * CUT_S, keepalive_timeout=limits.client_header_timeout_s,
                            max_line_size=limits.max_header_bytes, max_field_size=limits.max_header_bytes,
                            max_headers=limits.max_headers)
     await runner.setup()
@@ -85,6 +91,21 @@ async def _serve(app: web.Application, config: Config) -> None:
         app[LIFECYCLE].draining = True
         log.info("gateway_draining", ready_delay_s=config.shutdown.ready_delay_s, grace_s=config.shutdown.grace_s)
         await asyncio.sleep(config.shutdown.ready_delay_s)
+        loop.call_later(grace_s, _cut_off, app, runner)
     finally:
         await runner.cleanup()
     log.info("gateway_stopped")
+
+
+def _cut_off(app: web.Application, runner: web.AppRunner) -> None:
+    """The grace period is over: open streams end with the error event, then every connection closes
+    (aiohttp's own shutdown would wait `shutdown_timeout` once more for handlers it does not cancel)."""
+    log.warning("gateway_grace_over", connections=len(runner.server.connections) if runner.server else 0)
+    app[LIFECYCLE].cut_streams("the gateway is shutting down")
+    if runner.server is not None:
+        asyncio.get_running_loop().call_later(CUT_S, _close_all, runner.server)
+
+
+def _close_all(server: web.Server) -> None:
+    for connection in server.connections:
+        connection.force_close()  # handler_cancellation: the handler is cancelled, its upstream closed

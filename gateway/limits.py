@@ -14,6 +14,7 @@ import math
 from aiohttp import web
 
 from gateway.config import LimitsConfig
+from gateway.encoding import decode_body
 from gateway.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError, json_object
 from gateway.prefix import PrefixParams, prompt_source
 from gateway.view import RequestView
@@ -21,20 +22,21 @@ from gateway.view import RequestView
 
 async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, request_id: str,
                     tenant: str | None = None) -> RequestView:
-    """Read the body once (bounded in size and time), parse it once with orjson; the raw bytes are
-    what gets forwarded."""
+    """Read the body once (bounded in size and time), decode its Content-Encoding (`gateway.encoding`),
+    parse it once with orjson; the decoded bytes are what gets forwarded."""
     limit = limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
-    raw = bytearray()
+    received = bytearray()
     try:
         async with asyncio.timeout(limits.client_body_timeout_s):
             async for chunk in request.content.iter_any():
-                raw += chunk
-                if len(raw) > limit:
+                received += chunk
+                if len(received) > limit:
                     raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
     except TimeoutError:
         raise RequestTimeoutError(f"request body not received within {limits.client_body_timeout_s:g}s") from None
+    raw = decode_body(request.headers.get("Content-Encoding"), bytes(received), limit)
     body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -48,7 +50,7 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
                               param="messages")
     session = request.headers.get("X-Session-ID") or body.get("prompt_cache_key") or body.get("user")
     return RequestView(request_id=request_id, endpoint=endpoint, model=model, stream=stream, body=body,
-                       raw=bytes(raw), tenant=tenant, session_key=session if isinstance(session, str) else None)
+                       raw=raw, tenant=tenant, session_key=session if isinstance(session, str) else None)
 
 
 def estimate_prompt(view: RequestView, params: PrefixParams) -> int:

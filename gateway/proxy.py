@@ -16,6 +16,11 @@ input is evidence against the input; charging even the first would let a handful
 open every breaker of a small pool). A single 5xx with no retry left is charged as before: one
 answer cannot tell the input from the replica, and the breaker must still see a broken replica.
 
+Silence: an attempt whose first byte does not come within `timeouts.first_byte_s`, or whose replica is
+ejected by the health probes before it, is retried on another replica (nothing reached the client); a
+stream silent for `timeouts.idle_s`, or whose replica is ejected, ends with the error event. At the end
+of the shutdown grace period every stream still open ends the same way (`gateway.watch`).
+
 Client disconnect (handler cancellation, or a failed write) closes the upstream response at once,
 which aborts the request at the replica; so does a streaming client that stops reading for
 `limits.client_write_timeout_s`.
@@ -40,6 +45,7 @@ from gateway.policies import Decision
 from gateway.replicas import Replica, ReplicaPool
 from gateway.usage import SSEUsageScanner, Usage
 from gateway.view import RequestView
+from gateway.watch import Watch, Watches
 
 log = structlog.get_logger("gateway.proxy")
 
@@ -97,6 +103,18 @@ async def _write(request: web.Request, response: web.StreamResponse, chunk: byte
         raise _SlowClient from None
 
 
+def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
+    return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+
+
+def _cut(replica: Replica, watch: Watch) -> Exception:
+    """The error for an attempt cut before any byte reached the client: retried elsewhere, unless the
+    gateway is stopping."""
+    if watch.kind == "shutdown":
+        return NoReplicaError(watch.message, retry_after_s=1)
+    return _Retryable(UpstreamTimeoutError(f"replica {replica.replica_id}: {watch.message}"), watch.kind or "timeout")
+
+
 def _first_byte(exchange: Exchange, replica: Replica) -> None:
     exchange.ttft_s = time.perf_counter() - exchange.started
     if exchange.on_first_byte is not None:
@@ -109,6 +127,7 @@ class Proxy:
         self._session = session
         self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
         self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
+        self.watches = Watches()  # every attempt in flight: cut on ejection and at the end of a drain
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -157,67 +176,75 @@ class Proxy:
         if config.auth.enabled:  # the gateway's key is a credential for the gateway only
             out_headers.popall("Authorization", None)
             out_headers.popall("X-API-Key", None)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s,
-                                        sock_read=config.timeouts.read_s)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)  # silence: the watch
+        watch = self.watches.start(replica.replica_id, config.timeouts.first_byte_s, config.timeouts.idle_s)
         try:
-            upstream = await self._session.request(request.method, replica.url + request.path_qs, data=view.raw,
-                                                   headers=out_headers, timeout=timeout, allow_redirects=False)
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise _Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"), "connect") from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            self._upstream_failed(replica, "timeout", "no response headers in time", config)
-            raise UpstreamTimeoutError(f"replica {replica.replica_id} did not answer in time") from exc
-        except aiohttp.ClientError as exc:
-            raise _Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
-                             "connect") from exc
-        try:
-            if upstream.status >= 500 and after_5xx:
-                self._poisoned(view, replica, upstream.status, exchange)
-            elif upstream.status >= 500 and not last:
-                raise _Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
-                                 f"http_{upstream.status}")
-            elif upstream.status >= 500:
-                self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
-            else:
-                replica.request_succeeded()
-            return await self._relay(request, view, upstream, replica, exchange, config)
-        except BaseException:
-            upstream.close()  # cancellation included: drop the connection so the replica aborts the request
-            raise
+            try:
+                async with watch.sending():
+                    upstream = await self._session.request(request.method, replica.url + request.path_qs,
+                                                           data=view.raw, headers=out_headers, timeout=timeout,
+                                                           allow_redirects=False)
+            except aiohttp.ConnectionTimeoutError as exc:
+                raise _Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"),
+                                 "connect") from exc
+            except TimeoutError as exc:
+                raise _cut(replica, watch) from exc
+            except aiohttp.ClientError as exc:
+                raise _Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
+                                 "connect") from exc
+            watch.answered(upstream, first_byte=not _is_stream(upstream))
+            try:
+                if upstream.status >= 500 and after_5xx:
+                    self._poisoned(view, replica, upstream.status, exchange)
+                elif upstream.status >= 500 and not last:
+                    raise _Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
+                                     f"http_{upstream.status}")
+                elif upstream.status >= 500:
+                    self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
+                else:
+                    replica.request_succeeded()
+                return await self._relay(request, view, upstream, replica, exchange, config, watch)
+            except BaseException:
+                upstream.close()  # cancellation included: drop the connection so the replica aborts the request
+                raise
+            finally:
+                upstream.release()
         finally:
-            upstream.release()
+            self.watches.end(watch)
 
     async def _relay(self, request: web.Request, view: RequestView, upstream: aiohttp.ClientResponse,
-                     replica: Replica, exchange: Exchange, config: Config) -> web.StreamResponse:
+                     replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         exchange.status = upstream.status
-        back = h.filtered(upstream.headers.items(), h.RESPONSE_DROP)
-        back.setdefault(h.REQUEST_ID, view.request_id)
-        back.setdefault(h.REPLICA_ID, replica.replica_id)
+        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back[h.REQUEST_ID] = view.request_id
+        if config.headers.replica_id:
+            back[h.REPLICA_ID] = replica.replica_id
         if exchange.decision is not None:
-            back[h.ROUTE_REASON] = exchange.decision.reason
+            if config.headers.affinity_reason:
+                back[h.ROUTE_REASON] = exchange.decision.reason
             if config.pools[view.model].routing.explain_header:
                 back[h.ROUTE_EXPLAIN] = exchange.decision.header_value()
-        if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return await self._relay_stream(request, upstream, back, replica, exchange, config)
-        return await self._relay_whole(upstream, back, replica, exchange, config)
+        if _is_stream(upstream):
+            return await self._relay_stream(request, upstream, back, replica, exchange, config, watch)
+        return await self._relay_whole(upstream, back, replica, exchange, config, watch)
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
-                           exchange: Exchange, config: Config) -> web.StreamResponse:
-        """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error."""
+                           exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+        """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error
+        (and a cut one is retried)."""
         _first_byte(exchange, replica)
         try:
             body = await upstream.read()
-        except TimeoutError as exc:
-            self._upstream_failed(replica, "timeout", "body not finished in time", config)
-            raise UpstreamTimeoutError(f"replica {replica.replica_id} did not finish its answer in time") from exc
         except aiohttp.ClientError as exc:
+            if watch.kind is not None:
+                raise _cut(replica, watch) from exc
             self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
             raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
         exchange.usage.read_body(body)
         return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
-                            replica: Replica, exchange: Exchange, config: Config) -> web.StreamResponse:
+                            replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         """Each chunk is written as it arrives; usage is scanned after the write, never delaying it."""
         exchange.streamed = True
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
@@ -225,6 +252,7 @@ class Proxy:
         ended_on_event = True
         try:
             async for chunk in upstream.content.iter_any():
+                watch.touch()
                 if exchange.ttft_s is None:
                     _first_byte(exchange, replica)
                     await response.prepare(request)
@@ -241,9 +269,12 @@ class Proxy:
             upstream.close()
             if request.transport is not None:
                 request.transport.abort()  # drop what it never read; a graceful close would wait for it
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            exchange.error = f"upstream broke mid-stream: {type(exc).__name__}"
-            self._upstream_failed(replica, "mid_stream", exchange.error, config)
+        except aiohttp.ClientError as exc:
+            if watch.kind is not None and not response.prepared:
+                raise _cut(replica, watch) from exc  # nothing reached the client: another replica may answer
+            exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
+            if watch.kind != "shutdown":
+                self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
             await self._end_stream_with_error(request, response, exchange.error, ended_on_event)
         return response
 

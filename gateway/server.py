@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -27,7 +26,7 @@ from gateway.admission import Admission
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.errors import (ConfigError, GatewayError, NoReplicaError, NotFoundError, RateLimitError,
-                            error_body)
+                            error_body, http_error_body)
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
 from gateway.metrics import CONTENT_TYPE, Metrics
@@ -273,23 +272,20 @@ async def reload(app: web.Application) -> ConfigError | None:
 async def error_middleware(request: web.Request,
                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Outermost: every failure becomes an OpenAI-shape error; unexpected ones are logged as 500s."""
-    request_id = request.headers.get(h.REQUEST_ID) or uuid.uuid4().hex
-    request[REQUEST_ID] = request_id
+    request[REQUEST_ID] = request_id = h.request_id(request.headers.get(h.REQUEST_ID))
     try:
         return await handler(request)
     except GatewayError as exc:
         if exc.status in (401, 403):
             request.app[METRICS].rejected.labels("", "auth").inc()
-        return _error(exc.status, exc.body(), exc.headers(), request_id)
+        return _error(request, exc.status, exc.body(), exc.headers())
     except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body over client_max_size
         if exc.status < 400:
             raise
-        kind = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "PayloadTooLargeError"}.get(
-            exc.status, "BadRequestError")
-        return _error(exc.status, error_body(exc.reason, kind, exc.status), {}, request_id)
+        return _error(request, exc.status, http_error_body(exc.status, exc.reason), {})
     except Exception:
         log.exception("unhandled_error", request_id=request_id, path=request.path)
-        return _error(500, error_body("internal gateway error", "InternalServerError", 500), {}, request_id)
+        return _error(request, 500, error_body("internal gateway error", "InternalServerError", 500), {})
 
 
 @web.middleware
@@ -300,9 +296,14 @@ async def auth_middleware(request: web.Request,
     return await handler(request)
 
 
-def _error(status: int, body: bytes, headers: dict[str, str], request_id: str) -> web.Response:
-    return web.Response(status=status, body=body,
-                        headers={**headers, "Content-Type": "application/json", h.REQUEST_ID: request_id})
+def _error(request: web.Request, status: int, body: bytes, headers: dict[str, str]) -> web.Response:
+    """An error answer; with `Connection: close` when the body was not read to its end (an oversized or
+    unauthenticated one), as the rest of it would otherwise be read as the connection's next request."""
+    response = web.Response(status=status, body=body,
+                            headers={**headers, "Content-Type": "application/json", h.REQUEST_ID: request[REQUEST_ID]})
+    if not request.content.is_eof():
+        response.force_close()
+    return response
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -310,8 +311,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[STATE].config
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s,
-                                      sock_read=config.timeouts.read_s),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s),  # silence: gateway.watch
         auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
     )
     metrics = app[METRICS]
@@ -319,7 +319,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
                        metrics.poison_requests.inc)
     state = app[STATE]
     await state.start()
-    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.after_scrape)
+    app[LIFECYCLE].cut_streams = partial(app[PROXY].watches.cut, "shutdown")
+    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.after_scrape,
+                      on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"))
     monitor.start()
     yield
     await monitor.stop()

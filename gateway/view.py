@@ -8,7 +8,8 @@ from typing import Any
 
 @dataclass(slots=True)
 class RequestView:
-    """Everything a policy may look at. `raw` is forwarded unchanged; `body` is never re-serialised."""
+    """Everything a policy may look at. `raw` (decoded of any Content-Encoding) is forwarded as it is;
+    `body` is never re-serialised."""
 
     request_id: str
     endpoint: str  # "chat" | "completions" | "embeddings"

@@ -57,6 +57,10 @@ def parse_chat(body: Mapping[str, Any]) -> GenerateRequest:
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequestError(f"messages[{i}].content must be a string or a list of parts", param="messages")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or (part.get("type") == "text" and not isinstance(part.get("text"), str)):
+                raise BadRequestError(f"messages[{i}].content[{j}] must be a content part object; a text part's "
+                                      "`text` a string", param="messages")  # vLLM: a validation error, 400
     max_tokens = _max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens")
     return _common(body, "chat", max_tokens, messages=messages)
 

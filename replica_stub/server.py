@@ -19,7 +19,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from gateway.errors import BadRequestError, GatewayError, error_body, json_object
+from gateway.errors import BadRequestError, GatewayError, UnsupportedMediaTypeError, error_body, json_object
 from replica_stub import __version__, sglang_api
 from replica_stub.block_pool import BlockPool
 from replica_stub.config import StubConfig
@@ -46,12 +46,6 @@ METRICS = web.AppKey("metrics", StubMetrics)
 KV_EVENTS = web.AppKey("kv_events", KVEventPublisher)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class UnsupportedMediaError(GatewayError):
-    """415, as vLLM answers a body that is not application/json."""
-
-    status, type = 415, "UnsupportedMediaTypeError"
 
 
 class BlocksInUseError(GatewayError):
@@ -154,7 +148,7 @@ def _json(payload: Any) -> web.Response:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     if "Content-Type" in request.headers and request.content_type != "application/json":
-        raise UnsupportedMediaError(f"Unsupported Media Type: Only 'application/json' is allowed, "
+        raise UnsupportedMediaTypeError(f"Unsupported Media Type: Only 'application/json' is allowed, "
                                     f"got {request.content_type!r}")
     return json_object(await request.read())
 
@@ -172,6 +166,8 @@ async def _generate(http: web.Request, kind: Kind) -> web.StreamResponse:
     await http.app[ARRIVALS].enter()
     body = await _json_body(http)
     check_model(body, config.model)
+    if config.fail_on_marker and config.fail_on_marker.encode() in await http.read():
+        raise GatewayError(f"injected fault: the request contains {config.fail_on_marker!r}")  # a 500
     gen = parse_chat(body) if kind == "chat" else parse_completion(body)
     tokenizer = http.app[ENGINE].tokenizer
     if gen.prompt_token_ids is not None:

@@ -44,6 +44,7 @@ class FakeReplica:
     partial: str | None = None  # "stall" or "close": send headers and half a JSON body, then do that
     die_after: int | None = None  # streams: close the connection after this many chunks
     chunk_pad: int = 0  # streams: extra characters in every chunk's content
+    headers: dict[str, str] = field(default_factory=dict)  # more response headers on whole answers
     metrics_text: str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0  # requests whose handler was cancelled (client gone)
@@ -82,7 +83,7 @@ class FakeReplica:
                 return await self._stream(request, body)
             answer = orjson.dumps(_completion(self.replica_id, body, 0))
             return web.Response(body=answer, content_type="application/json",
-                                headers={"X-Replica-Id": self.replica_id, "X-Custom": "kept"})
+                                headers={"X-Replica-Id": self.replica_id, "X-Custom": "kept", **self.headers})
         except asyncio.CancelledError:
             self.cancelled += 1
             raise

@@ -20,16 +20,22 @@ from gateway.replicas.replica import Replica
 log = structlog.get_logger("gateway.health")
 
 
-async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config) -> None:
-    """One `GET /health`; 200 passes, anything else (or no answer in time) fails."""
+async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config,
+                on_ejected: Callable[[str], object] = lambda replica_id: None) -> None:
+    """One `GET /health`; 200 passes, anything else (or no answer in time) fails. A replica the probes
+    turn unhealthy *because it stopped answering* is reported to `on_ejected` (the proxy cuts its
+    attempts loose); one that answers non-200 (a draining gateway's 503 /ready) is alive: its open
+    requests run on."""
     health = config.health
-    was_available = replica.is_available()
+    was_available, was_healthy = replica.is_available(), replica.healthy
     try:
         async with session.get(replica.url + health.path, timeout=aiohttp.ClientTimeout(total=health.timeout_s)) as r:
-            ok, error = r.status == 200, f"health status {r.status}"
+            ok, error, answered = r.status == 200, f"health status {r.status}", True
     except (aiohttp.ClientError, TimeoutError) as exc:
-        ok, error = False, f"health probe: {type(exc).__name__}: {exc}"
+        ok, error, answered = False, f"health probe: {type(exc).__name__}: {exc}", False
     replica.probe_result(ok, health, error)
+    if was_healthy and not replica.healthy and not answered:
+        on_ejected(replica.replica_id)
     if replica.is_available() != was_available:
         log.warning("replica_up" if replica.is_available() else "replica_down",
                     replica=replica.replica_id, url=replica.url, error=None if ok else error)
@@ -37,8 +43,10 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config
 
 class Monitor:
     def __init__(self, session: aiohttp.ClientSession, pools: Callable[[], Iterable[ReplicaPool]],
-                 config: Callable[[], Config], after_scrape: Callable[[], None] = lambda: None) -> None:
+                 config: Callable[[], Config], after_scrape: Callable[[], None] = lambda: None,
+                 on_ejected: Callable[[str], object] = lambda replica_id: None) -> None:
         self._session, self._pools, self._config = session, pools, config
+        self._on_ejected = on_ejected
         self._after_scrape = after_scrape  # e.g. size the warm-prefix index from the scraped KV-cache shape
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -47,7 +55,7 @@ class Monitor:
 
     async def probe_all(self) -> None:
         config = self._config()
-        await asyncio.gather(*(probe(self._session, r, config) for r in self._replicas()))
+        await asyncio.gather(*(probe(self._session, r, config, self._on_ejected) for r in self._replicas()))
 
     async def scrape_all(self) -> None:
         cfg = self._config().load

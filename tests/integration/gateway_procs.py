@@ -81,7 +81,7 @@ def start_gateway(tmp_path: Path, pools: dict[str, Any], **sections: Any) -> Gat
         "health": {"interval_s": 0.1, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1,
                    "eject_after_failures": 1, "backoff_s": 0.2, "backoff_max_s": 0.5},
         "load": {"interval_s": 0.1},
-        "timeouts": {"connect_s": 1.0, "read_s": 30.0},
+        "timeouts": {"connect_s": 1.0, "first_byte_s": 30.0, "idle_s": 30.0},
         **sections,
     }
     path = tmp_path / f"gateway-{port}.yaml"

@@ -90,6 +90,16 @@ class Load:
         return out
 
 
+async def streaming(load: Load, session: aiohttp.ClientSession, n: int, max_tokens: int,
+                    label: str = "story") -> list[asyncio.Task[Outcome]]:
+    """Start n streams and return once every one has its first byte."""
+    tasks = [asyncio.create_task(load.one(session, chat(f"{label} {i}", max_tokens=max_tokens, stream=True)))
+             for i in range(n)]
+    while sum(o.first_byte_s is not None for o in load.outcomes) < n:
+        await asyncio.sleep(0.02)
+    return tasks
+
+
 def report(name: str, outcomes: list[Outcome], **extra: Any) -> None:
     """One line of figures for docs/RELIABILITY.md (visible with `pytest -s`)."""
     failed = sum(1 for o in outcomes if o.status >= 500 or (o.error and o.error != "hung"))

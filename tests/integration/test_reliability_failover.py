@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import Load, chat, eventually, metric, report
+from tests.integration.reliability_tools import Load, chat, eventually, metric, report, streaming
 
 pytestmark = pytest.mark.timeout(90)
 STREAMS = 100  # round robin over two replicas: 50 run through the one that dies
@@ -31,10 +31,7 @@ def test_replica_killed_under_50_streams(tmp_path: Path) -> None:
 
         async def scenario() -> None:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-                streams = [asyncio.create_task(load.one(session, chat(f"story {i}", max_tokens=120, stream=True)))
-                           for i in range(STREAMS)]
-                while sum(o.first_byte_s is not None for o in load.outcomes) < STREAMS:
-                    await asyncio.sleep(0.02)
+                streams = await streaming(load, session, STREAMS, max_tokens=120)
                 assert victim.proc is not None
                 victim.proc.kill()  # SIGKILL: the sockets of 50 live streams are reset
                 fresh = [after.one(session, chat(f"after {i}", stream=i % 2 == 0)) for i in range(20)]

@@ -1,6 +1,6 @@
 """Query of death over real processes: a request every replica answers with 5xx must not open breakers.
 
-The trigger is a content part whose text is a number, which the stub answers with 500 (an input-dependent
+The trigger is a marker in the prompt that the stubs answer with 500 (`--fail-on-marker`: an input-dependent
 5xx, as a real engine's bug would give).
 """
 
@@ -22,15 +22,18 @@ SECONDS = 8  # one bad request per second for this long
 INNOCENT_CLIENTS = 4
 
 
+MARKER = "query-of-death"
+
+
 def _bad(i: int) -> dict[str, Any]:
-    return {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "text", "text": i}]}]}
+    return {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"{MARKER} {i}"}]}
 
 
 def test_sustained_query_of_death(tmp_path: Path) -> None:
     """One client sends a bad request per second while others run steady traffic: every bad request gets the
     replica's 5xx after two replicas (never a third), no innocent request fails and no breaker opens."""
     with running() as track:
-        stubs = [track(start_stub(f"r{i}", speedup=50)) for i in range(3)]
+        stubs = [track(start_stub(f"r{i}", MODEL, 50, "--fail-on-marker", MARKER)) for i in range(3)]
         gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs))},
                                       health={"interval_s": 0.2, "timeout_s": 1.0, "unhealthy_after": 2,
                                               "eject_after_failures": 3, "failure_window_s": 30.0,

@@ -206,6 +206,9 @@ def test_client_gone_during_a_non_streaming_request_aborts_it(replica: Replica) 
 
 BAD_REQUESTS = [
     ("/v1/chat/completions", b"{not json", 400, "BadRequestError"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}', 400,
+     "BadRequestError"),  # a malformed content part: vLLM's validation answers 400 (was a 500 here)
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [7]}]}', 400, "BadRequestError"),
     ("/v1/chat/completions", b'{"model": "stub-model"}', 400, "BadRequestError"),
     ("/v1/chat/completions", b'{"messages": "hi"}', 400, "BadRequestError"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', 400,

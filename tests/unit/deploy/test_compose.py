@@ -112,7 +112,7 @@ def test_gateway_config_loads_and_names_only_services_that_listen_there(name: st
                     host_of, port_of = host_port(getattr(replica.kv_events, field).replace("tcp://", "http://"), 0)
                     assert host_of == host and flag(command, option) == f"tcp://*:{port_of}"
                 assert pool.routing.prefix.tokenizer is not None
-    drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s
+    drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s + 1  # + the cut-off (lifecycle.CUT_S)
     assert _seconds(service["stop_grace_period"]) > drain_s  # docker's SIGKILL comes after the drain
     assert config.state.store.startswith("redis://")
     host, port = host_port(config.state.store, 6379)
@@ -156,7 +156,7 @@ def test_nginx_round_robins_over_the_gateways_without_buffering_or_cutting_them_
     config = gateway_config("gateway-a")
     assert values["proxy_buffering"] == ["off"]
     assert _size(values["client_max_body_size"][0]) >= config.limits.max_body_bytes
-    assert _seconds(values["proxy_read_timeout"][0]) >= config.timeouts.read_s
+    assert _seconds(values["proxy_read_timeout"][0]) >= config.timeouts.first_byte_s
 
 
 def test_prometheus_scrapes_every_gateway_and_replica_where_they_listen() -> None:

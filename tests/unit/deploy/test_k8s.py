@@ -90,7 +90,7 @@ def test_gateway_probes_ready_and_health_on_its_listen_port() -> None:
     service = find(DOCS, "Service", "affinity-gateway")
     assert selected(service["spec"]["selector"]) == [gateway]
     assert gateway["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s  # SIGTERM → drained, before SIGKILL
+    drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s + 1  # SIGTERM → exited, before SIGKILL
     assert config.shutdown.ready_delay_s > 0 and pod(gateway)["terminationGracePeriodSeconds"] > drain_s
 
 

@@ -160,14 +160,14 @@ async def test_connection_refused_is_502(gateway: Gateway) -> None:
 
 
 async def test_slow_replica_is_504(gateway: Gateway) -> None:
-    client, _ = await gateway(FakeReplica("r0", stall_s=2), timeouts={"read_s": 0.2})
+    client, _ = await gateway(FakeReplica("r0", stall_s=2), timeouts={"first_byte_s": 0.2})
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 504 and (await resp.json())["error"]["code"] == 504
 
 
 @pytest.mark.parametrize(("partial", "status"), [("stall", 504), ("close", 502)])
 async def test_body_broken_after_headers(gateway: Gateway, partial: str, status: int) -> None:
-    client, _ = await gateway(FakeReplica("r0", partial=partial), timeouts={"read_s": 0.2})
+    client, _ = await gateway(FakeReplica("r0", partial=partial), timeouts={"idle_s": 0.2})
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == status and (await resp.json())["error"]["code"] == status
 

@@ -1,0 +1,95 @@
+"""Silence limits on an upstream attempt, and cutting attempts loose (replica ejected, gateway stopping).
+
+An attempt's first byte (a stream's first body chunk; a whole answer's headers) must come within
+`timeouts.first_byte_s` of sending it; after that no gap between upstream bytes may exceed
+`timeouts.idle_s`. One timer per attempt, re-armed lazily: a chunk only records the time it came (the
+hot path costs one clock read), and the timer, when it fires, re-arms itself if a byte came since.
+
+A cut (the timer, a replica ejected by its health probes, the end of the shutdown grace period) makes
+the wait in progress fail where the proxy already handles it: before the response headers the request's
+own timeout fires at once; after them the upstream response is closed, so the body read raises.
+`kind` says why ("first_byte", "idle", "ejected", "shutdown").
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+
+class Watch:
+    """One attempt on one replica; registered in `Watches` for its lifetime."""
+
+    __slots__ = ("replica_id", "kind", "message", "last", "_loop", "_idle_s", "_handle", "_request", "_upstream")
+
+    def __init__(self, replica_id: str, first_byte_s: float, idle_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.replica_id, self._idle_s = replica_id, idle_s
+        self.kind: str | None = None
+        self.message = ""
+        self.last: float | None = None  # loop time of the latest upstream byte; None before the first
+        self._request: asyncio.Timeout | None = None
+        self._upstream: aiohttp.ClientResponse | None = None
+        self._handle = self._loop.call_later(first_byte_s, self._check, f"no first byte in {first_byte_s:g}s")
+
+    def sending(self) -> asyncio.Timeout:
+        """The timeout to wrap the wait for response headers in (fired by a cut)."""
+        self._request = asyncio.timeout(None)
+        return self._request
+
+    def answered(self, upstream: aiohttp.ClientResponse, *, first_byte: bool) -> None:
+        self._request, self._upstream = None, upstream
+        if first_byte:
+            self.touch()
+
+    def touch(self) -> None:
+        """A byte came: from now on the idle limit applies (the timer re-arms itself lazily)."""
+        if self.last is None and self.kind is None:
+            self._handle.cancel()
+            self._handle = self._loop.call_later(self._idle_s, self._check, "")
+        self.last = self._loop.time()
+
+    def _check(self, first_byte_message: str) -> None:
+        if self.last is None:
+            self.cut("first_byte", first_byte_message)
+        elif (due := self.last + self._idle_s) > self._loop.time():
+            self._handle = self._loop.call_at(due, self._check, first_byte_message)
+        else:
+            self.cut("idle", f"no byte from the replica for {self._idle_s:g}s")
+
+    def cut(self, kind: str, message: str) -> None:
+        if self.kind is not None:
+            return
+        self.kind, self.message = kind, message
+        self._handle.cancel()
+        if self._request is not None:
+            self._request.reschedule(self._loop.time())
+        elif self._upstream is not None:
+            self._upstream.close()
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
+class Watches:
+    """Every attempt in flight, so a replica's (or all) can be cut at once."""
+
+    def __init__(self) -> None:
+        self._live: set[Watch] = set()
+
+    def start(self, replica_id: str, first_byte_s: float, idle_s: float) -> Watch:
+        watch = Watch(replica_id, first_byte_s, idle_s)
+        self._live.add(watch)
+        return watch
+
+    def end(self, watch: Watch) -> None:
+        watch.close()
+        self._live.discard(watch)
+
+    def cut(self, kind: str, message: str, replica_id: str | None = None) -> int:
+        """Cut the attempts on `replica_id` (None: all); returns how many."""
+        chosen = [w for w in self._live if replica_id is None or w.replica_id == replica_id]
+        for watch in chosen:
+            watch.cut(kind, message)
+        return len(chosen)

@@ -23,18 +23,20 @@ log = structlog.get_logger("gateway.health")
 async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config,
                 on_ejected: Callable[[str], object] = lambda replica_id: None) -> None:
     """One `GET /health`; 200 passes, anything else (or no answer in time) fails. A replica the probes
-    turn unhealthy *because it stopped answering* is reported to `on_ejected` (the proxy cuts its
-    attempts loose); one that answers non-200 (a draining gateway's 503 /ready) is alive: its open
-    requests run on."""
+    turn unhealthy *because it stopped answering* (a probe timed out) is reported to `on_ejected`
+    (the proxy cuts its attempts loose); one that answers non-200 or refuses new connections (a
+    draining gateway: 503 /ready, then a closed listener) is alive: its open requests run on."""
     health = config.health
     was_available, was_healthy = replica.is_available(), replica.healthy
     try:
         async with session.get(replica.url + health.path, timeout=aiohttp.ClientTimeout(total=health.timeout_s)) as r:
-            ok, error, answered = r.status == 200, f"health status {r.status}", True
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        ok, error, answered = False, f"health probe: {type(exc).__name__}: {exc}", False
+            ok, error, silent = r.status == 200, f"health status {r.status}", False
+    except TimeoutError as exc:  # accepted, never answered: frozen
+        ok, error, silent = False, f"health probe: {type(exc).__name__}: {exc}", True
+    except aiohttp.ClientError as exc:  # refused or reset: a draining process still ends its open requests
+        ok, error, silent = False, f"health probe: {type(exc).__name__}: {exc}", False
     replica.probe_result(ok, health, error)
-    if was_healthy and not replica.healthy and not answered:
+    if was_healthy and not replica.healthy and silent:
         on_ejected(replica.replica_id)
     if replica.is_available() != was_available:
         log.warning("replica_up" if replica.is_available() else "replica_down",

@@ -92,7 +92,7 @@ def gateway_config(pair: VLLMPair, **prefix: Any) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def gateway(vllm: VLLMPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     gw = start_gateway(tmp_path_factory.mktemp("vllm-gateway"), gateway_config(vllm),
-                       timeouts={"connect_s": 2.0, "read_s": 120.0})
+                       timeouts={"connect_s": 2.0, "first_byte_s": 120.0})
     try:
         eventually(lambda: all(feed(gw, r)["certain"] for r in ("vllm-0", "vllm-1")), timeout_s=30)
         yield gw

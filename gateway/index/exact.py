@@ -17,9 +17,10 @@ milliseconds; a fixed 2 s expired before a CPU replica had stored anything.
 
 A request dispatched with blocks the table lacks, and then one that filled a new block finishing
 there, mean the replica has published a BlockStored since. When no event at all has arrived since
-that dispatch, and the window passes after that finish, the publisher is not reaching us (vLLM given a non-wildcard endpoint connects its PUB socket
-instead of binding it, while its replay socket binds, so a replay succeeds and live batches
-never come): the table turns uncertain with a warning saying so, until an event arrives.
+that dispatch, and the window passes after that finish, the publisher is not reaching us (vLLM
+given a non-wildcard endpoint connects its PUB socket instead of binding it, while its replay
+socket binds, so a replay succeeds and live batches never come): the table turns uncertain with
+a warning saying so, until an event arrives.
 
 A table is *certain* when it is known to mirror the replica's cache (the subscriber saw its
 whole event history); an uncertain table still answers, and the router takes the larger of

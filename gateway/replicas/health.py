@@ -31,10 +31,10 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config
     try:
         async with session.get(replica.url + health.path, timeout=aiohttp.ClientTimeout(total=health.timeout_s)) as r:
             ok, error, silent = r.status == 200, f"health status {r.status}", False
-    except TimeoutError as exc:  # accepted, never answered: frozen
-        ok, error, silent = False, f"health probe: {type(exc).__name__}: {exc}", True
-    except aiohttp.ClientError as exc:  # refused or reset: a draining process still ends its open requests
-        ok, error, silent = False, f"health probe: {type(exc).__name__}: {exc}", False
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        # Timed out: accepted, never answered (frozen). Refused or reset: a draining process still
+        # ends its open requests.
+        ok, error, silent = False, f"health probe: {type(exc).__name__}: {exc}", isinstance(exc, TimeoutError)
     replica.probe_result(ok, health, error)
     if was_healthy and not replica.healthy and silent:
         on_ejected(replica.replica_id)

@@ -35,6 +35,7 @@ from gateway import prefix
 from gateway.index import MemoryIndex, WarmIndex
 from gateway.index.base import IndexParams
 from gateway.index.exact import ExactTables
+from gateway.index.in_flight import InFlightBlocks
 from gateway.policies import Candidate, Decision, Outcome, Policy, Score
 from gateway.prefix import CHARACTERS, TOKENS, PrefixParams
 from gateway.routing_metrics import RoutingMetrics
@@ -60,6 +61,7 @@ class Router:
         self.keys = keys
         self.exact = exact
         self._predicted: dict[str, tuple[Score, str]] = {}  # request id -> chosen row and its evidence
+        self.in_flight = InFlightBlocks()  # chains of the requests each replica serves now: held there
         # Replica tokens per estimated token of character keys, learned from the replicas' usage
         # (chars_per_token is a guess: 4 for English BPE, other for other tokenizers and languages).
         self.token_ratio = 1.0
@@ -93,6 +95,7 @@ class Router:
         if self.policy.needs_index and view.block_hashes:
             added = self.index.record(replica_id, view.block_hashes)
             view.recorded = (replica_id, added)
+            self.in_flight.add(view.request_id, replica_id, view.block_hashes)
             exact = self._exact_for(view)
             if exact is not None:
                 exact.speculate(replica_id, view.block_hashes)
@@ -108,6 +111,7 @@ class Router:
         take back what `dispatched` committed there, so no phantom warm prefix or queued prefill
         stays on a replica that never ran the request. Then the request may decide again."""
         self.policy.on_failed(view, replica_id)
+        self.in_flight.remove(view.request_id)
         recorded, view.recorded = view.recorded, None
         if recorded is not None and recorded[0] == replica_id and recorded[1]:
             self.index.unrecord(replica_id, view.block_hashes[-recorded[1]:])
@@ -175,6 +179,7 @@ class Router:
         """The request ended on `replica_id`, its last attempt (earlier failed attempts were each
         reported to `failed`). Called once per request that reached a replica. `outcome` carries
         the observed TTFT and the replica's usage counts. Returns what was predicted for it."""
+        self.in_flight.remove(view.request_id)
         tracked = self._predicted.get(view.request_id)
         predicted: Score | None = None
         if tracked is not None and tracked[0].replica_id == replica_id:
@@ -258,8 +263,11 @@ class Router:
             self.metrics.index_fallbacks.labels(self.pool).inc()
         matched = await self.index.match(view.block_hashes, [c.replica_id for c in rest])
         estimate = HISTORY if view.key_kind == TOKENS else CHARACTERS
+        in_flight = self.in_flight
         for c in rest:
-            tokens = self._tokens(view, matched.get(c.replica_id, 0))
+            blocks = matched.get(c.replica_id, 0)
+            running = in_flight.match(view.block_hashes, c.replica_id)
+            tokens = self._tokens(view, running if running > blocks else blocks)
             if c.replica_id not in evidence or tokens > c.cached_tokens:  # an uncertain table: the larger
                 c.cached_tokens, evidence[c.replica_id] = tokens, estimate
         return evidence

@@ -288,3 +288,29 @@ async def test_a_conversations_own_system_prompt_is_never_spread(block_chars: in
         homes.append(decision.replica_id)
     assert homes == [homes[0]] * 8
     await router.close()
+
+
+async def test_a_prompt_stays_warm_where_a_request_of_it_runs_though_history_trimmed_it() -> None:
+    """A replica cannot evict the blocks of a request it serves. The history table trims by send
+    order, so under a deep queue it forgot a long prompt still running at its home, and the next
+    request of that prompt was prefilled a second time elsewhere. Once that request ends, its blocks
+    are the replica's to evict again."""
+    router = make_router(index=MemoryIndex(24), seed=1)
+    prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the long document " * 60}]
+    running = chat_view(prompt)
+    home = (await router.route(running, candidates())).replica_id
+    only_home = [Candidate(home)]
+    for i in range(4):  # other prompts sent there since: the table's LRU trims the running one
+        await turn_done(router, chat_view([{"role": "user", "content": f"filler {i} " + "other words " * 60}]),
+                        only_home)
+    assert router.index.match_now(running.block_hashes, [home])[home] == 0
+    again = chat_view(prompt)
+    decision = await router.decide(again, [Candidate(r, in_flight=int(r == home)) for r in IDS])
+    rows = {s.replica_id: s for s in decision.scores}
+    assert rows[home].cached_tokens == len(again.block_hashes) * again.tokens_per_block  # every whole block
+    assert decision.replica_id == home
+    router.finished(running, home, Outcome(ok=True))
+    later = chat_view(prompt)
+    rows = {s.replica_id: s for s in (await router.decide(later, candidates())).scores}
+    assert rows[home].cached_tokens == 0
+    await router.close()

@@ -3,7 +3,8 @@
 N replica stubs (`python -m replica_stub`; with `--engine vllm` real vLLM API servers, see
 `gateway.vllm_replica`) and one or more gateways (`python -m gateway serve`, on
 ports `port`, `port+1`, ...) sharing one generated config; their output is forwarded line by line
-with a `[name]` prefix; Ctrl-C or SIGTERM stops them all. With `--redis URL` the gateways share their
+with a `[name]` prefix; Ctrl-C or SIGTERM stops them all, and a SIGKILL of `up` takes every
+child's process tree with it (`gateway.tether`). With `--redis URL` the gateways share their
 warm-prefix tables through that Redis (`--redis` alone starts a private redis-server), which is the
 topology of `deploy/docker-compose.yml` as plain processes.
 """
@@ -31,6 +32,7 @@ import yaml
 
 from gateway import vllm_replica
 from gateway.peers import Peer, peer_env
+from gateway.tether import Tethered
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ START_REDIS = "start"
 class _Child:
     def __init__(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
         self.name = name
-        self.popen = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self.tethered = Tethered(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**(env or os.environ), "PYTHONUNBUFFERED": "1"})
+        self.popen = self.tethered.popen
         threading.Thread(target=self._forward, daemon=True).start()
 
     def _forward(self) -> None:
@@ -77,6 +80,7 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+        self.tethered.release()
 
 
 def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memory",

@@ -42,6 +42,8 @@ class StubMetrics:
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
         self.request_success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                        [*names, "finished_reason"], registry=reg)
+        for reason in ("stop", "length", "abort"):  # at 0 from the start, as vLLM's: a restart shows as a drop
+            self.request_success.labels(**labels, finished_reason=reason)
         self._labels = labels
 
         def histogram(name: str, doc: str) -> Histogram:

@@ -15,19 +15,21 @@ from pathlib import Path
 import httpx
 
 from gateway.cluster import free_port  # noqa: F401  (re-exported: the tests take ports from here)
+from gateway.tether import Tethered
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class Proc:
-    """A child process whose output goes to a temp log file (printed if it fails to start)."""
+    """A child process whose output goes to a temp log file (printed if it fails to start); it and
+    its own children (vLLM's engine) die with the test process, also when that is SIGKILLed."""
 
     def __init__(self, args: Sequence[str], *, env: dict[str, str] | None = None) -> None:
         self.args = list(args)
         self.log = tempfile.NamedTemporaryFile(prefix="proc-", suffix=".log", delete=False)
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.popen = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=full_env,
-                                      cwd=ROOT, start_new_session=True)
+        self.tethered = Tethered(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        self.popen = self.tethered.popen
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
@@ -43,6 +45,7 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(5)
+        self.tethered.release()
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

@@ -1,6 +1,7 @@
 """What a KV-event feed cannot see by itself, over real processes (stub replicas publishing as vLLM
 does, a gateway subscribing): a publisher that never reaches the gateway although its replay
-socket answers (vLLM given a non-wildcard endpoint), and a replica that restarts."""
+socket answers (vLLM given a non-wildcard endpoint), and a replica that restarts, seen going down
+or, between two health probes, only by its engine counters going backwards."""
 
 from __future__ import annotations
 
@@ -44,3 +45,19 @@ def test_a_restarted_replicas_table_is_dropped_before_its_first_batch(tmp_path: 
         assert predicted(gateway, prompt("alpha"))[0] == 0
         chat(gateway.url, prompt("alpha"))
         eventually(lambda: feed(gateway, replica)["certain"], timeout_s=10)
+
+
+def test_a_restart_between_probes_is_seen_by_the_counters_going_backwards(tmp_path: Path) -> None:
+    with running() as track:
+        replica = start_replica()
+        track(replica.stub)
+        rare_probes = {"interval_s": 60.0, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1}
+        gateway = track(gateway_for(tmp_path, replica, health=rare_probes))
+        warm(gateway, replica, prompt("alpha"))
+        chat(gateway.url, prompt("beta"))  # vllm:request_success_total 2
+        replica.stub.stop()
+        again = start_replica(replica.stub.replica_id, replica.stub.port, replica.events, replica.replay)
+        track(again.stub)
+        eventually(lambda: feed(gateway, replica)["resets"] >= 1, timeout_s=10)
+        assert "its engine counters went backwards" in gateway.proc.output()
+        assert feed(gateway, replica)["blocks"] == 0 and predicted(gateway, prompt("alpha"))[0] == 0

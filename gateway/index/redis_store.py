@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import struct
 import time
 from collections import deque
@@ -188,18 +189,21 @@ class RedisIndex:
         self.params = params
         self.local = MemoryIndex(params.capacity_blocks)  # every table (mirror), else own writes
         no_retry = Retry(NoBackoff(), 0)  # a dead Redis must cost one timeout, not three
-        self._reader = Redis.from_url(params.store, socket_timeout=params.timeout_s,
+        self._sender = os.urandom(8)
+        # Named per index and role, so Redis's CLIENT LIST tells which index owns a connection.
+        name = re.sub(r"[^!-~]", "_", f"{params.key_prefix}{self._sender.hex()}:")
+        self._reader = Redis.from_url(params.store, socket_timeout=params.timeout_s, client_name=f"{name}read",
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         write_timeout = max(1.0, 20 * params.timeout_s)
-        self._writer = Redis.from_url(params.store, socket_timeout=write_timeout,
+        self._writer = Redis.from_url(params.store, socket_timeout=write_timeout, client_name=f"{name}write",
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         # The subscription waits for messages as long as there are none; a dead Redis breaks it.
-        self._subscriber = Redis.from_url(params.store, socket_timeout=None,
+        self._subscriber = Redis.from_url(params.store, socket_timeout=None, client_name=f"{name}follow",
                                           socket_connect_timeout=params.timeout_s, retry=no_retry)
         self._match = self._reader.register_script(_MATCH_LUA)
         self._record = self._writer.register_script(_RECORD_LUA)
         self._channel = f"{params.key_prefix}ops"
-        self._sender = os.urandom(8)
+        self._closed = False  # for good: nothing may start a task or a connection after close()
         self._pending: deque[_Op] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -230,7 +234,7 @@ class RedisIndex:
         self._start_follower()
         ids = list(replica_ids)
         local = self.local.match_now(hashes, ids)
-        if self.mirrored or self._degraded or not hashes or not ids:
+        if self._closed or self.mirrored or self._degraded or not hashes or not ids:
             return local
         names = [r.encode() for r in ids]
         meta = struct.pack("<" + "II" * len(ids), *itertools.chain.from_iterable(
@@ -267,13 +271,17 @@ class RedisIndex:
     async def flush(self) -> None:
         """Send queued writes (on failure they go back to the front of the queue); then, while
         the mirror follows the others, wait until it holds everything published so far."""
+        if self._closed:
+            return
         await self._flush_all()
         if self.mirrored:
             await self._catch_up()
 
     async def close(self) -> None:
         """Flush what Redis takes within a second, then let go: never hangs on a sick Redis
-        (a connection left mid-command by a timeout can block redis-py's aclose)."""
+        (a connection left mid-command by a timeout can block redis-py's aclose). Final: a
+        redis-py client reconnects on its next command, so after this none is sent."""
+        self._closed = True
         if self._task is not None:
             if self._pending and not self._degraded:
                 with contextlib.suppress(*_ERRORS):
@@ -300,6 +308,8 @@ class RedisIndex:
         self._start_follower()
 
     def _wake_flusher(self) -> None:
+        if self._closed:
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._flush_loop(), name="redis-index-flush")
         self._wake.set()
@@ -384,7 +394,7 @@ class RedisIndex:
     # --- the mirror ---------------------------------------------------------------------------
 
     def _start_follower(self) -> None:
-        if self.params.mirror and (self._follower is None or self._follower.done()):
+        if self.params.mirror and not self._closed and (self._follower is None or self._follower.done()):
             self._follower = asyncio.get_running_loop().create_task(self._follow(), name="redis-index-follow")
 
     async def _follow(self) -> None:

@@ -86,11 +86,18 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     """parse → limits → rate limit → admission (cap, queue) → router.decide, dispatched once the slot is
     held → proxy.forward (router.failed for an attempt that got no answer, then decide again) → finished."""
     exchange = Exchange()  # starts the clock
-    state, app = request.app[STATE], request.app
+    state = request.app[STATE]
     config = state.config
-    caller = request[CALLER]
-    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant)
+    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant)
     route = state.route_for(view.model)
+    with state.using(route.router):  # a reload closes this router only once the request is done
+        return await _routed(request, view, route, exchange, config)
+
+
+async def _routed(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
+                  config: Config) -> web.StreamResponse:
+    """The request once its router is held: limits, admission, forwarding, the one `_finished`."""
+    app, caller = request.app, request[CALLER]
     exchange.on_first_byte = partial(route.router.first_token, view)
     exchange.on_attempt_failed = partial(route.router.failed, view)
     if route.router.records_answers:
@@ -243,7 +250,8 @@ async def admin_explain(request: web.Request) -> web.Response:
     candidates = route.pool.candidates(set())
     if not candidates:
         raise NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1.0)
-    return _json(await route.router.explain(view, candidates))
+    with state.using(route.router):
+        return _json(await route.router.explain(view, candidates))
 
 
 async def admin_reload(request: web.Request) -> web.Response:

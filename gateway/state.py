@@ -1,7 +1,9 @@
 """The running gateway's swappable state: the config and, per model, its replica pool and router.
 
 A reload builds everything new *before* touching the running state, so a bad file changes nothing.
-Requests in flight keep the router they started with; pools keep their replicas' counts and health.
+Requests in flight keep the router they started with (`using`); a replaced router, with its index's
+Redis clients, subscription and tasks, is closed when the last of them ends. Pools keep their
+replicas' counts and health.
 A pool whose routing section is unchanged keeps its router, and with it its warm-prefix index.
 A pool with `discovery` also holds the replicas its DNS name resolves to (`gateway.discovery`).
 A replica with `kv_events` gets a subscriber feeding its router's exact tables; it follows
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +64,9 @@ class GatewayState:
         self._feed_watch: dict[tuple[str, str], tuple[bool, float | None]] = {}  # (healthy, completed) last seen
         self._forgetting: set[asyncio.Task[None]] = set()  # history drops of restarted replicas, in flight
         self._zmq: zmq.asyncio.Context | None = None  # one ZMQ I/O thread for every feed
+        self._users: dict[Router, int] = {}  # requests routing with each router now
+        self._retired: set[Router] = set()  # replaced by a reload, still used by requests in flight
+        self._closing: set[asyncio.Task[None]] = set()  # retired routers being closed
 
     async def start(self) -> None:
         """Build pools and routers inside the running loop (a Redis index needs one), then discover."""
@@ -78,7 +84,36 @@ class GatewayState:
         if self._zmq is not None:
             self._zmq.destroy(linger=0)
             self._zmq = None
-        await asyncio.gather(*(route.router.close() for route in self.routes.values()))
+        await asyncio.gather(*(route.router.close() for route in self.routes.values()),
+                             *(router.close() for router in self._retired))
+        self._retired.clear()
+        await asyncio.gather(*self._closing)
+
+    @contextmanager
+    def using(self, router: Router) -> Iterator[Router]:
+        """Hold `router` for one request: a reload that replaces it closes it only after this."""
+        self._users[router] = self._users.get(router, 0) + 1
+        try:
+            yield router
+        finally:
+            self._users[router] -= 1
+            if not self._users[router]:
+                del self._users[router]
+                if router in self._retired:
+                    self._retired.discard(router)
+                    self._close_later(router)
+
+    async def _retire(self, router: Router) -> None:
+        """Close a replaced router now, or when the last request using it ends."""
+        if router in self._users:
+            self._retired.add(router)
+        else:
+            await router.close()
+
+    def _close_later(self, router: Router) -> None:
+        task = asyncio.get_running_loop().create_task(router.close(), name="router-close")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def route_for(self, model: str) -> ModelRoute:
         route = self.routes.get(model)
@@ -142,7 +177,7 @@ class GatewayState:
         for route in self.routes.values():
             for replica_id in removed.get(route.model, ()):
                 await route.router.index.forget(replica_id)
-        await asyncio.gather(*(router.close() for router in retired))
+        await asyncio.gather(*(self._retire(router) for router in retired))
         await self._sync_feeds()
         if self._discovery is not None:
             self._discovery.sync(_discovery_specs(config))

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import struct
 import time
 from collections import deque
@@ -51,136 +52,14 @@ from redis.exceptions import NoScriptError, RedisError
 from gateway.index.base import IndexParams
 from gateway.index.memory import MemoryIndex
 
+from gateway.index.redis_wire import (MARKER, MATCH_LUA, MAX_HINT, RECORD_LUA, WRITES, Op, decode_ops,
+                                      encode_ops, pack, unpack)
+
 log = structlog.get_logger("gateway.index")
 
-# Hashes travel as one packed string (8 bytes each, little-endian): encoding hundreds of
-# separate integer arguments costs the client more than the whole lookup costs Redis.
-
-# No KEYS (64 key arguments cost the client ~0.15 ms to encode, more than the whole script costs
-# Redis; standalone Redis lets a script build its key names). ARGV[1]: packed hashes in chain
-# order; ARGV[2]: per candidate, its hint (uint32, the local table's answer) and the byte length
-# of its replica id (uint32), little-endian; ARGV[3]: the replica ids, concatenated; ARGV[4]: the
-# tables' key prefix. Returns, per candidate, how many leading hashes its table holds, as one
-# space-separated string (cheaper for the client to parse than a 64-element array).
-# A table holds a chain's blocks as a prefix (see `_RECORD_LUA`), so presence is monotone along
-# the chain and a binary search finds the answer. Its first pivots are guesses, each checked with
-# one ZMSCORE of blocks g and g+1 (right if g is held and g+1 is not): the hint, then the commonest
-# answer among earlier candidates, then the previous candidate's (candidates mostly share a few
-# answers: a system prompt many hold, a conversation's home). A table that misses the first block
-# costs one ZSCORE; a wrong guess still narrows the range; plain bisection (ZSCORE) finishes.
-# (Probing all guesses in one ZMSCORE per candidate makes fewer calls but builds more Lua tables:
-# slower, measured.)
-_MATCH_LUA = """
-local blob, meta, names, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local n = #blob / 8
-local sub, counts, out = {}, {}, {}
-local best, prev, at = 0, 0, 1
-local key, lo, hi
-local function h(i)
-  local s = sub[i]
-  if not s then
-    s = string.sub(blob, i * 8 - 7, i * 8)
-    sub[i] = s
-  end
-  return s
-end
-local function probe(i)
-  if redis.call('ZSCORE', key, h(i)) then lo = i else hi = i - 1 end
-end
-local function try(g)
-  if lo < g and g < hi then
-    local s = redis.call('ZMSCORE', key, h(g), h(g + 1))
-    if not s[1] then hi = g - 1 elseif s[2] then lo = g + 1 else lo, hi = g, g end
-  elseif lo < g and g == hi then
-    probe(g)
-  elseif lo == g and g < hi then
-    probe(g + 1)
-  end
-end
-for k = 1, #meta / 8 do
-  local hint, len = struct.unpack('<I4I4', meta, k * 8 - 7)
-  key = prefix .. string.sub(names, at, at + len - 1)
-  at = at + len
-  lo, hi = 0, n
-  try(hint)
-  try(best)
-  try(prev)
-  while lo < hi do probe(math.floor((lo + hi + 1) / 2)) end
-  out[k] = lo
-  counts[lo] = (counts[lo] or 0) + 1
-  if counts[lo] > (counts[best] or 0) then best = lo end
-  prev = lo
-end
-return table.concat(out, ' ')
-"""
-
-# KEYS[1]: one replica's table; ARGV: packed hashes, wall time, capacity, ttl seconds.
-# Block i scores time - i µs and scores only grow (GT): every block then scores above its
-# descendants, so the capacity trim drops tails first and a table holds each chain as a prefix.
-_RECORD_LUA = """
-local blob, now = ARGV[1], tonumber(ARGV[2])
-local n = #blob / 8
-local i = 0
-while i < n do
-  local args = {}
-  for m = i, math.min(i + 1000, n) - 1 do
-    args[#args + 1] = now - m * 0.000001
-    args[#args + 1] = string.sub(blob, m * 8 + 1, m * 8 + 8)
-  end
-  redis.call('ZADD', KEYS[1], 'GT', unpack(args))
-  i = i + 1000
-end
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return n
-"""
-_MAX_HINT = 2**32 - 1
 _BATCH_BLOCKS = 50_000  # block hashes per flush pipeline, keeps Redis's reply buffer small
 _SNAPSHOT_PAGE = 10_000  # members per ZRANGE while loading a snapshot: the event loop parses each page
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
-
-_Op = tuple[str, bytes | None, float]  # (replica_id, packed hashes or None = forget, wall time)
-
-# A published message: sender id (8 bytes), then b"W" and ops, each (uint16 id length, uint32 hash
-# count or _FORGET, id, packed hashes), or b"S" and an 8-byte marker nonce.
-_WRITES, _MARKER = b"W", b"S"
-_OP_HEAD = struct.Struct("<HI")
-_FORGET = 2**32 - 1
-
-
-def pack(hashes: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(hashes)}Q", *hashes)
-
-
-def unpack(packed: bytes) -> tuple[int, ...]:
-    return struct.unpack(f"<{len(packed) // 8}Q", packed)
-
-
-def encode_ops(sender: bytes, ops: Iterable[_Op]) -> bytes:
-    parts = [sender, _WRITES]
-    for replica_id, packed, _ in ops:
-        name = replica_id.encode()
-        parts += [_OP_HEAD.pack(len(name), _FORGET if packed is None else len(packed) // 8), name, packed or b""]
-    return b"".join(parts)
-
-
-def decode_ops(data: bytes, at: int) -> list[tuple[str, bytes | None]]:
-    """The (replica_id, packed hashes or None = forget) of a writes message, from offset `at`."""
-    ops: list[tuple[str, bytes | None]] = []
-    while at < len(data):
-        name_len, count = _OP_HEAD.unpack_from(data, at)
-        at += _OP_HEAD.size
-        name = data[at:at + name_len].decode()
-        at += name_len
-        if count == _FORGET:
-            ops.append((name, None))
-            continue
-        packed = data[at:at + 8 * count]
-        if len(packed) != 8 * count:
-            raise ValueError("truncated writes message")
-        ops.append((name, packed))
-        at += 8 * count
-    return ops
 
 
 class RedisIndex:
@@ -188,26 +67,29 @@ class RedisIndex:
         self.params = params
         self.local = MemoryIndex(params.capacity_blocks)  # every table (mirror), else own writes
         no_retry = Retry(NoBackoff(), 0)  # a dead Redis must cost one timeout, not three
-        self._reader = Redis.from_url(params.store, socket_timeout=params.timeout_s,
+        self._sender = os.urandom(8)
+        # Named per index and role, so Redis's CLIENT LIST tells which index owns a connection.
+        name = re.sub(r"[^!-~]", "_", f"{params.key_prefix}{self._sender.hex()}:")
+        self._reader = Redis.from_url(params.store, socket_timeout=params.timeout_s, client_name=f"{name}read",
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         write_timeout = max(1.0, 20 * params.timeout_s)
-        self._writer = Redis.from_url(params.store, socket_timeout=write_timeout,
+        self._writer = Redis.from_url(params.store, socket_timeout=write_timeout, client_name=f"{name}write",
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         # The subscription waits for messages as long as there are none; a dead Redis breaks it.
-        self._subscriber = Redis.from_url(params.store, socket_timeout=None,
+        self._subscriber = Redis.from_url(params.store, socket_timeout=None, client_name=f"{name}follow",
                                           socket_connect_timeout=params.timeout_s, retry=no_retry)
-        self._match = self._reader.register_script(_MATCH_LUA)
-        self._record = self._writer.register_script(_RECORD_LUA)
+        self._match = self._reader.register_script(MATCH_LUA)
+        self._record = self._writer.register_script(RECORD_LUA)
         self._channel = f"{params.key_prefix}ops"
-        self._sender = os.urandom(8)
-        self._pending: deque[_Op] = deque()
+        self._closed = False  # for good: nothing may start a task or a connection after close()
+        self._pending: deque[Op] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()  # one pipeline at a time keeps writes in order
         self._follower: asyncio.Task[None] | None = None
         self._mirrored = False  # the mirror holds every write published before its last marker
-        self._since_snapshot: list[_Op] | None = None  # own writes while a snapshot loads
-        self._sending: list[_Op] = []  # the batch on its way to Redis
+        self._since_snapshot: list[Op] | None = None  # own writes while a snapshot loads
+        self._sending: list[Op] = []  # the batch on its way to Redis
         self._markers: dict[bytes, asyncio.Future[None]] = {}
         self._degraded = False
         self.errors = 0  # failed Redis calls
@@ -230,11 +112,11 @@ class RedisIndex:
         self._start_follower()
         ids = list(replica_ids)
         local = self.local.match_now(hashes, ids)
-        if self.mirrored or self._degraded or not hashes or not ids:
+        if self._closed or self.mirrored or self._degraded or not hashes or not ids:
             return local
         names = [r.encode() for r in ids]
         meta = struct.pack("<" + "II" * len(ids), *itertools.chain.from_iterable(
-            (min(local[r], _MAX_HINT), len(name)) for r, name in zip(ids, names)))
+            (min(local[r], MAX_HINT), len(name)) for r, name in zip(ids, names)))
         try:
             reply = await self._match(args=[pack(hashes), meta, b"".join(names), self.key("")])
         except _ERRORS as exc:
@@ -267,13 +149,17 @@ class RedisIndex:
     async def flush(self) -> None:
         """Send queued writes (on failure they go back to the front of the queue); then, while
         the mirror follows the others, wait until it holds everything published so far."""
+        if self._closed:
+            return
         await self._flush_all()
         if self.mirrored:
             await self._catch_up()
 
     async def close(self) -> None:
         """Flush what Redis takes within a second, then let go: never hangs on a sick Redis
-        (a connection left mid-command by a timeout can block redis-py's aclose)."""
+        (a connection left mid-command by a timeout can block redis-py's aclose). Final: a
+        redis-py client reconnects on its next command, so after this none is sent."""
+        self._closed = True
         if self._task is not None:
             if self._pending and not self._degraded:
                 with contextlib.suppress(*_ERRORS):
@@ -289,7 +175,7 @@ class RedisIndex:
             with contextlib.suppress(*_ERRORS):
                 await asyncio.wait_for(client.aclose(), timeout=1.0)
 
-    def _enqueue(self, op: _Op) -> None:
+    def _enqueue(self, op: Op) -> None:
         if self._since_snapshot is not None:
             self._since_snapshot.append(op)
         if len(self._pending) >= self.params.max_pending_writes:
@@ -300,6 +186,8 @@ class RedisIndex:
         self._start_follower()
 
     def _wake_flusher(self) -> None:
+        if self._closed:
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._flush_loop(), name="redis-index-flush")
         self._wake.set()
@@ -322,8 +210,8 @@ class RedisIndex:
                     if self._degraded:
                         # A restarted Redis has lost the scripts: load them now, so the first
                         # lookup after recovery is one round trip, not a NOSCRIPT retry.
-                        await self._writer.script_load(_MATCH_LUA)
-                        await self._writer.script_load(_RECORD_LUA)
+                        await self._writer.script_load(MATCH_LUA)
+                        await self._writer.script_load(RECORD_LUA)
                         self._degraded = False
                         log.info("index_redis_recovered", store=self.params.store, queued=len(self._pending))
                     await self._flush_all()
@@ -339,7 +227,7 @@ class RedisIndex:
 
     async def _flush_locked(self) -> None:
         while self._pending:
-            batch: list[_Op] = []
+            batch: list[Op] = []
             blocks = 0
             while self._pending and blocks < _BATCH_BLOCKS:
                 op = self._pending.popleft()
@@ -357,7 +245,7 @@ class RedisIndex:
             finally:
                 self._sending = []
 
-    async def _send(self, batch: list[_Op]) -> None:
+    async def _send(self, batch: list[Op]) -> None:
         # EVALSHA straight into the pipeline: a pipeline holding a Script object first checks
         # SCRIPT EXISTS, one more round trip per flush. A Redis that lost the script (restarted
         # between two flushes) answers NOSCRIPT: load it and send the batch again (replaying a
@@ -379,12 +267,12 @@ class RedisIndex:
             except NoScriptError:
                 if attempt:
                     raise
-                await self._writer.script_load(_RECORD_LUA)
+                await self._writer.script_load(RECORD_LUA)
 
     # --- the mirror ---------------------------------------------------------------------------
 
     def _start_follower(self) -> None:
-        if self.params.mirror and (self._follower is None or self._follower.done()):
+        if self.params.mirror and not self._closed and (self._follower is None or self._follower.done()):
             self._follower = asyncio.get_running_loop().create_task(self._follow(), name="redis-index-follow")
 
     async def _follow(self) -> None:
@@ -455,7 +343,7 @@ class RedisIndex:
     def _apply(self, data: bytes, sync_marker: bytes) -> bool:
         """Apply one message; True when it was this gateway's sync marker (the mirror is in sync)."""
         sender, kind = data[:8], data[8:9]
-        if kind == _MARKER:
+        if kind == MARKER:
             if sender != self._sender:
                 return False
             nonce = data[9:17]
@@ -466,7 +354,7 @@ class RedisIndex:
                 self._mirrored = True
                 return True
             return False
-        if kind != _WRITES or sender == self._sender:
+        if kind != WRITES or sender == self._sender:
             return False  # own writes are in the mirror already; a newer gateway's kinds are not ours
         self._mirror_ops(decode_ops(data, 9))
         return False
@@ -481,7 +369,7 @@ class RedisIndex:
 
     async def _publish_marker(self, nonce: bytes) -> None:
         """A marker of this gateway's: the follower sees it after everything published before."""
-        await self._writer.publish(self._channel, self._sender + _MARKER + nonce)
+        await self._writer.publish(self._channel, self._sender + MARKER + nonce)
 
     async def _catch_up(self) -> None:
         """Wait until the follower has applied everything published before now."""

@@ -72,3 +72,28 @@ def test_disconnect_aborts_the_replica_within_100ms(cluster: tuple[Gateway, Stub
     print(f"\nRELIABILITY cancel {phase}: replica running count 0 after {elapsed * 1000:.1f} ms")
     assert elapsed < ABORT_WITHIN_S
     eventually(lambda: gateway.replicas()["slow"]["in_flight"] == 0, timeout_s=2)
+
+
+def test_half_closed_client_is_taken_as_gone_pinned_known_limit(cluster: tuple[Gateway, Stub]) -> None:
+    """Known limit (RELIABILITY.md): a FIN after the request reads as a disconnect, so the request is
+    cancelled like any other: no answer, logged 499, the replica aborts it, nothing hangs."""
+    gateway, stub = cluster
+    raw = json.dumps(chat("tell me a long story", max_tokens=400)).encode()
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                 b"X-Request-Id: half-closed-1\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    _wait_running(stub)
+    sock.shutdown(socket.SHUT_WR)
+    closed = time.perf_counter()
+    with httpx.Client(timeout=2) as http:
+        while replica_running(stub, http):
+            assert time.perf_counter() - closed < 5, "the replica never aborted the request"
+    elapsed = time.perf_counter() - closed
+    sock.settimeout(5)
+    assert sock.recv(65536) == b"", "the gateway closed the connection without an answer"
+    sock.close()
+    eventually(lambda: gateway.replicas()["slow"]["in_flight"] == 0, timeout_s=2)
+    lines = [json.loads(line) for line in gateway.proc.output().splitlines() if "half-closed-1" in line]
+    print(f"\nRELIABILITY cancel half_close: replica aborted after {elapsed * 1000:.1f} ms; log {lines[-1:]}")
+    assert elapsed < ABORT_WITHIN_S
+    assert any(line.get("status") == 499 for line in lines), lines

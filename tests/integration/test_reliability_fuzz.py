@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from tests.integration.gateway_procs import MODEL, Gateway, running, start_gateway, start_stub
 from tests.integration.reliability_tools import chat
 
-pytestmark = pytest.mark.timeout(120)
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1500"))
+pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # ~30 s per 1500 cases on 2 busy cores
 MAX_RSS_GROWTH_KB = 16 * 1024
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -356,3 +356,17 @@ async def test_write_queue_is_bounded_during_outage() -> None:
         assert len(index._pending) <= 3 and index.dropped_writes >= 7
     finally:
         await index.close()
+
+
+@pytest.mark.redis
+async def test_a_closed_index_stays_closed(redis_url: str) -> None:
+    """A request finishing after the reload that closed its index records into it: that must not
+    restart the flusher or the mirror's subscription (redis-py would reconnect on the next command)."""
+    index = redis_index(redis_url)
+    index.record("r", [1, 2])
+    await mirrored(index)
+    await index.close()
+    index.record("r", [3, 4])
+    assert await index.match([3, 4], ["r"]) == {"r": 2}  # answered from the local table
+    await index.flush()
+    assert index._task is None and index._follower is None

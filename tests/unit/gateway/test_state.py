@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,26 @@ async def test_unknown_model_and_capacity_sync(tmp_path: Path) -> None:
     state.sync_capacity()
     index = state.routes["m"].router.index
     assert isinstance(index, MemoryIndex) and index.capacity("a") == 200  # 32-token blocks, 16-token hash blocks
+
+
+async def test_a_replaced_router_is_closed_when_its_last_request_ends(tmp_path: Path) -> None:
+    state, path = await started(tmp_path, config_data())
+    old = state.routes["m"].router
+    closed: list[object] = []
+    old.index.close = lambda: _note(closed, old)  # type: ignore[method-assign]
+    with state.using(old):
+        path.write_text(yaml.safe_dump(config_data("least_loaded")))
+        await state.reload()
+        assert closed == [], "closed while a request still routed with it"
+    await asyncio.sleep(0)  # the close runs as a task
+    assert closed == [old]
+    new = state.routes["m"].router
+    new.index.close = lambda: _note(closed, new)  # type: ignore[method-assign]
+    path.write_text(yaml.safe_dump(config_data("round_robin")))
+    await state.reload()  # no request on it: closed by the reload itself
+    assert closed == [old, new]
+    await state.close()
+
+
+async def _note(closed: list[object], router: object) -> None:
+    closed.append(router)

@@ -59,4 +59,4 @@ class InFlightBlocks:
         counts = self._blocks.get(replica_id)
         if not counts or not hashes or hashes[0] not in counts:
             return 0
-        return held(counts, hashes, 1, len(hashes))  # type: ignore[arg-type]  # any mapping works
+        return held(counts, hashes, 1, len(hashes))

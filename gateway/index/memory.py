@@ -12,7 +12,7 @@ two probes when one is right.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 
 class MemoryIndex:
@@ -127,7 +127,7 @@ class MemoryIndex:
         self._tables.clear()
 
 
-def held(table: OrderedDict[int, None], hashes: Sequence[int], lo: int, hi: int) -> int:
+def held(table: Container[int], hashes: Sequence[int], lo: int, hi: int) -> int:
     """How many leading blocks of `hashes` the table holds, known to lie in [lo, hi]: a table
     holds every chain as a prefix, so presence is monotone along the chain and bisection finds it."""
     while lo < hi:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,6 +89,23 @@ class Load:
         except aiohttp.ClientError as exc:
             out.error = f"{type(exc).__name__}: {exc}"
         return out
+
+
+def post_until(url: str, stop: threading.Event, outcomes: list[Outcome], body: Callable[[int], dict[str, Any]],
+               ) -> None:
+    """One client posting `body(i)` for i = 1, 2, ... back to back until `stop`, on one keep-alive
+    connection and without retries (every failure counts); each request's outcome is appended."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            out = Outcome()
+            try:
+                with http.stream("POST", "/v1/chat/completions", json=body(i)) as resp:
+                    out.status, out.body = resp.status_code, resp.read()
+            except httpx.HTTPError as exc:
+                out.error = f"{type(exc).__name__}: {exc}"
+            outcomes.append(out)
 
 
 async def streaming(load: Load, session: aiohttp.ClientSession, n: int, max_tokens: int,

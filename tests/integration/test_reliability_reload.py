@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import Outcome, RedisServer, chat, eventually, report
+from tests.integration.reliability_tools import Outcome, RedisServer, chat, eventually, post_until, report
 from tests.integration.test_reliability_fuzz import rss_kb
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
@@ -51,18 +51,7 @@ def _settled(client: redis.Redis, timeout_s: float) -> tuple[tuple[list[str], in
 
 def _load(url: str, stop: threading.Event, outcomes: list[Outcome], n: int) -> None:
     """Streams of a few hundred ms one after the other, so every reload finds some in flight."""
-    with httpx.Client(base_url=url, timeout=30) as http:
-        i = 0
-        while not stop.is_set():
-            i += 1
-            out = Outcome()
-            try:
-                with http.stream("POST", "/v1/chat/completions",
-                                 json=chat(f"shared system prompt {n % 2} " * 20 + f"turn {i}", 12, True)) as resp:
-                    out.status, out.body = resp.status_code, resp.read()
-            except httpx.HTTPError as exc:
-                out.error = f"{type(exc).__name__}: {exc}"
-            outcomes.append(out)
+    post_until(url, stop, outcomes, lambda i: chat(f"shared system prompt {n % 2} " * 20 + f"turn {i}", 12, True))
 
 
 def _reload(gateway: Gateway, block_chars: int) -> None:

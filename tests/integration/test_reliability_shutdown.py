@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import (Load, Outcome, chat, eventually, metric, replica_running, report,
-                                                 restart_gateway)
+from tests.integration.reliability_tools import (Load, Outcome, chat, eventually, metric, post_until, replica_running,
+                                                 report, restart_gateway)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,18 +102,7 @@ def test_rolling_restart_of_two_gateways_loses_no_request(tmp_path: Path, ready_
     stop = threading.Event()
 
     def client(url: str, n: int) -> None:
-        with httpx.Client(base_url=url, timeout=30) as http:  # no retries: every failure counts
-            i = 0
-            while not stop.is_set():
-                i += 1
-                out = Outcome()
-                try:
-                    with http.stream("POST", "/v1/chat/completions",
-                                     json=chat(f"c{n} r{i}", max_tokens=20, stream=i % 2 == 0)) as resp:
-                        out.status, out.body = resp.status_code, resp.read()
-                except httpx.HTTPError as exc:
-                    out.error = f"{type(exc).__name__}: {exc}"
-                outcomes.append(out)
+        post_until(url, stop, outcomes, lambda i: chat(f"c{n} r{i}", max_tokens=20, stream=i % 2 == 0))
 
     with running() as track:
         stubs = [track(start_stub(f"replica-{i}", speedup=4)) for i in range(2)]

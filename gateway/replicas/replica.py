@@ -78,7 +78,7 @@ class Replica:
             "ejected_for_s": round(max(0.0, self.breaker.open_until - now), 3),
             "in_flight": self.in_flight, "running": self.load.running, "waiting": self.load.waiting,
             "kv_usage": self.load.kv_usage, "num_gpu_blocks": self.load.num_gpu_blocks,
-            "block_size": self.load.block_size,
+            "block_size": self.load.block_size, "completed": self.load.completed,
             "load_age_s": round(now - self.load.scraped_at, 3) if self.load.scraped_at else None,
             "recent_faults": len(self.breaker.faults), "breaker_opened": self.breaker.opened_total,
             "last_error": self.last_error,

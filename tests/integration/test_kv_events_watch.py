@@ -54,7 +54,9 @@ def test_a_restart_between_probes_is_seen_by_the_counters_going_backwards(tmp_pa
         rare_probes = {"interval_s": 60.0, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1}
         gateway = track(gateway_for(tmp_path, replica, health=rare_probes))
         warm(gateway, replica, prompt("alpha"))
-        chat(gateway.url, prompt("beta"))  # vllm:request_success_total 2
+        chat(gateway.url, prompt("beta"))
+        replica_id = replica.stub.replica_id
+        eventually(lambda: (gateway.replicas()[replica_id]["completed"] or 0) >= 2, timeout_s=10)  # scraped
         replica.stub.stop()
         again = start_replica(replica.stub.replica_id, replica.stub.port, replica.events, replica.replay)
         track(again.stub)

@@ -1,8 +1,8 @@
 """`affinity-gateway` commands: parse arguments, call the app code, nothing else.
 
-    affinity-gateway serve --config config.yaml [--host H] [--port P] [--log-level L]
+    affinity-gateway serve --config config.yaml [--host H] [--port P] [--workers N] [--log-level L]
     affinity-gateway up [--replicas 3] [--port 8000] [--policy prefix_affinity] [--engine sim] [--speedup 1]
-                        [--gateways 2 --redis [redis://host:6379/0]]
+                        [--gateways 2 --redis [redis://host:6379/0]] [--workers N]
 
     affinity-gateway bench URL | --compare P1,P2 ... / affinity-gateway simulate ...   (see gateway/cli_bench.py)
 
@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gateway import __version__
 from gateway.cli_bench import add_bench, add_simulate
@@ -41,8 +42,23 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--config", "-c", required=True, help="YAML config (see config.example.yaml)")
     p.add_argument("--host", help=f"listen host (env {ENV_PREFIX}HOST)")
     p.add_argument("--port", type=int, help=f"listen port (env {ENV_PREFIX}PORT)")
+    p.add_argument("--workers", type=_workers, help=f"gateway processes on the port, SO_REUSEPORT, one supervisor "
+                                                   f"(env {ENV_PREFIX}WORKERS, default 1: no supervisor)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help=f"env {ENV_PREFIX}LOG_LEVEL")
+    p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by the supervisor (gateway.workers)
+    p.add_argument("--worker-dir", help=argparse.SUPPRESS)
     p.set_defaults(run=_serve)
+
+
+def _workers(text: str) -> int:
+    """argparse type of --workers: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {count}")
+    return count
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -52,7 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.server import make_app
 
     # Flags win over env, env over the file; set as env so a reload (SIGHUP) keeps them.
-    for name, value in (("HOST", args.host), ("PORT", args.port), ("LOG_LEVEL", args.log_level)):
+    for name, value in (("HOST", args.host), ("PORT", args.port), ("WORKERS", args.workers),
+                        ("LOG_LEVEL", args.log_level)):
         if value is not None:
             os.environ[ENV_PREFIX + name] = str(value)
     try:
@@ -61,7 +78,22 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"affinity-gateway: config error: {exc}", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, config.logging.format)
-    serve(make_app(config, args.config, handle_sighup=True), config)
+    if args.worker_index is not None:  # one of `serve --workers N`
+        import structlog
+
+        from gateway.workers import WorkerSpec, attach
+
+        spec = WorkerSpec(args.worker_index, config.listen.workers, Path(args.worker_dir))
+        structlog.contextvars.bind_contextvars(worker=spec.index)
+        serve(attach(make_app(config, args.config, handle_sighup=True), spec), config, reuse_port=True,
+              private_socket=spec.socket())
+    elif config.listen.workers > 1:
+        from gateway.workers import drain_time_s, supervise
+
+        return supervise(args.config, config.listen.workers,
+                         drain_time_s(config.shutdown.ready_delay_s, config.shutdown.grace_s))
+    else:
+        serve(make_app(config, args.config, handle_sighup=True), config)
     return 0
 
 
@@ -82,6 +114,7 @@ def _add_up(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="share warm-prefix tables through this Redis; without URL, start a private redis-server")
     p.add_argument("--no-kv-events", dest="kv_events", action="store_false",
                    help="route from the gateway's own history instead of the replicas' KV events")
+    p.add_argument("--workers", type=_workers, default=1, help="worker processes per gateway (serve --workers)")
     p.set_defaults(run=_up)
 
 
@@ -91,5 +124,6 @@ def _up(args: argparse.Namespace) -> int:
     model = args.model or ("smollm2" if args.engine == "vllm" else "stub-model")
     spec = ClusterSpec(replicas=args.replicas, port=args.port, host=args.host, policy=args.policy,
                        model=model, engine=args.engine, speedup=args.speedup, log_level=args.log_level,
-                       gateways=args.gateways, redis=args.redis, kv_events=args.kv_events)
+                       gateways=args.gateways, redis=args.redis, kv_events=args.kv_events,
+                       workers=args.workers)
     return run_cluster(spec)

@@ -47,6 +47,7 @@ class ClusterSpec:
     log_level: str = "info"
     gateways: int = 1
     redis: str | None = None  # shared index: redis:// URL, START_REDIS = a private redis-server, None = memory
+    workers: int = 1  # processes per gateway (`serve --workers N`)
     kv_events: bool = True  # replicas publish KV events; the gateway keys prompts by the model's tokens
     num_gpu_blocks: int | None = None  # replicas' KV capacity (None: the stub's default)
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # the pool's routing params
@@ -174,7 +175,7 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         for i in range(spec.gateways if spec.peer is None else 0):
             name = "gateway" if spec.gateways == 1 else f"gateway-{i}"
             gateway = _Child(name, [sys.executable, "-m", "gateway", "serve", "--config", config_file.name,
-                                    "--port", str(spec.port + i)])
+                                    "--port", str(spec.port + i), "--workers", str(spec.workers)])
             children.append(gateway)
             urls.append(f"http://{host}:{spec.port + i}")
             _wait_ready(f"{urls[-1]}/health", gateway, stopping)

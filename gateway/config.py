@@ -37,10 +37,13 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class ListenConfig:
     host: str = "0.0.0.0"
     port: int = 8000
+    workers: int = 1  # gateway processes on this port (`serve --workers N`, gateway.workers)
 
     def validate(self, key: str) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {self.port}", key=f"{key}.port")
+        if self.workers < 1:
+            raise ConfigError(f"must be an integer >= 1, got {self.workers}", key=f"{key}.workers")
 
 
 @dataclass(frozen=True)
@@ -253,12 +256,16 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
 
 
 def apply_env(config: Config, env: Mapping[str, str]) -> Config:
-    """AFFINITY_GATEWAY_HOST, _PORT and _LOG_LEVEL override the file (containers set them)."""
+    """AFFINITY_GATEWAY_HOST, _PORT, _WORKERS and _LOG_LEVEL override the file (containers set them)."""
     listen, logging = config.listen, config.logging
     if (host := env.get(ENV_PREFIX + "HOST")) is not None:
         listen = dataclasses.replace(listen, host=host)
     if (port := env.get(ENV_PREFIX + "PORT")) is not None:
         listen = dataclasses.replace(listen, port=_int(port, "PORT"))
+    if (workers := env.get(ENV_PREFIX + "WORKERS")) is not None:
+        if (count := _int(workers, "WORKERS")) < 1:
+            raise ConfigError(f"must be an integer >= 1, got {count}", key=f"env {ENV_PREFIX}WORKERS")
+        listen = dataclasses.replace(listen, workers=count)
     if (level := env.get(ENV_PREFIX + "LOG_LEVEL")) is not None:
         level = schema.convert(LogLevel, level.lower(), f"env {ENV_PREFIX}LOG_LEVEL")
         logging = dataclasses.replace(logging, level=level)

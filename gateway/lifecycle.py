@@ -19,6 +19,7 @@ import asyncio
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -58,8 +59,9 @@ class Lifecycle:
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 
-def serve(app: web.Application, config: Config) -> None:
-    """Run until SIGTERM/SIGINT, then drain; uvloop if installed."""
+def serve(app: web.Application, config: Config, *, reuse_port: bool = False, private_socket: str | None = None) -> None:
+    """Run until SIGTERM/SIGINT, then drain; uvloop if installed. A worker of `serve --workers N`
+    shares the port (`reuse_port`) and answers its siblings on a Unix socket of its own (gateway.workers)."""
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
         import uvloop
@@ -68,10 +70,11 @@ def serve(app: web.Application, config: Config) -> None:
     except ImportError:
         pass
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(_serve(app, config))
+        runner.run(_serve(app, config, reuse_port, private_socket))
 
 
-async def _serve(app: web.Application, config: Config) -> None:
+async def _serve(app: web.Application, config: Config, reuse_port: bool = False,
+                 private_socket: str | None = None) -> None:
     limits = config.limits
     grace_s = config.shutdown.grace_s
     runner = GatewayRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
@@ -80,7 +83,14 @@ async def _serve(app: web.Application, config: Config) -> None:
                            max_headers=limits.max_headers)
     await runner.setup()
     try:
-        await web.TCPSite(runner, config.listen.host, config.listen.port).start()
+        try:
+            await web.TCPSite(runner, config.listen.host, config.listen.port, reuse_port=reuse_port or None).start()
+        except OSError as exc:  # port taken, address not local: one clear event, exit 1
+            log.error("gateway_listen_failed", host=config.listen.host, port=config.listen.port, error=str(exc))
+            raise SystemExit(1) from None
+        if private_socket is not None:
+            Path(private_socket).unlink(missing_ok=True)  # left by this worker's crashed predecessor
+            await web.UnixSite(runner, private_socket).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +72,9 @@ class Gateway:
         self.proc.stop()
 
 
-def start_gateway(tmp_path: Path, pools: dict[str, Any], **sections: Any) -> Gateway:
-    """Serve `pools` with fast probes and scrapes; `sections` override whole top-level keys."""
+def start_gateway(tmp_path: Path, pools: dict[str, Any], *, flags: Sequence[str] = (), **sections: Any) -> Gateway:
+    """Serve `pools` with fast probes and scrapes; `sections` override whole top-level keys; `flags`
+    go to `serve` (`--workers 2`)."""
     port = free_port()
     data: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -86,7 +87,7 @@ def start_gateway(tmp_path: Path, pools: dict[str, Any], **sections: Any) -> Gat
     }
     path = tmp_path / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(data))
-    proc = Proc(python_module("gateway", "serve", "--config", str(path)))
+    proc = Proc(python_module("gateway", "serve", "--config", str(path), *flags))
     gateway = Gateway(path, port, proc, data)
     wait_http(f"{gateway.url}/health", proc)
     return gateway

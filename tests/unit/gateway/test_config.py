@@ -41,6 +41,8 @@ def pool(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("data", "key", "words"), [
     ({**MINIMAL, "listen": {"port": "80"}}, "listen.port", "integer"),
     ({**MINIMAL, "listen": {"port": 70000}}, "listen.port", "65535"),
+    ({**MINIMAL, "listen": {"workers": 0}}, "listen.workers", "integer >= 1"),
+    ({**MINIMAL, "listen": {"workers": "2"}}, "listen.workers", "integer"),
     ({**MINIMAL, "lsiten": {}}, "lsiten", "unknown key"),
     ({"pools": {}}, "pools", "at least one"),
     ({"pools": {"m": {"replicas": [{"url": "h:1"}]}}}, "pools.m.replicas[0].url", "http"),

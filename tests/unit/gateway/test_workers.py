@@ -1,0 +1,81 @@
+"""`serve --workers N` without processes: the merged /metrics, the restart backoff and the option's checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.cli import main
+from gateway.config import parse_config
+from gateway.errors import ConfigError
+from gateway.metrics import Metrics
+from gateway.workers import SupervisorPolicy, WorkerSpec, merge
+
+POOLS = {"pools": {"m": {"replicas": [{"url": "http://127.0.0.1:9001"}]}}}
+
+
+def _worker_body(requests: int) -> bytes:
+    metrics = Metrics()
+    metrics.requests.labels("m", "r0", "200").inc(requests)
+    metrics.ttft.labels("m").observe(0.01)
+    return metrics.render()
+
+
+def test_merge_labels_every_sample_with_its_worker_and_lists_each_family_once() -> None:
+    text = merge({0: _worker_body(3), 1: _worker_body(5), 2: None}).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert text.count("# TYPE affinity_gateway_requests_total counter") == 1
+    requests = {s.labels["worker"]: s.value for s in families["affinity_gateway_requests"].samples
+                if s.name.endswith("_total")}
+    assert requests == {"0": 3.0, "1": 5.0}
+    up = {s.labels["worker"]: s.value for s in families["affinity_gateway_worker_up"].samples}
+    assert up == {"0": 1.0, "1": 1.0, "2": 0.0}  # worker 2 did not answer: reported, not hidden
+    buckets = [s for s in families["affinity_gateway_ttft_seconds"].samples if s.name.endswith("_count")]
+    assert sorted(s.labels["worker"] for s in buckets) == ["0", "1"]
+
+
+def test_backoff_doubles_per_recent_exit_up_to_its_cap() -> None:
+    policy = SupervisorPolicy(backoff_s=0.5, backoff_max_s=3.0)
+    assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_each_worker_has_its_own_socket_in_the_run_dir(tmp_path: Path) -> None:
+    spec = WorkerSpec(1, 2, tmp_path)
+    assert spec.socket() == str(tmp_path / "worker-1.sock") and spec.socket(0) == str(tmp_path / "worker-0.sock")
+
+
+@pytest.mark.parametrize(("value", "words"), [("0", "must be an integer >= 1, got 0"),
+                                              ("two", "expected an integer, got 'two'")])
+def test_env_workers_is_checked_and_named(value: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(POOLS, {"AFFINITY_GATEWAY_WORKERS": value})
+    assert info.value.key == "env AFFINITY_GATEWAY_WORKERS" and words in str(info.value)
+
+
+def test_env_workers_overrides_the_file() -> None:
+    assert parse_config({**POOLS, "listen": {"workers": 4}}, {"AFFINITY_GATEWAY_WORKERS": "2"}).listen.workers == 2
+    assert parse_config(POOLS).listen.workers == 1
+
+
+@pytest.mark.parametrize("command", ["serve", "up"])
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_workers_flag_must_be_an_integer_of_at_least_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         command: str, value: str) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(POOLS))
+    with pytest.raises(SystemExit) as info:
+        main([command, *(["--config", str(path)] if command == "serve" else []), "--workers", value])
+    assert info.value.code == 2
+    assert "argument --workers: must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_serve_reports_a_bad_env_workers_as_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(POOLS))
+    monkeypatch.setenv("AFFINITY_GATEWAY_WORKERS", "0")
+    assert main(["serve", "--config", str(path)]) == 2
+    assert "env AFFINITY_GATEWAY_WORKERS: must be an integer >= 1, got 0" in capsys.readouterr().err

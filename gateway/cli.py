@@ -15,7 +15,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from gateway import __version__
 from gateway.cli_bench import add_bench, add_simulate
@@ -46,7 +45,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
                                                    f"(env {ENV_PREFIX}WORKERS, default 1: no supervisor)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help=f"env {ENV_PREFIX}LOG_LEVEL")
     p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by the supervisor (gateway.workers)
-    p.add_argument("--worker-dir", help=argparse.SUPPRESS)
+    p.add_argument("--worker-group", help=argparse.SUPPRESS)
     p.set_defaults(run=_serve)
 
 
@@ -83,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         from gateway.workers import WorkerSpec, attach
 
-        spec = WorkerSpec(args.worker_index, config.listen.workers, Path(args.worker_dir))
+        spec = WorkerSpec(args.worker_index, config.listen.workers, args.worker_group)
         structlog.contextvars.bind_contextvars(worker=spec.index)
         serve(attach(make_app(config, args.config, handle_sighup=True), spec), config, reuse_port=True,
               private_socket=spec.socket())

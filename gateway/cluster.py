@@ -174,8 +174,7 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         config_file.close()
         for i in range(spec.gateways if spec.peer is None else 0):
             name = "gateway" if spec.gateways == 1 else f"gateway-{i}"
-            gateway = _Child(name, [sys.executable, "-m", "gateway", "serve", "--config", config_file.name,
-                                    "--port", str(spec.port + i), "--workers", str(spec.workers)])
+            gateway = _Child(name, gateway_command(spec, config_file.name, i))
             children.append(gateway)
             urls.append(f"http://{host}:{spec.port + i}")
             _wait_ready(f"{urls[-1]}/health", gateway, stopping)
@@ -188,6 +187,12 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         config_file.close()
         os.unlink(config_file.name)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def gateway_command(spec: ClusterSpec, config_path: str, index: int) -> list[str]:
+    """Gateway `index` of the cluster: its own port, `spec.workers` processes on it."""
+    return [sys.executable, "-m", "gateway", "serve", "--config", config_path, "--port", str(spec.port + index),
+            "--workers", str(spec.workers)]
 
 
 def _start_vllm(spec: ClusterSpec, ports: list[int], events: list[tuple[int, int]], run_dir: Path,
@@ -247,6 +252,8 @@ def _banner(spec: ClusterSpec, urls: list[str], store: str, config_path: str) ->
     url = urls[0]
     evidence = "exact cache state from KV events" if spec.kv_events else "cache state from routing history"
     gateways = "" if len(urls) == 1 else f"  gateways: {', '.join(urls)} (send to any; they share {store})\n"
+    if spec.workers > 1:
+        gateways += f"  {spec.workers} worker processes per gateway port (serve --workers, docs/SCALING.md)\n"
     return f"""
 Affinity Gateway is up at {url}  ({spec.replicas} {spec.engine} replicas, policy {spec.policy}, {evidence},
   config {config_path})

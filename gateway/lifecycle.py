@@ -89,7 +89,8 @@ async def _serve(app: web.Application, config: Config, reuse_port: bool = False,
             log.error("gateway_listen_failed", host=config.listen.host, port=config.listen.port, error=str(exc))
             raise SystemExit(1) from None
         if private_socket is not None:
-            Path(private_socket).unlink(missing_ok=True)  # left by this worker's crashed predecessor
+            if not private_socket.startswith("\0"):  # a path (not an abstract name): left by a crashed predecessor
+                Path(private_socket).unlink(missing_ok=True)
             await web.UnixSite(runner, private_socket).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

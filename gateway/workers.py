@@ -16,7 +16,8 @@ supervisor only starts, watches and stops them:
 Each worker keeps its own state (warm-prefix tables unless Redis or KV events share them, health and
 breakers, admission counts; docs/SCALING.md says what that costs). Its /metrics are its own too, so
 `GET /metrics` on the public port, answered by whichever worker the kernel picked, scrapes the other
-workers over their private Unix sockets (`<run dir>/worker-<i>.sock`, the same app on a second site)
+workers over their private Unix sockets (abstract names `@affinity-gateway-<supervisor pid>-worker-<i>`:
+no file, so a read-only root file system is fine; the same app on a second site)
 and returns every worker's series with a `worker` label, plus `affinity_gateway_worker_up`. Scraping
 siblings keeps the metrics code as it is (custom collectors read live pool state at scrape time,
 which prometheus_client's multiprocess mode cannot carry) and keeps a restarted worker's counters
@@ -28,17 +29,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-import shutil
 import signal
+import socket
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-import aiohttp
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -71,14 +69,15 @@ class SupervisorPolicy:
 @dataclass(frozen=True)
 class WorkerSpec:
     """Who a worker is: its index (the `worker` label, stable across restarts), how many there are,
-    and the supervisor's run directory holding every worker's private socket."""
+    and its supervisor's group name, which names every worker's private socket."""
 
     index: int
     count: int
-    run_dir: Path
+    group: str
 
     def socket(self, index: int | None = None) -> str:
-        return str(self.run_dir / f"worker-{self.index if index is None else index}.sock")
+        """An abstract Unix socket name (Linux): nothing on disk, gone with the process."""
+        return f"\0{self.group}-worker-{self.index if index is None else index}"
 
 
 # --- the supervisor -------------------------------------------------------------------------------------
@@ -86,18 +85,15 @@ class WorkerSpec:
 
 def supervise(config_path: str, workers: int, drain_s: float, policy: SupervisorPolicy | None = None) -> int:
     """Run `workers` gateway processes on `config_path` until SIGTERM/SIGINT (0) or a crash loop (1)."""
-    run_dir = Path(tempfile.mkdtemp(prefix="affinity-gateway-workers-"))
-    try:
-        return asyncio.run(_Supervisor(config_path, workers, drain_s, policy or SupervisorPolicy(), run_dir).run())
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    group = f"affinity-gateway-{os.getpid()}"
+    return asyncio.run(_Supervisor(config_path, workers, drain_s, policy or SupervisorPolicy(), group).run())
 
 
 class _Supervisor:
     def __init__(self, config_path: str, workers: int, drain_s: float, policy: SupervisorPolicy,
-                 run_dir: Path) -> None:
+                 group: str) -> None:
         self.config_path, self.workers, self.drain_s, self.policy = config_path, workers, drain_s, policy
-        self.run_dir = run_dir
+        self.group = group
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.exits: deque[float] = deque()  # every worker's unplanned exits, newest last
         self.stop = asyncio.Event()
@@ -183,7 +179,7 @@ class _Supervisor:
     def _command(self, index: int) -> list[str]:
         """The same CLI, one worker; host, port, workers and log level reach it through the env."""
         return [sys.executable, "-m", "gateway", "serve", "--config", self.config_path,
-                "--worker-index", str(index), "--worker-dir", str(self.run_dir)]
+                "--worker-index", str(index), "--worker-group", self.group]
 
 
 def _die_with_parent() -> None:
@@ -221,18 +217,32 @@ def _merged_metrics(spec: WorkerSpec) -> Callable[..., Awaitable[web.StreamRespo
 def _private(request: web.Request) -> bool:
     """Came in on this worker's Unix socket: a sibling's scrape, answered with this worker's own."""
     transport = request.transport
-    return transport is not None and isinstance(transport.get_extra_info("sockname"), str)
+    return transport is not None and isinstance(transport.get_extra_info("sockname"), (str, bytes))
 
 
 async def _scrape(path: str, headers: Mapping[str, str]) -> bytes | None:
-    """A sibling's own /metrics, or None when it is down, restarting or slow."""
+    """A sibling's own /metrics, or None when it is down, restarting or slow. One HTTP/1.0 GET on a
+    socket connected here: uvloop's create_unix_connection (aiohttp's UnixConnector) refuses abstract
+    names with EINVAL, its sock_connect does not; the sibling's aiohttp answers and closes."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path),
-                                         timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)) as session:
-            async with session.get("http://worker/metrics", headers=headers) as response:
-                return await response.read() if response.status == 200 else None
-    except (aiohttp.ClientError, OSError, TimeoutError):
+        async with asyncio.timeout(SCRAPE_TIMEOUT_S):
+            await loop.sock_connect(sock, path)
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+            try:
+                writer.write(f"GET /metrics HTTP/1.0\r\nHost: worker\r\n{head}\r\n".encode("latin-1"))
+                answer = await reader.read()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        sock.close()
         return None
+    status, _, rest = answer.partition(b"\r\n")
+    _, _, body = rest.partition(b"\r\n\r\n")
+    return body if status.split(b" ")[1:2] == [b"200"] else None
 
 
 def merge(bodies: Mapping[int, bytes | None]) -> bytes:

@@ -127,7 +127,8 @@ def test_every_environment_value_is_one_the_gateway_reads(name: str) -> None:
     base = load_config(DEPLOY / mounts(SERVICES[name])[CONFIG_PATH], env={})
     for key, value in environment.items():
         assert key.startswith(ENV_PREFIX)
-        changed = apply_env(base, {key: "1" if key.endswith("PORT") else "warning" if "LEVEL" in key else "h"})
+        probe = "1" if key.endswith("PORT") else "2" if key.endswith("WORKERS") else "warning" if "LEVEL" in key else "h"
+        changed = apply_env(base, {key: probe})
         assert changed != base, f"{key} is not read by the gateway"
         apply_env(base, {key: value})  # and the value itself is valid (ConfigError otherwise)
 

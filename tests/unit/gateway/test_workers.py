@@ -9,6 +9,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli import main
+from gateway.cluster import ClusterSpec, gateway_command
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.metrics import Metrics
@@ -42,9 +43,9 @@ def test_backoff_doubles_per_recent_exit_up_to_its_cap() -> None:
     assert [policy.delay(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
 
 
-def test_each_worker_has_its_own_socket_in_the_run_dir(tmp_path: Path) -> None:
-    spec = WorkerSpec(1, 2, tmp_path)
-    assert spec.socket() == str(tmp_path / "worker-1.sock") and spec.socket(0) == str(tmp_path / "worker-0.sock")
+def test_each_worker_has_its_own_abstract_socket_named_by_its_supervisor() -> None:
+    spec = WorkerSpec(1, 2, "affinity-gateway-42")
+    assert spec.socket() == "\0affinity-gateway-42-worker-1" and spec.socket(0) == "\0affinity-gateway-42-worker-0"
 
 
 @pytest.mark.parametrize(("value", "words"), [("0", "must be an integer >= 1, got 0"),
@@ -79,3 +80,8 @@ def test_serve_reports_a_bad_env_workers_as_a_config_error(tmp_path: Path, capsy
     monkeypatch.setenv("AFFINITY_GATEWAY_WORKERS", "0")
     assert main(["serve", "--config", str(path)]) == 2
     assert "env AFFINITY_GATEWAY_WORKERS: must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_up_passes_workers_to_every_gateway() -> None:
+    command = gateway_command(ClusterSpec(port=8100, workers=3), "/tmp/g.yaml", 1)
+    assert command[-6:] == ["--config", "/tmp/g.yaml", "--port", "8101", "--workers", "3"]

@@ -69,18 +69,20 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _start(tmp_path: Path, track: Callable[[Any], Any], workers: int = 2) -> Gateway:
-    """A replica stub and a gateway of `workers` workers, returned once every worker answers."""
+def _start(tmp_path: Path, track: Callable[[Any], Any], workers: int = 2) -> tuple[Gateway, set[int]]:
+    """A replica stub and a gateway of `workers` workers, once every worker answers; with the workers' pids."""
     stub = track(start_stub("r0"))
     gateway: Gateway = track(start_gateway(tmp_path, {MODEL: pool(("r0", stub.url))},
                                            flags=["--workers", str(workers)], shutdown={"grace_s": GRACE_S}))
     eventually(lambda: _all_up(gateway.url, workers), timeout_s=30, interval_s=0.2)
-    return gateway
+    pids = _children(gateway.proc.popen.pid)
+    assert len(pids) == workers
+    return gateway, pids
 
 
 def test_two_workers_answer_every_request_and_merge_their_metrics(tmp_path: Path) -> None:
     with running() as track:
-        gateway = _start(tmp_path, track)
+        gateway, _ = _start(tmp_path, track)
         statuses = [_completion(gateway.url) for _ in range(40)]
         assert statuses == [200] * 40
         requests, up = _per_worker(gateway.url)
@@ -91,10 +93,8 @@ def test_two_workers_answer_every_request_and_merge_their_metrics(tmp_path: Path
 
 def test_a_killed_worker_is_restarted_and_traffic_keeps_succeeding(tmp_path: Path) -> None:
     with running() as track:
-        gateway = _start(tmp_path, track)
+        gateway, before = _start(tmp_path, track)
         supervisor = gateway.proc.popen.pid
-        before = _children(supervisor)
-        assert len(before) == 2
         victim = min(before)
         os.kill(victim, signal.SIGKILL)
         eventually(lambda: victim not in _children(supervisor), timeout_s=5)
@@ -127,10 +127,7 @@ def test_a_worker_crash_loop_makes_the_supervisor_exit_1(tmp_path: Path) -> None
 
 def test_sigterm_stops_every_worker_within_the_grace(tmp_path: Path) -> None:
     with running() as track:
-        gateway = _start(tmp_path, track)
-        supervisor = gateway.proc.popen.pid
-        workers = _children(supervisor)
-        assert len(workers) == 2
+        gateway, workers = _start(tmp_path, track)
         started = time.monotonic()
         gateway.proc.popen.send_signal(signal.SIGTERM)
         assert gateway.proc.popen.wait(GRACE_S + 5) == 0

@@ -2,8 +2,7 @@
 our gateway and through the other routers, in one run.
 
     python -m bench.gateway_overhead [--requests 1000] [--concurrency 32] [--speedup 1000]
-                                     [--routers affinity-gateway,affinity-gateway:prefix_affinity,affinity-gateway/2,
-                                                sglang,smg,nginx]
+                                     [--routers affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx]
 
 Starts one replica stub (simulated engine, very fast) and each router in front of it, all as child
 processes on loopback, then in one run:
@@ -12,8 +11,7 @@ processes on loopback, then in one run:
   2. throughput: the same requests at a fixed concurrency, one target at a time, with the CPU
      time the router's processes spent (user + system, from /proc) divided by the requests.
 Our gateway runs its shipped defaults (request log on, load scrape every 0.5 s, probes every 2 s)
-with the policy named after the colon (round_robin when none) and, after a slash, `serve --workers N`
-(`affinity-gateway/2`: two worker processes on the port; CPU counts the supervisor and every worker). sglang-router and SMG come from
+with the policy named after the colon (round_robin when none). sglang-router and SMG come from
 `make peers` (round_robin), nginx from the system (`proxy_buffering off`, upstream keep-alive). A
 router named but not installed is printed as such, never left out. As root the whole run moves
 into a loopback-only network namespace (the peers stay offline). Client, replica and routers share
@@ -33,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -45,7 +42,7 @@ from gateway import peers
 from gateway.cluster import free_port
 
 MODEL = "bench-model"
-ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,affinity-gateway/2,sglang,smg,nginx"
+ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx"
 NGINX_CONF = """daemon off; worker_processes 1; pid {dir}/nginx.pid; error_log {dir}/error.log error;
 events {{ worker_connections 4096; }}
 http {{ access_log off; upstream replica {{ server 127.0.0.1:{replica}; keepalive 64; }}
@@ -171,7 +168,6 @@ async def _run(targets: dict[str, str], pids: dict[str, int], args: argparse.Nam
 def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workdir: Path) -> tuple[str, int] | str:
     """Start one router in front of the replica: (its URL, its pid), or why it cannot run here."""
     port = free_port()
-    router, _, workers = router.partition("/")
     name, _, policy = router.partition(":")
     if name == "affinity-gateway":
         config = {"listen": {"host": "127.0.0.1", "port": port},
@@ -179,9 +175,7 @@ def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workd
                                     "routing": {"policy": policy or "round_robin"}}}}
         path = workdir / f"gateway-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
-        pid = stack.enter_context(_process([sys.executable, "-m", "gateway", "serve", "--config", str(path),
-                                            "--workers", workers or "1"], port))
-        _wait_workers(f"http://127.0.0.1:{port}", int(workers or 1))
+        pid = stack.enter_context(_process([sys.executable, "-m", "gateway", "serve", "--config", str(path)], port))
     elif name == "nginx":
         binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
         if binary is None:
@@ -198,24 +192,6 @@ def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workd
         command = contestant.peer.command(contestant.policy, port, [replica], free_port())
         pid = stack.enter_context(_process(command, port, env=peers.peer_env()))
     return f"http://127.0.0.1:{port}", pid
-
-
-def _wait_workers(url: str, workers: int, timeout_s: float = 60.0) -> None:
-    """With `--workers N` the port accepts once one worker listens: wait until the merged /metrics
-    says every worker answers, so the throughput phase spreads over all of them."""
-    if workers == 1:
-        return
-    want = [f'affinity_gateway_worker_up{{worker="{i}"}} 1.0' for i in range(workers)]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/metrics", timeout=2) as resp:
-                if all(line in resp.read().decode() for line in want):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url}: not all {workers} workers up after {timeout_s}s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """`affinity-gateway` commands: parse arguments, call the app code, nothing else.
 
     affinity-gateway serve --config config.yaml [--host H] [--port P] [--workers N] [--log-level L]
+    affinity-gateway serve --replica URL [--replica URL ...] --model NAME [--policy P] [--port P]
+    affinity-gateway check config.yaml   (see gateway/cli_config.py)
     affinity-gateway up [--replicas 3] [--port 8000] [--policy prefix_affinity] [--engine sim] [--speedup 1]
                         [--gateways 2 --redis [redis://host:6379/0]] [--workers N]
 
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 from gateway import __version__
 from gateway.cli_bench import add_bench, add_simulate
+from gateway.cli_config import add_check, add_flag_config, serve_config
 from gateway.cluster import START_REDIS
 from gateway.config import ENV_PREFIX
 from gateway.errors import ConfigError
@@ -31,14 +34,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_up(commands)
     add_bench(commands)
     add_simulate(commands)
+    add_check(commands)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # bench re-runs itself in a network namespace
     return int(args.run(args))
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser("serve", help="run the gateway from a config file")
-    p.add_argument("--config", "-c", required=True, help="YAML config (see config.example.yaml)")
+    p = commands.add_parser("serve", help="run the gateway from a config file (or --replica/--model)")
+    p.add_argument("--config", "-c", help="YAML config (see config.example.yaml)")
+    add_flag_config(p)
     p.add_argument("--host", help=f"listen host (env {ENV_PREFIX}HOST)")
     p.add_argument("--port", type=int, help=f"listen port (env {ENV_PREFIX}PORT)")
     p.add_argument("--workers", type=_workers, help=f"gateway processes on the port, SO_REUSEPORT, one supervisor "
@@ -61,7 +66,6 @@ def _workers(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.config import load_config
     from gateway.log import setup_logging
     from gateway.lifecycle import serve
     from gateway.server import make_app
@@ -72,9 +76,13 @@ def _serve(args: argparse.Namespace) -> int:
         if value is not None:
             os.environ[ENV_PREFIX + name] = str(value)
     try:
-        config = load_config(args.config, os.environ)
+        config = serve_config(args)
     except ConfigError as exc:
         print(f"affinity-gateway: config error: {exc}", file=sys.stderr)
+        return 2
+    if config.listen.workers > 1 and args.worker_index is None and args.config is None:
+        # The supervisor starts its workers on the file; a config-free start has none to give them.
+        print("affinity-gateway: config error: --workers above 1 needs --config", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, config.logging.format)
     if args.worker_index is not None:  # one of `serve --workers N`
@@ -92,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
         return supervise(args.config, config.listen.workers,
                          drain_time_s(config.shutdown.ready_delay_s, config.shutdown.grace_s))
     else:
-        serve(make_app(config, args.config, handle_sighup=True), config)
+        serve(make_app(config, args.config, handle_sighup=args.config is not None), config)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Usage:
     config = load_config("config.yaml")          # raises ConfigError("config.yaml:pools.m.replicas[0].url: ...")
-    config = load_config(path, env=os.environ)   # AFFINITY_GATEWAY_HOST / _PORT / _LOG_LEVEL win over the file
+    config = load_config(path, env=os.environ)   # AFFINITY_GATEWAY_HOST / _PORT / _LOG_LEVEL win over the file;
+                                                 # `${VAR}` in values comes from `env` (default os.environ)
 
 `config.example.yaml` documents every key; unknown keys are errors.
 """
@@ -10,8 +11,10 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -21,6 +24,8 @@ import yaml
 from gateway import schema
 from gateway.admission import AdmissionConfig
 from gateway.auth import AuthConfig
+from gateway.backend_auth import read_key
+from gateway.config_env import interpolate
 from gateway.errors import ConfigError
 from gateway.headers import HeadersConfig
 from gateway.index.base import IndexParams
@@ -28,6 +33,8 @@ from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
+from gateway.readiness import ReadinessConfig
+from gateway.routes import RoutesConfig
 
 ENV_PREFIX = "AFFINITY_GATEWAY_"
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -52,8 +59,11 @@ class ReplicaConfig:
     name: str = ""  # defaults to host:port of `url`
     weight: float = 1.0
     kv_events: KVEventsConfig | None = None  # the replica's ZMQ KV-event feed: exact cache state
+    api_key_env: str | None = None  # this replica's own key (vLLM --api-key), over the pool's
+    api_key_file: str | None = None
 
     def validate(self, key: str) -> None:
+        read_key(self.api_key_env, self.api_key_file, key)
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"expected an http(s) URL like http://10.0.0.5:8000, got {self.url!r}", key=f"{key}.url")
@@ -108,6 +118,20 @@ class PoolConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     discovery: DiscoveryConfig | None = None  # adds the replicas a DNS name resolves to
+    api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
+    api_key_file: str | None = None
+
+    @cached_property
+    def _backend_keys(self) -> tuple[str | None, dict[str, str]]:
+        """Read once per loaded config (validated at load): the pool's key and each replica's own."""
+        own = {r.replica_id: k for r in self.replicas
+               if (k := read_key(r.api_key_env, r.api_key_file, "")) is not None}
+        return read_key(self.api_key_env, self.api_key_file, ""), own
+
+    def backend_key(self, replica_id: str) -> str | None:
+        """The key to send to this replica, if its pool or itself has one."""
+        pool_key, own = self._backend_keys
+        return own.get(replica_id, pool_key)
 
     @property
     def has_kv_events(self) -> bool:
@@ -116,6 +140,7 @@ class PoolConfig:
                 or (self.discovery is not None and self.discovery.kv_events_port is not None))
 
     def validate(self, key: str) -> None:
+        read_key(self.api_key_env, self.api_key_file, key)
         if not self.replicas and self.discovery is None:
             raise ConfigError("a pool needs at least one replica (or `discovery`)", key=f"{key}.replicas")
         seen: set[str] = set()
@@ -227,6 +252,8 @@ class Config:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     headers: HeadersConfig = field(default_factory=HeadersConfig)
+    readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
+    routes: RoutesConfig = field(default_factory=RoutesConfig)
 
     def validate(self, key: str) -> None:
         if not self.pools:
@@ -245,7 +272,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", file=path) from None
     try:
-        return parse_config(data, env)
+        return parse_config(interpolate(data, os.environ if env is None else env), env)
     except ConfigError as exc:
         raise ConfigError(exc.reason, key=exc.key, file=path) from None
 

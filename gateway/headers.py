@@ -29,8 +29,11 @@ class HeadersConfig:
     drop_response: tuple[str, ...] = ()  # more replica response headers never to pass on (e.g. debug ones)
     replica_id: bool = True  # X-Replica-Id: the replica that answered
     affinity_reason: bool = True  # X-Affinity-Reason: why the policy chose it
+    session: str = "X-Session-ID"  # the request header naming a conversation (session_affinity's key)
 
     def validate(self, key: str) -> None:
+        if not _TOKEN.fullmatch(self.session):
+            raise ConfigError(f"not a header name: {self.session!r}", key=f"{key}.session")
         for i, name in enumerate(self.drop_response):
             if not _TOKEN.fullmatch(name):
                 raise ConfigError(f"not a header name: {name!r}", key=f"{key}.drop_response[{i}]")

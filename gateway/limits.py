@@ -21,9 +21,10 @@ from gateway.view import RequestView
 
 
 async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, request_id: str,
-                    tenant: str | None = None) -> RequestView:
+                    tenant: str | None = None, session_header: str = "X-Session-ID") -> RequestView:
     """Read the body once (bounded in size and time), decode its Content-Encoding (`gateway.encoding`),
-    parse it once with orjson; the decoded bytes are what gets forwarded."""
+    parse it once with orjson; the decoded bytes are what gets forwarded. The session key comes from
+    `session_header` (`headers.session`), else the body's `prompt_cache_key` or `user`."""
     limit = limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
@@ -48,7 +49,7 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise BadRequestError(f"{len(messages)} messages exceed the limit of {limits.max_messages}",
                               param="messages")
-    session = request.headers.get("X-Session-ID") or body.get("prompt_cache_key") or body.get("user")
+    session = request.headers.get(session_header) or body.get("prompt_cache_key") or body.get("user")
     return RequestView(request_id=request_id, endpoint=endpoint, model=model, stream=stream, body=body,
                        raw=raw, tenant=tenant, session_key=session if isinstance(session, str) else None)
 

@@ -18,6 +18,7 @@ from gateway.kv_events import KVEventSubscriber
 from gateway.replicas import ReplicaPool
 from gateway.replicas.breaker import STATE_VALUES
 from gateway.routing_metrics import RoutingMetrics
+from gateway.usage_checks import CachedTokensCheck
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -53,6 +54,7 @@ class Metrics:
         self.draining = Gauge("affinity_gateway_draining", "1 after SIGTERM while accepted requests finish",
                               registry=r)
         self.routing = RoutingMetrics(r)  # decisions by policy and reason, routing time, prediction error
+        self.cached_tokens_check = CachedTokensCheck(r)  # warns when replicas never report cached tokens
 
     def watch(self, pools: Callable[[], Iterable[ReplicaPool]]) -> None:
         """Export the replicas of these pools (read at every scrape)."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import xxhash
 
+from gateway.api_shapes import CHAT_SHAPED
 from gateway.errors import BadRequestError, ConfigError
 from gateway.view import RequestView
 
@@ -178,9 +179,11 @@ def _seed(view: RequestView, params: PrefixParams) -> int:
 
 def prompt_source(endpoint: str, body: dict[str, Any]) -> tuple[str | list[int], int]:
     """The text (or token ids) whose prefix the replica caches ("" when there is none), and
-    the length of its shared preamble (chat only; 0 otherwise)."""
+    the length of its shared preamble (conversations only; 0 otherwise)."""
     if endpoint == "chat":
         return render_chat(body)
+    if endpoint in CHAT_SHAPED:  # Anthropic messages, the Responses API
+        return render_chat(CHAT_SHAPED[endpoint](body))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of prompts: route by the first

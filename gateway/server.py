@@ -24,6 +24,7 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.admission import Admission
 from gateway.auth import Caller, authenticate
+from gateway.backend_auth import auth_headers
 from gateway.config import Config
 from gateway.errors import (ConfigError, GatewayError, NoReplicaError, NotFoundError, RateLimitError,
                             error_body, http_error_body)
@@ -33,6 +34,8 @@ from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
+from gateway.readiness import report
+from gateway.routes import add_model_routes
 from gateway.replicas import Monitor, Replica
 from gateway.state import GatewayState, ModelRoute
 from gateway.view import RequestView
@@ -62,9 +65,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
-    app.router.add_post("/v1/chat/completions", _endpoint("chat"))
-    app.router.add_post("/v1/completions", _endpoint("completions"))
-    app.router.add_post("/v1/embeddings", _endpoint("embeddings"))
+    add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
@@ -88,7 +89,8 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     exchange = Exchange()  # starts the clock
     state = request.app[STATE]
     config = state.config
-    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant)
+    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
+                           config.headers.session)
     route = state.route_for(view.model)
     with state.using(route.router):  # a reload closes this router only once the request is done
         return await _routed(request, view, route, exchange, config)
@@ -147,6 +149,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
     total_s = time.perf_counter() - exchange.started
     m = app[METRICS]
     m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()
+    if exchange.replica_id is not None and exchange.status == 200 and view.endpoint in ("chat", "completions"):
+        m.cached_tokens_check.observe(view.model, exchange.replica_id, usage)
     m.latency.labels(view.model).observe(total_s)
     if exchange.ttft_s is not None:
         m.ttft.labels(view.model).observe(exchange.ttft_s)
@@ -173,19 +177,21 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
 
 async def models(request: web.Request) -> web.Response:
     data = [{"id": m, "object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
-             **await _replica_model_fields(request.app[PROXY].session, route)}
+             **await _replica_model_fields(request.app[PROXY].session, route, request.app[STATE].config)}
             for m, route in request.app[STATE].routes.items()]
     return _json({"object": "list", "data": data})
 
 
-async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRoute) -> dict[str, Any]:
+async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRoute, config: Config) -> dict[str, Any]:
     """What a replica says of the model that clients size requests by (vLLM's `max_model_len`);
     empty when no replica answers within a second (the list itself never fails)."""
     for replica in route.pool:
         if not replica.is_available():
             continue
         try:
-            async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+            pool = config.pools.get(route.model)
+            async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0),
+                                   headers=auth_headers(pool.backend_key(replica.replica_id) if pool else None)) as r:
                 listed = (await r.json(content_type=None)).get("data", []) if r.status == 200 else []
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             continue
@@ -201,16 +207,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Ready when every model has a replica taking traffic and no SIGTERM came. A degraded part (the
-    shared index unreachable: routing uses this gateway's own table) is reported but still ready."""
-    routes = request.app[STATE].routes.values()
-    pools = {route.model: route.pool.num_available() for route in routes}
-    draining = request.app[LIFECYCLE].draining
-    degraded = sorted(route.model for route in routes if route.router.index.degraded)
-    is_ready = all(pools.values()) and not draining
-    return _json({"ready": is_ready, "draining": draining, "available_replicas": pools,
-                  "degraded": {"index": degraded} if degraded else {},
-                  "queued": request.app[ADMISSION].waiting()}, status=200 if is_ready else 503)
+    """Ready unless every pool is empty (or any, with `readiness.require_all_pools`), or a SIGTERM came;
+    `?model=` asks for one pool (`gateway.readiness`). A degraded part (the shared index unreachable:
+    routing uses this gateway's own table) is reported but still ready."""
+    body, status = report(request.app[STATE], request.query.get("model"), request.app[LIFECYCLE].draining,
+                          request.app[ADMISSION].waiting())
+    return _json(body, status=status)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -243,7 +245,8 @@ def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[
 async def admin_explain(request: web.Request) -> web.Response:
     """Dry run: the decision a chat or completions body would get now, with every candidate's score."""
     state = request.app[STATE]
-    view = await read_view(request, "chat", state.config.limits, request[REQUEST_ID])
+    view = await read_view(request, "chat", state.config.limits, request[REQUEST_ID],
+                           session_header=state.config.headers.session)
     if "messages" not in view.body:
         view = dataclasses.replace(view, endpoint="completions")
     route = state.route_for(view.model)

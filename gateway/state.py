@@ -25,7 +25,7 @@ import zmq.asyncio
 from gateway import prefix
 from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
 from gateway.discovery import Discovery, Resolver, resolve_dns
-from gateway.errors import NotFoundError
+from gateway.errors import ConfigError, NotFoundError
 from gateway.index import build_index
 from gateway.index.exact import ExactTables
 from gateway.kv_events import KVEventsConfig, KVEventSubscriber
@@ -169,7 +169,7 @@ class GatewayState:
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""
         if self.config_path is None:
-            raise RuntimeError("this gateway was started without a config file")
+            raise ConfigError("this gateway was started without a config file (serve --replica): nothing to reload")
         config = await asyncio.to_thread(load_config, self.config_path, os.environ)
         if config.listen != self.config.listen:
             log.warning("config_listen_changed", detail="the listen address changes only on restart")

@@ -30,9 +30,12 @@ class Usage:
     def update(self, usage: Any) -> None:
         if not isinstance(usage, dict):
             return
-        self.prompt_tokens = _int(usage.get("prompt_tokens"), self.prompt_tokens)
-        self.completion_tokens = _int(usage.get("completion_tokens"), self.completion_tokens)
-        details = usage.get("prompt_tokens_details")
+        # OpenAI chat/completions; Anthropic messages and the Responses API say input/output tokens
+        self.prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")), self.prompt_tokens)
+        self.completion_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")),
+                                      self.completion_tokens)
+        self.cached_tokens = _int(usage.get("cache_read_input_tokens"), self.cached_tokens)
+        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         if isinstance(details, dict):
             self.cached_tokens = _int(details.get("cached_tokens"), self.cached_tokens)
 
@@ -46,6 +49,9 @@ class Usage:
             return
         if isinstance(data, dict):
             self.update(data.get("usage"))
+            for envelope in ("message", "response"):  # Anthropic message_start, Responses response.completed
+                if isinstance(inner := data.get(envelope), dict):
+                    self.update(inner.get("usage"))
             if self.answer is not None:
                 self._collect(data.get("choices"))
 

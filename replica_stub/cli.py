@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-events-buffer-steps", type=int, help="batches kept for replay (default 10000)")
     serve.add_argument("--fail-on-marker", help="answer 500 to a generation request whose body contains this text "
                        "(an input-dependent engine fault, for tests; default off)")
+    serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* routes, as vLLM's "
+                       "--api-key does: 401 without it (default open)")
     for field in dataclasses.fields(TimingModel):
         flag = "--" + field.name.replace("_", "-")
         serve.add_argument(flag, type=float, help=f"{_TIMING_HELP[field.name]} (default {field.default})")

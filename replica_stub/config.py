@@ -46,6 +46,7 @@ class StubConfig:
     kv_events_buffer_steps: int = 10_000  # batches kept for replay
     timing: TimingModel = field(default_factory=TimingModel)
     fail_on_marker: str = ""  # "" -> off; else a request whose body contains it gets 500 (an input-dependent fault)
+    api_key: str = ""  # "" -> open; else /v1/* needs `Authorization: Bearer <it>` (vLLM's --api-key)
 
     def resolved(self) -> StubConfig:
         """Fill derived defaults and check ranges; raises ValueError naming the setting."""

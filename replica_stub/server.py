@@ -9,9 +9,8 @@ failed write), `finally` aborts the request so its slot and KV blocks are freed 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import hmac
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -20,28 +19,23 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import BadRequestError, GatewayError, UnsupportedMediaTypeError, error_body, json_object
-from replica_stub import __version__, sglang_api
+from replica_stub import __version__, chat_apis, pooling_api, sglang_api
 from replica_stub.block_pool import BlockPool
 from replica_stub.config import StubConfig
 from replica_stub.engine.registry import build_engine
-from replica_stub.engine.base import Engine
 from replica_stub.gate import ArrivalGate
+from replica_stub.generation import ARRIVALS, CONFIG, ENGINE, ENGINE_LOOP, generation, stream_usage
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.kv_events import KVEventPublisher
 from replica_stub.loop import EngineLoop, probe_loop_lag
 from replica_stub.metrics import StubMetrics
 from replica_stub.output import RequestStream
 from replica_stub.protocol import (SSE_DONE, GenerateRequest, Kind, ResponseFormatter, check_model,
-                                   parse_chat, parse_completion, usage)
-from replica_stub.request import Request, SamplingParams
+                                   parse_chat, parse_completion)
 from replica_stub.scheduler import Scheduler
 
 log = structlog.get_logger("replica_stub.server")
 
-CONFIG = web.AppKey("config", StubConfig)
-ENGINE = web.AppKey("engine", Engine)
-ENGINE_LOOP = web.AppKey("engine_loop", EngineLoop)
-ARRIVALS = web.AppKey("arrivals", ArrivalGate)
 METRICS = web.AppKey("metrics", StubMetrics)
 KV_EVENTS = web.AppKey("kv_events", KVEventPublisher)
 
@@ -54,12 +48,9 @@ class BlocksInUseError(GatewayError):
     status, type = 409, "ConflictError"
 
 
-_ids = itertools.count()
-
-
 def make_app(config: StubConfig) -> web.Application:
     config, engine = build_engine(config)
-    app = web.Application(middlewares=[error_middleware], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[error_middleware, api_key_middleware], client_max_size=64 * 1024 * 1024)
     publisher = _kv_event_publisher(config)
     if publisher is not None:
         app[KV_EVENTS] = publisher
@@ -86,6 +77,8 @@ def make_app(config: StubConfig) -> web.Application:
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     app.router.add_get("/debug/kv_cache", kv_cache_state)
     sglang_api.add_routes(app, config, scheduler)  # what SGLang's routers probe
+    pooling_api.add_routes(app, _json_body)  # embeddings, pooling, classify, score, rerank
+    chat_apis.add_routes(app, _json_body)  # Anthropic messages, the Responses API
     return app
 
 
@@ -131,6 +124,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _error_response(error_body("Internal server error", "InternalServerError", 500), 500)
 
 
+@web.middleware
+async def api_key_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """vLLM's `--api-key`: only /v1/* is guarded, and a wrong or missing key gets `{"error": "Unauthorized"}`."""
+    key = request.app[CONFIG].api_key
+    if key and request.path.startswith("/v1") and request.method != "OPTIONS" \
+            and not hmac.compare_digest(request.headers.get("Authorization", "").encode(), f"Bearer {key}".encode()):
+        return web.Response(status=401, body=b'{"error":"Unauthorized"}', content_type="application/json")
+    return await handler(request)
+
+
 def _error_response(body: bytes, status: int) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
@@ -162,64 +165,25 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(http: web.Request, kind: Kind) -> web.StreamResponse:
-    config, engine_loop = http.app[CONFIG], http.app[ENGINE_LOOP]
+    config = http.app[CONFIG]
     await http.app[ARRIVALS].enter()
     body = await _json_body(http)
     check_model(body, config.model)
     if config.fail_on_marker and config.fail_on_marker.encode() in await http.read():
         raise GatewayError(f"injected fault: the request contains {config.fail_on_marker!r}")  # a 500
     gen = parse_chat(body) if kind == "chat" else parse_completion(body)
-    tokenizer = http.app[ENGINE].tokenizer
-    if gen.prompt_token_ids is not None:
-        prompt_ids = gen.prompt_token_ids
-        if config.engine == "real" and not all(map(tokenizer.is_known, prompt_ids)):
-            raise BadRequestError("Prompt token ids outside the model's vocabulary", param="prompt")
-    elif gen.messages is not None:
-        prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages))
-    else:
-        prompt_ids = tokenizer.encode(gen.prompt_text or "")
-    max_tokens = _check_length(len(prompt_ids), gen.max_tokens, config.max_model_len)
-    client_id = http.headers.get("X-Request-Id")
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
-                              stop=gen.stop, ignore_eos=gen.ignore_eos)
-    request = Request(f"{client_id or uuid.uuid4().hex}#{next(_ids)}", prompt_ids, sampling, config.block_size,
-                      eos_token_id=tokenizer.eos_token_id)
-    fmt = ResponseFormatter(kind, config.model, client_id)
-    try:
-        stream = engine_loop.submit(request, gen.stop)
-    except RuntimeError as exc:
-        raise GatewayError(str(exc)) from None
-    try:
+    fmt = ResponseFormatter(kind, config.model, http.headers.get("X-Request-Id"))
+    async with generation(http, gen) as stream:
         if gen.stream:
             return await _stream_response(http, stream, fmt, gen)
         return await _full_response(stream, fmt)
-    finally:
-        if not stream.finished:
-            engine_loop.abort(request.request_id)
-
-
-def _check_length(num_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
-    if num_prompt == 0:
-        raise BadRequestError("The prompt is empty", param="prompt")
-    wanted = num_prompt + (max_tokens or 0)
-    if num_prompt >= max_model_len or wanted > max_model_len:
-        raise BadRequestError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{wanted} tokens ({num_prompt} in the messages, {max_tokens or 0} in the completion). "
-            "Please reduce the length of the messages or completion.", param="messages")
-    return max_tokens if max_tokens is not None else max_model_len - num_prompt
-
-
-def _usage(stream: RequestStream) -> dict[str, Any]:
-    request = stream.request
-    return usage(request.num_prompt_tokens, stream.num_output_tokens, request.num_cached_tokens or 0)
 
 
 async def _full_response(stream: RequestStream, fmt: ResponseFormatter) -> web.Response:
     text = "".join([delta.text async for batch in stream.batches() for delta in batch])
     if stream.finish_reason == "abort":
         raise GatewayError("The engine failed while generating")
-    return _json(fmt.full(text, stream.finish_reason, stream.stop_reason, _usage(stream)))
+    return _json(fmt.full(text, stream.finish_reason, stream.stop_reason, stream_usage(stream)))
 
 
 async def _stream_response(http: web.Request, stream: RequestStream, fmt: ResponseFormatter,
@@ -243,7 +207,7 @@ async def _stream_response(http: web.Request, stream: RequestStream, fmt: Respon
             await response.write(b"".join(parts))
             parts = []
         if gen.include_usage and stream.finish_reason != "abort":
-            parts.append(fmt.usage_chunk(_usage(stream)))
+            parts.append(fmt.usage_chunk(stream_usage(stream)))
         parts.append(SSE_DONE)
         await response.write(b"".join(parts))
         await response.write_eof()

@@ -110,4 +110,4 @@ def test_error_statuses_over_real_processes(tmp_path: Path) -> None:
             eventually(lambda: not gateway.replicas("dead-model")["dead"]["available"])
             down = http.post("/v1/completions", json={**COMPLETION, "model": "dead-model"})
             assert down.status_code == 503 and down.headers["Retry-After"] == "1"
-            assert http.get("/ready").status_code == 503
+            assert http.get("/ready", params={"model": "dead-model"}).status_code == 503  # (test_readiness.py)

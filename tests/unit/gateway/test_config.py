@@ -78,3 +78,26 @@ def test_env_overrides(tmp_path: Path) -> None:
     assert (config.listen.host, config.listen.port, config.logging.level) == ("127.0.0.2", 9100, "debug")
     with pytest.raises(ConfigError, match="AFFINITY_GATEWAY_PORT"):
         load_config(write(tmp_path, MINIMAL), {"AFFINITY_GATEWAY_PORT": "http"})
+
+
+def test_backend_key_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AG_UNIT_KEY", "pool-key")
+    key_file = tmp_path / "r.key"
+    key_file.write_text(" replica-key\n")
+    data = {"pools": {"m": {"api_key_env": "AG_UNIT_KEY", "replicas": [
+        {"url": "http://h:1", "name": "a"}, {"url": "http://h:2", "name": "b", "api_key_file": str(key_file)}]}}}
+    config = load_config(write(tmp_path, data))
+    assert config.pools["m"].backend_key("a") == "pool-key"
+    assert config.pools["m"].backend_key("b") == "replica-key"
+    assert config.pools["m"].backend_key("discovered:8000") == "pool-key"
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"api_key_env": "AG_UNIT_SURELY_UNSET"}, "pools.m.api_key_env"),
+    ({"replicas": [{"url": "http://h:1", "api_key_file": "/nonexistent/key"}]}, "pools.m.replicas[0].api_key_file"),
+    ({"api_key_env": "AG_UNIT_SURELY_UNSET", "api_key_file": "/x"}, "pools.m.api_key_env"),
+])
+def test_backend_key_errors_name_the_key(tmp_path: Path, changes: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, pool(**changes)))
+    assert err.value.key == key and key in str(err.value)

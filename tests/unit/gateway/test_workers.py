@@ -85,3 +85,11 @@ def test_serve_reports_a_bad_env_workers_as_a_config_error(tmp_path: Path, capsy
 def test_up_passes_workers_to_every_gateway() -> None:
     command = gateway_command(ClusterSpec(port=8100, workers=3), "/tmp/g.yaml", 1)
     assert command[-6:] == ["--config", "/tmp/g.yaml", "--port", "8101", "--workers", "3"]
+
+
+def test_workers_without_a_config_file_is_refused(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor starts its workers on the file; a config-free start has none to give them."""
+    monkeypatch.setenv("AFFINITY_GATEWAY_WORKERS", "1")  # undone after the test, as serve sets it from the flag
+    assert main(["serve", "--replica", "http://127.0.0.1:9001", "--model", "m", "--workers", "2"]) == 2
+    assert "--workers above 1 needs --config" in capsys.readouterr().err

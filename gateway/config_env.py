@@ -1,0 +1,108 @@
+"""`${VAR}` in config values, and the resolved config as `affinity-gateway check` prints it.
+
+Secrets (a Redis password, a token) stay out of the YAML: `store: redis://:${REDIS_PASSWORD}@redis:6379/0`.
+`${VAR:-default}` gives a default; `$${` is a literal `${`. A variable that is neither set nor
+defaulted is a config error naming the key, like every other config mistake. Interpolation
+applies to string values only (never to keys), before the schema checks types, so a whole value
+`${PORT}` stays a string and is reported as one.
+
+`resolved` masks every value that came from a variable, URL passwords, and values under
+secret-sounding keys, so the printed config can be pasted into an issue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from gateway.errors import ConfigError
+
+_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_UNCLOSED = re.compile(r"(?<!\$)\$\{")
+_SECRET_KEY = re.compile(r"password|secret|token|api_key$", re.IGNORECASE)
+MASK = "***"
+Path = tuple[str | int, ...]
+
+
+def interpolate(data: Any, env: Mapping[str, str], key: str = "") -> Any:
+    """`data` with `${VAR}` replaced in every string value; ConfigError naming the key of a missing one."""
+    if isinstance(data, str):
+        return _substitute(data, env, key)
+    if isinstance(data, list):
+        return [interpolate(item, env, f"{key}[{i}]") for i, item in enumerate(data)]
+    if isinstance(data, dict):
+        return {k: interpolate(v, env, f"{key}.{k}" if key else str(k)) for k, v in data.items()}
+    return data
+
+
+def _substitute(text: str, env: Mapping[str, str], key: str) -> str:
+    if "${" not in text:
+        return text
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, default = match.group(1), match.group(2)
+        value = env.get(name)
+        if value is None:
+            if default is None:
+                raise ConfigError(f"environment variable {name!r} is not set (write ${{{name}:-default}} "
+                                  "for a default)", key=key)
+            return default
+        return value
+
+    if _UNCLOSED.search(_VAR.sub("", text)):
+        raise ConfigError(f"unterminated or malformed ${{...}} in {text[:40]!r}", key=key)
+    return _VAR.sub(one, text)
+
+
+def interpolated_paths(data: Any, path: Path = ()) -> set[Path]:
+    """The paths (as in the parsed YAML) of string values that name a variable."""
+    if isinstance(data, str):
+        return {path} if _VAR.search(data.replace("$${", "")) else set()
+    items = enumerate(data) if isinstance(data, list) else data.items() if isinstance(data, dict) else ()
+    return set().union(*(interpolated_paths(v, (*path, k)) for k, v in items))
+
+
+def resolved(config: Any, secret_paths: set[Path] = frozenset()) -> Any:  # type: ignore[assignment]
+    """The config as plain data, every default filled in and every secret masked."""
+    return _masked(_plain(config), secret_paths, ())
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _masked(value: Any, secret_paths: set[Path], path: Path) -> Any:
+    if path in secret_paths and value not in (None, ""):
+        return MASK
+    if isinstance(value, dict):
+        return {k: MASK if _SECRET_KEY.search(k) and isinstance(v, str) and v
+                else _masked(v, secret_paths, (*path, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, secret_paths, (*path, i)) for i, v in enumerate(value)]
+    if isinstance(value, str) and "://" in value:
+        return _mask_url_password(value)
+    return value
+
+
+def _mask_url_password(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if not password:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{host}"))

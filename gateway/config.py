@@ -156,6 +156,7 @@ class PoolConfig:
             raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.discovery.kv_events_port")
         # Build once to validate the policy name and its parameters; the pool builds its own.
         build_policy(self.routing.policy, self.routing.params, f"{key}.routing")
+        self._backend_keys  # read the key files now, at load, not on the event loop at the first request
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,11 @@ class Config:
     headers: HeadersConfig = field(default_factory=HeadersConfig)
     readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
     routes: RoutesConfig = field(default_factory=RoutesConfig)
+
+    def backend_key(self, model: str, replica_id: str) -> str | None:
+        """The key to send to this replica of this model's pool, if there is one."""
+        pool = self.pools.get(model)
+        return pool.backend_key(replica_id) if pool is not None else None
 
     def validate(self, key: str) -> None:
         if not self.pools:

@@ -174,8 +174,8 @@ class Proxy:
                          config: Config, *, last: bool, after_5xx: bool) -> web.StreamResponse:
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
-        pool = config.pools.get(view.model)  # the gateway's key is a credential for the gateway only
-        set_upstream_auth(out_headers, pool.backend_key(replica.replica_id) if pool else None, config.auth.enabled)
+        # the gateway's key is a credential for the gateway only
+        set_upstream_auth(out_headers, config.backend_key(view.model, replica.replica_id), config.auth.enabled)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)  # silence: the watch
         watch = self.watches.start(replica.replica_id, config.timeouts.first_byte_s, config.timeouts.idle_s)
         try:

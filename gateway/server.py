@@ -189,9 +189,8 @@ async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRout
         if not replica.is_available():
             continue
         try:
-            pool = config.pools.get(route.model)
             async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0),
-                                   headers=auth_headers(pool.backend_key(replica.replica_id) if pool else None)) as r:
+                                   headers=auth_headers(config.backend_key(route.model, replica.replica_id))) as r:
                 listed = (await r.json(content_type=None)).get("data", []) if r.status == 200 else []
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             continue

@@ -31,6 +31,7 @@ from gateway.headers import HeadersConfig
 from gateway.index.base import IndexParams
 from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
+from gateway.model_names import ModelNames, check_names
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
 from gateway.readiness import ReadinessConfig
@@ -120,6 +121,7 @@ class PoolConfig:
     discovery: DiscoveryConfig | None = None  # adds the replicas a DNS name resolves to
     api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
     api_key_file: str | None = None
+    aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.model_names)
 
     @cached_property
     def _backend_keys(self) -> tuple[str | None, dict[str, str]]:
@@ -261,9 +263,16 @@ class Config:
         pool = self.pools.get(model)
         return pool.backend_key(replica_id) if pool is not None else None
 
+    @cached_property
+    def model_names(self) -> ModelNames:
+        """Which pool a request's `model` names (aliases, patterns, the default pool)."""
+        return ModelNames.of({name: pool.aliases for name, pool in self.pools.items()}, self.routes.default_pool)
+
     def validate(self, key: str) -> None:
         if not self.pools:
             raise ConfigError("at least one model pool is required", key="pools")
+        check_names({name: pool.aliases for name, pool in self.pools.items()}, self.routes.default_pool,
+                          "routes")
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:

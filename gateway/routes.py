@@ -36,6 +36,7 @@ class RoutesConfig:
     """YAML `routes`."""
 
     passthrough: tuple[str, ...] = ()  # more POST paths forwarded to the pool named by the body's `model`
+    default_pool: str | None = None  # where a `model` no pool or alias names goes (gateway.model_names)
 
     def validate(self, key: str) -> None:
         for i, path in enumerate(self.passthrough):

@@ -31,6 +31,7 @@ from gateway.errors import (ConfigError, GatewayError, NoReplicaError, NotFoundE
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
 from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.model_names import exact_aliases, renamed
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
@@ -92,6 +93,8 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
                            config.headers.session)
     route = state.route_for(view.model)
+    if route.model != view.model:  # an alias, a pattern or the default pool
+        renamed(view, route.model)
     with state.using(route.router):  # a reload closes this router only once the request is done
         return await _routed(request, view, route, exchange, config)
 
@@ -176,9 +179,13 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
 
 
 async def models(request: web.Request) -> web.Response:
-    data = [{"id": m, "object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
-             **await _replica_model_fields(request.app[PROXY].session, route, request.app[STATE].config)}
-            for m, route in request.app[STATE].routes.items()]
+    """Each pool, then its exact aliases, with the card its replicas give (wildcards are not listed)."""
+    config, data = request.app[STATE].config, []
+    for m, route in request.app[STATE].routes.items():
+        card = {"object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
+                **await _replica_model_fields(request.app[PROXY].session, route, config)}
+        pool = config.pools.get(m)
+        data += [{"id": name, **card} for name in (m, *(exact_aliases(pool.aliases) if pool else ()))]
     return _json({"object": "list", "data": data})
 
 

@@ -116,7 +116,10 @@ class GatewayState:
         task.add_done_callback(self._closing.discard)
 
     def route_for(self, model: str) -> ModelRoute:
+        """The pool `model` names: its own name, an alias, a pattern or the default pool."""
         route = self.routes.get(model)
+        if route is None and (pool := self.config.model_names.pool_for(model)) is not None:
+            route = self.routes.get(pool)
         if route is None:
             known = ", ".join(sorted(self.routes))
             raise NotFoundError(f"The model `{model}` does not exist. Served models: {known}", param="model")

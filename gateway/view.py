@@ -9,7 +9,7 @@ from typing import Any
 @dataclass(slots=True)
 class RequestView:
     """Everything a policy may look at. `raw` (decoded of any Content-Encoding) is forwarded as it is;
-    `body` is never re-serialised."""
+    `body` is never re-serialised (but for a request that named its pool by an alias: gateway.model_names)."""
 
     request_id: str
     endpoint: str  # "chat" | "completions" | "embeddings"

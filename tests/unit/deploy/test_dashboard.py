@@ -85,7 +85,8 @@ def test_panels_do_not_overlap() -> None:
     for panel in DASHBOARD["panels"]:
         grid: dict[str, Any] = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24
-        area = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])}
+        x, y, w, h = grid["x"], grid["y"], grid["w"], grid["h"]
+        area = {(col, row) for col in range(x, x + w) for row in range(y, y + h)}
         assert not area & cells, panel["title"]
         cells |= area
 

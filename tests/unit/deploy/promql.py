@@ -7,6 +7,10 @@ metric renamed or dropped in the code fails the dashboard and alert tests instea
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+
+import pytest
 
 from gateway.config import load_config
 from gateway.server import METRICS, make_app
@@ -42,3 +46,13 @@ def metric_names(expr: str) -> set[str]:
         if not call and word not in _KEYWORDS | _AGGREGATIONS:
             names.add(word)
     return names
+
+
+def promtool(*args: str) -> str:
+    """promtool's output; the calling test skips where it is not installed, fails where it says no."""
+    binary = shutil.which("promtool")
+    if binary is None:
+        pytest.skip("promtool not found: `make promtool-check` installs it (Debian package prometheus)")
+    result = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout

@@ -7,8 +7,6 @@ promtool tests skip and the structural tests still run.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +14,12 @@ import pytest
 import yaml
 
 from tests.unit.deploy.deployfiles import DEPLOY
-from tests.unit.deploy.promql import exported_metric_names, metric_names
+from tests.unit.deploy.promql import exported_metric_names, metric_names, promtool
 
 ALERTS = DEPLOY / "prometheus/alerts.yaml"
 RULES: list[dict[str, Any]] = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
 BY_NAME = {r["alert"]: r for r in RULES}
 SEVERITIES = {"critical", "warning", "info"}
-
-
-def promtool(*args: str) -> str:
-    """promtool's output; the test skips where it is not installed, fails where it says no."""
-    binary = shutil.which("promtool")
-    if binary is None:
-        pytest.skip("promtool not found: `make promtool-check` installs it (Debian package prometheus)")
-    result = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
 
 
 def test_promtool_check_rules_passes() -> None:

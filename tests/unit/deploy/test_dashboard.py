@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.unit.deploy.deployfiles import DEPLOY
-from tests.unit.deploy.promql import exported_metric_names, metric_names
+from tests.unit.deploy.promql import exported_metric_names, metric_names, promtool
 
 DASHBOARD = json.loads((DEPLOY / "grafana/dashboards/affinity-gateway.json").read_text())
 PANELS = [p for p in DASHBOARD["panels"] if p["type"] != "row"]
@@ -89,6 +91,19 @@ def test_panels_do_not_overlap() -> None:
         area = {(col, row) for col in range(x, x + w) for row in range(y, y + h)}
         assert not area & cells, panel["title"]
         cells |= area
+
+
+def test_every_panel_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query as a recording rule, with Grafana's variables as they expand."""
+    expand = {"$__rate_interval": "1m", "$model": ".*", "$pool": ".*", "$replica": ".*"}
+    queries = [t["expr"] for p in PANELS for t in p["targets"]]
+    for variable, value in expand.items():
+        queries = [q.replace(variable, value) for q in queries]
+    assert not [q for q in queries if "$" in q]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:query_{i}", "expr": q}
+                                                         for i, q in enumerate(queries)]}]}
+    (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules))
+    assert f"SUCCESS: {len(queries)} rules found" in promtool("check", "rules", str(tmp_path / "queries.yaml"))
 
 
 def test_the_name_reader_skips_functions_labels_strings_and_durations() -> None:

@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from gateway.auth import authenticate, hash_key
+from gateway.cli import main
 from gateway.config import load_config
 from gateway.errors import AuthenticationError, ConfigError
 from gateway.index.redis_store import RedisIndex
@@ -134,10 +135,10 @@ async def replica() -> AsyncIterator[tuple[FakeReplica, str]]:
 
 @pytest.fixture
 def logs(capfd: pytest.CaptureFixture[str]) -> Any:
-    """Every log line the gateway writes (its real JSON set-up, at debug), read back by `logs()`.
+    """Every log line the gateway writes (its real JSON set-up, at debug), read back by `logs().err`.
     Set up in the test's own phase: pytest swaps stderr between set-up, call and tear-down."""
     saved = structlog.get_config()
-    yield lambda: capfd.readouterr().err
+    yield capfd.readouterr
     structlog.configure(**saved)
 
 
@@ -170,7 +171,10 @@ async def test_secrets_reach_redis_replica_and_key_check_but_no_log_line_or_answ
     finally:
         await client.close()
     assert fake.seen[0].headers["Authorization"] == f"Bearer {backend_key}"  # the key does reach the replica
-    lines = logs()
+    lines = logs().err
+    assert main(["check", str(path)]) == 0
+    answers.append(logs().out)  # `affinity-gateway check` prints the resolved config
+    assert "pools:" in answers[-1] and "api_key_file:" in answers[-1]
     assert '"event":"request"' in lines and "index_redis_unreachable" in lines  # the capture sees the gateway
     for secret in (redis_password, backend_key, client_key, admin_key):
         assert secret not in lines, f"{secret.split('-')[0]} in a log line"

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test install model vllm redis-check bench peers nginx-check bench-peers calibrate clean
+.PHONY: run run-sim test install model vllm redis-check promtool-check bench peers nginx-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +58,17 @@ redis-check:
 	  elif command -v brew >/dev/null 2>&1; then brew install redis; \
 	  else echo "redis-server not found: install Redis (apt-get install redis-server / brew install redis) and re-run 'make test'" >&2; exit 1; fi; }
 
+# promtool checks deploy/prometheus/alerts.yaml (tests/unit/deploy/test_alerts.py); install Debian's where we can.
+# Without it that one test skips, so a machine where it cannot be installed only gets a warning.
+promtool-check:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	  elif command -v brew >/dev/null 2>&1; then brew install prometheus; \
+	  else echo "promtool not found: install it (apt-get install prometheus / brew install prometheus), else the alert-rules check skips" >&2; fi; }
+
 # The vLLM tests run unless AFFINITY_SKIP_VLLM=1 is set (then `make vllm` is skipped too).
-test: install model redis-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
+test: install model redis-check promtool-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.

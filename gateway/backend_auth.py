@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from multidict import CIMultiDict
 
 from gateway.errors import ConfigError
+from gateway.secret_files import read_secret_file
 
 CLIENT_KEY_HEADERS = ("Authorization", "X-API-Key")
 
@@ -33,14 +33,7 @@ def read_key(env_name: str | None, file_path: str | None, key: str,
             raise ConfigError(f"environment variable {env_name!r} is not set or empty", key=f"{key}.api_key_env")
         return value.strip()
     if file_path is not None:
-        try:
-            value = Path(file_path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read key file {file_path!r}: {exc.strerror}", key=f"{key}.api_key_file") \
-                from None
-        if not value.strip():
-            raise ConfigError(f"key file {file_path!r} is empty", key=f"{key}.api_key_file")
-        return value.strip()
+        return read_secret_file(file_path, f"{key}.api_key_file")
     return None
 
 

@@ -91,11 +91,12 @@ def _masked(value: Any, secret_paths: set[Path], path: Path) -> Any:
     if isinstance(value, list):
         return [_masked(v, secret_paths, (*path, i)) for i, v in enumerate(value)]
     if isinstance(value, str) and "://" in value:
-        return _mask_url_password(value)
+        return mask_url_password(value)
     return value
 
 
-def _mask_url_password(url: str) -> str:
+def mask_url_password(url: str) -> str:
+    """The URL with its password (if any) replaced by the mask: for logs and printed configs."""
     try:
         parts = urlsplit(url)
         password = parts.password

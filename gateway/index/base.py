@@ -11,10 +11,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 from urllib.parse import urlsplit
 
 from gateway.errors import ConfigError
+from gateway.secret_files import read_secret_file
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_URL_FILE_KEY = "state.redis_url_file"  # IndexParams is the config's top-level `state`
 
 
 @dataclass(frozen=True)
@@ -29,14 +34,26 @@ class IndexParams:
     max_pending_writes: int = 10000  # records queued for Redis while it is slow or down
     reconnect_max_s: float = 5.0  # backoff cap between reconnect attempts
     mirror: bool = True  # keep every table in memory, fed by the others' writes: lookups skip Redis
+    redis_url_file: str | None = None  # or the redis:// URL (with its password) in this file: a mounted Secret
+
+    @cached_property
+    def resolved_store(self) -> str:
+        """`store`, or the URL in `redis_url_file`: read once per loaded config, by validate."""
+        return self.store if self.redis_url_file is None else read_secret_file(self.redis_url_file, _URL_FILE_KEY)
 
     def for_pool(self, model: str) -> IndexParams:
         """A pool's tables and its mirror's feed live under `<key_prefix><model>:`, so each pool
-        mirrors its own replicas only."""
-        return dataclasses.replace(self, key_prefix=f"{self.key_prefix}{model}:")
+        mirrors its own replicas only. The store is resolved: the file is not read again."""
+        return dataclasses.replace(self, key_prefix=f"{self.key_prefix}{model}:", store=self.resolved_store,
+                                   redis_url_file=None)
 
     def validate(self, key: str) -> None:
-        if self.store != "memory" and urlsplit(self.store).scheme not in ("redis", "rediss", "unix"):
+        if self.redis_url_file is not None:
+            if self.store != "memory":
+                raise ConfigError("set store or redis_url_file, not both", key=f"{key}.redis_url_file")
+            if urlsplit(self.resolved_store).scheme not in _REDIS_SCHEMES:  # a secret: not in the message
+                raise ConfigError("the file must hold a redis://, rediss:// or unix:// URL", key=_URL_FILE_KEY)
+        elif self.store != "memory" and urlsplit(self.store).scheme not in _REDIS_SCHEMES:
             raise ConfigError(f"expected 'memory' or a redis:// URL, got {self.store!r}", key=f"{key}.store")
         for name in ("capacity_blocks", "max_pending_writes"):
             if getattr(self, name) < 1:

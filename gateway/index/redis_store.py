@@ -49,6 +49,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from gateway.config_env import mask_url_password
 from gateway.index.base import IndexParams
 from gateway.index.memory import MemoryIndex
 
@@ -65,6 +66,7 @@ _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 class RedisIndex:
     def __init__(self, params: IndexParams) -> None:
         self.params = params
+        self._where = mask_url_password(params.store)  # for logs: the URL may carry a password
         self.local = MemoryIndex(params.capacity_blocks)  # every table (mirror), else own writes
         no_retry = Retry(NoBackoff(), 0)  # a dead Redis must cost one timeout, not three
         self._sender = os.urandom(8)
@@ -196,7 +198,7 @@ class RedisIndex:
         self.errors += 1
         if not self._degraded:
             self._degraded = True
-            log.warning("index_redis_unreachable", store=self.params.store, error=repr(exc))
+            log.warning("index_redis_unreachable", store=self._where, error=repr(exc))
         self._wake_flusher()
 
     async def _flush_loop(self) -> None:
@@ -213,7 +215,7 @@ class RedisIndex:
                         await self._writer.script_load(MATCH_LUA)
                         await self._writer.script_load(RECORD_LUA)
                         self._degraded = False
-                        log.info("index_redis_recovered", store=self.params.store, queued=len(self._pending))
+                        log.info("index_redis_recovered", store=self._where, queued=len(self._pending))
                     await self._flush_all()
                     backoff = 0.05
                 except _ERRORS as exc:
@@ -298,7 +300,7 @@ class RedisIndex:
             except (*_ERRORS, ValueError, struct.error) as exc:
                 self.mirror_errors += 1
                 if self._mirrored:
-                    log.warning("index_mirror_lost", store=self.params.store, error=repr(exc))
+                    log.warning("index_mirror_lost", store=self._where, error=repr(exc))
                 self._mirrored = False
                 for future in self._markers.values():  # release flush(): lookups now ask Redis
                     if not future.done():
@@ -336,7 +338,7 @@ class RedisIndex:
             self._since_snapshot = None
         marker = os.urandom(8)
         await self._publish_marker(marker)
-        log.info("index_mirror_loaded", store=self.params.store, tables=len(tables),
+        log.info("index_mirror_loaded", store=self._where, tables=len(tables),
                  blocks=sum(map(len, tables.values())), seconds=round(time.perf_counter() - start, 3))
         return marker
 

@@ -1,0 +1,30 @@
+"""Secrets from files (`*_file:` keys), so a Kubernetes Secret or a Docker secret mounts as a file.
+
+Read when the config is loaded (in `validate`), never per request, so a missing or empty file is a
+config error naming the key, and a reload re-reads it (rotation). Messages name the file and the
+key, never the content.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.errors import ConfigError
+
+
+def read_secret_file(path: str, key: str) -> str:
+    """The file's text, surrounding whitespace stripped; ConfigError naming `key` if unreadable or empty."""
+    try:
+        value = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"cannot read file {path!r}: {reason}", key=key) from None
+    if not value:
+        raise ConfigError(f"file {path!r} is empty", key=key)
+    return value
+
+
+def secret_lines(path: str, key: str) -> list[tuple[int, str]]:
+    """(line number, text) of the file's lines that are neither blank nor `#` comments."""
+    lines = read_secret_file(path, key).splitlines()
+    return [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]

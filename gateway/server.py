@@ -39,6 +39,7 @@ from gateway.readiness import report
 from gateway.routes import add_model_routes
 from gateway.replicas import Monitor, Replica
 from gateway.state import GatewayState, ModelRoute
+from gateway.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.server")
@@ -49,6 +50,7 @@ METRICS = web.AppKey("metrics", Metrics)
 PROXY = web.AppKey("proxy", Proxy)
 ADMISSION = web.AppKey("admission", Admission)
 RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
+HOMES = web.AppKey("response_homes", ResponseHomes)
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)
 _STARTED = int(time.time())
@@ -67,6 +69,8 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
     add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
+    app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
+    add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
@@ -117,8 +121,8 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
             app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
         raise
 
-    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
-        return await app[ADMISSION].choose(route, view, exclude, config.admission)
+    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home
+        return await app[ADMISSION].choose(route, view, app[HOMES].excluded(view, route, exclude), config.admission)
 
     try:
         return await app[PROXY].forward(request, view, route.pool, pick, exchange, config)
@@ -149,6 +153,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
             ok=ok, ttft_s=exchange.ttft_s if exchange.streamed and ok else None,
             prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
+    if usage.response_id is not None and exchange.replica_id is not None:
+        app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
     total_s = time.perf_counter() - exchange.started
     m = app[METRICS]
     m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()

@@ -26,6 +26,7 @@ class Usage:
     cached_tokens: int | None = None
     answer: list[str] | None = None  # the first choice's text pieces; None: not collected
     answer_chars: int = 0
+    response_id: str | None = None  # a Responses API answer's id (gateway.stored_responses)
 
     def update(self, usage: Any) -> None:
         if not isinstance(usage, dict):
@@ -52,6 +53,10 @@ class Usage:
             for envelope in ("message", "response"):  # Anthropic message_start, Responses response.completed
                 if isinstance(inner := data.get(envelope), dict):
                     self.update(inner.get("usage"))
+            response = data.get("response", data)  # streamed: response.completed's; whole: the body itself
+            if isinstance(response, dict) and response.get("object") == "response" \
+                    and isinstance(response.get("id"), str):
+                self.response_id = response["id"]
             if self.answer is not None:
                 self._collect(data.get("choices"))
 

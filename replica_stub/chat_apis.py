@@ -3,15 +3,19 @@ OpenAI Responses API `/v1/responses`, both whole and streamed, in the shapes the
 
 Each request becomes a chat request (system/instructions first, then the turns; tool blocks and
 other items as their JSON), so it is tokenized, cached and scheduled exactly like a chat
-completion, and `usage` carries the cached prompt tokens. Stored responses
-(`previous_response_id`) are not kept: such a request gets vLLM's 404.
+completion, and `usage` carries the cached prompt tokens. A response is stored unless the request
+says `store: false` (vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1): `GET /v1/responses/{id}` returns
+it, and a request with `previous_response_id` continues its conversation; an id this replica never
+stored gets vLLM's 404, which is why such requests must reach the replica that stored it.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -24,6 +28,9 @@ from replica_stub.protocol import check_model, parse_chat
 
 ReadBody = Callable[[web.Request], Awaitable[dict[str, Any]]]
 _STOP = {"stop": "end_turn", "length": "max_tokens"}
+MAX_STORED = 10_000  # responses kept per replica, oldest dropped first
+Store = OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]]  # id -> (response, its conversation)
+STORE = web.AppKey("stored_responses", Store)
 
 
 def add_routes(app: web.Application, read_body: ReadBody) -> None:
@@ -31,10 +38,21 @@ def add_routes(app: web.Application, read_body: ReadBody) -> None:
         return await _serve(request, await read_body(request), _messages_chat, _Anthropic)
 
     async def responses(request: web.Request) -> web.StreamResponse:
-        return await _serve(request, await read_body(request), _responses_chat, _Responses)
+        return await _serve(request, await read_body(request), partial(_responses_chat, request.app[STORE]),
+                            _Responses)
 
+    async def stored(request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        found = request.app[STORE].get(response_id)
+        if found is None:
+            raise NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
+        return web.Response(body=orjson.dumps(found[0]), content_type="application/json")
+
+    app[STORE] = OrderedDict()
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_get("/v1/responses/{response_id}", stored)
+    app.router.add_post("/v1/responses/{response_id}/cancel", stored)  # finished already: vLLM returns it as is
 
 
 def _text(content: Any) -> Any:
@@ -63,12 +81,13 @@ def _messages_chat(body: dict[str, Any]) -> dict[str, Any]:
             **({"stop": body["stop_sequences"]} if body.get("stop_sequences") else {})}
 
 
-def _responses_chat(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("previous_response_id"):
-        raise NotFoundError(f"Response with id '{body['previous_response_id']}' not found.",
-                            param="previous_response_id")
+def _responses_chat(store: Store, body: dict[str, Any]) -> dict[str, Any]:
     instructions = body.get("instructions")
     turns = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    if previous := body.get("previous_response_id"):
+        if previous not in store:
+            raise NotFoundError(f"Response with id '{previous}' not found.", param="previous_response_id")
+        turns += [t for t in store[previous][1] if t["role"] != "system"]  # instructions are not carried over
     given = body.get("input")
     if isinstance(given, str):
         turns.append({"role": "user", "content": given})
@@ -90,8 +109,10 @@ async def _serve(http: web.Request, body: dict[str, Any], as_chat: Callable[[dic
     config = http.app[CONFIG]
     await http.app[ARRIVALS].enter()
     check_model(body, config.model)
-    gen = parse_chat(as_chat(body))
+    chat = as_chat(body)
+    gen = parse_chat(chat)
     fmt = shape(config.model, body)
+    fmt.turns, fmt.store = chat["messages"], http.app[STORE]
     async with generation(http, gen) as stream:
         if not gen.stream:
             text = "".join([d.text async for batch in stream.batches() for d in batch])
@@ -114,6 +135,8 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 class _Shape:
     def __init__(self, model: str, body: dict[str, Any]) -> None:
         self.model, self.body, self.id = model, body, uuid.uuid4().hex
+        self.turns: list[dict[str, Any]] = []  # the conversation the answer continues
+        self.store: Store = OrderedDict()
 
     def whole(self, text: str, stream: RequestStream) -> dict[str, Any]:
         raise NotImplementedError
@@ -174,11 +197,18 @@ class _Responses(_Shape):
                 "instructions": self.body.get("instructions"), "max_output_tokens": self.body.get("max_output_tokens"),
                 "parallel_tool_calls": True, "tool_choice": "auto", "tools": self.body.get("tools") or [],
                 "temperature": self.body.get("temperature", 1.0), "top_p": self.body.get("top_p", 1.0),
-                "previous_response_id": None, "reasoning": None, "text": {"format": {"type": "text"}},
+                "previous_response_id": self.body.get("previous_response_id"), "reasoning": None, "text": {"format": {"type": "text"}},
                 "truncation": "disabled", "error": None, "metadata": {}, "usage": usage}
 
     def whole(self, text: str, stream: RequestStream) -> dict[str, Any]:
-        return self._response(text, stream)
+        return self._stored(self._response(text, stream), text)
+
+    def _stored(self, response: dict[str, Any], text: str) -> dict[str, Any]:
+        if self.body.get("store", True):
+            self.store[response["id"]] = (response, [*self.turns, {"role": "assistant", "content": text}])
+            while len(self.store) > MAX_STORED:
+                self.store.popitem(last=False)
+        return response
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         self.seq += 1
@@ -202,4 +232,4 @@ class _Responses(_Shape):
                + self._event("response.content_part.done", **where, content_index=0,
                              part={"type": "output_text", "text": text, "annotations": []})
                + self._event("response.output_item.done", output_index=0, item=self._item(text, "completed"))
-               + self._event("response.completed", response=self._response(text, stream)))
+               + self._event("response.completed", response=self._stored(self._response(text, stream), text)))

@@ -1,0 +1,64 @@
+"""ResponseHomes: a follow-up is held to its response's home; the table is bounded. Usage reads
+a Responses answer's id, whole and streamed, from the events it parses for usage anyway."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataclasses import dataclass
+
+from gateway.replicas import Replica, ReplicaPool
+from gateway.stored_responses import ResponseHomes
+from gateway.usage import SSEUsageScanner, Usage
+from gateway.view import RequestView
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def view(previous: str | None, endpoint: str = "responses") -> RequestView:
+    body = {"model": "m", "input": "x", **({"previous_response_id": previous} if previous else {})}
+    return RequestView("r", endpoint, "m", False, body, b"{}")
+
+
+@dataclass
+class Route:  # what ResponseHomes reads of a ModelRoute
+    model: str
+    pool: ReplicaPool
+
+
+def test_usage_reads_the_response_id_whole_and_streamed() -> None:
+    whole = Usage()
+    whole.read_body(b'{"id":"resp_1","object":"response","usage":{"input_tokens":3,"output_tokens":2}}')
+    assert whole.response_id == "resp_1" and whole.prompt_tokens == 3
+    streamed = Usage()
+    scanner = SSEUsageScanner(streamed)
+    scanner.feed(b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2",'
+                 b'"object":"response","usage":null}}\n\n')
+    assert streamed.response_id is None  # not parsed: no usage in it
+    scanner.feed(b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_2",'
+                 b'"object":"response","usage":{"input_tokens":5,"output_tokens":1}}}\n\n')
+    assert streamed.response_id == "resp_2" and streamed.completion_tokens == 1
+    chat = Usage()
+    chat.read_body(b'{"id":"chatcmpl-1","object":"chat.completion","usage":{"prompt_tokens":1}}')
+    assert chat.response_id is None
+
+
+def test_the_homes_table_keeps_the_newest() -> None:
+    homes = ResponseHomes(limit=2)
+    for i in range(3):
+        homes.remember(f"resp_{i}", "m", f"r{i}")
+    assert homes.home("resp_0") is None and homes.home("resp_2") == ("m", "r2")
+    homes.remember("resp_1", "m", "r1")  # seen again: newest
+    homes.remember("resp_3", "m", "r0")
+    assert homes.home("resp_1") == ("m", "r1") and homes.home("resp_2") is None
+
+
+def test_only_a_follow_up_of_a_known_response_is_held_to_its_home() -> None:
+    homes = ResponseHomes()
+    homes.remember("resp_a", "m", "r1")
+    route = Route("m", ReplicaPool("m", [Replica(f"r{i}", f"http://h{i}") for i in range(3)]))
+    assert homes.excluded(view("resp_a"), route, set()) == {"r0", "r2"}
+    assert homes.excluded(view("resp_a"), route, {"r1"}) == {"r1"}  # its home failed: routed as usual
+    assert homes.excluded(view("resp_other"), route, set()) == set()
+    assert homes.excluded(view(None), route, set()) == set()
+    assert homes.excluded(view("resp_a", "chat"), route, set()) == set()

@@ -31,6 +31,7 @@ from gateway.headers import HeadersConfig
 from gateway.index.base import IndexParams
 from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
+from gateway.phrase_chunking import StreamChunking
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
 from gateway.readiness import ReadinessConfig
@@ -120,6 +121,7 @@ class PoolConfig:
     discovery: DiscoveryConfig | None = None  # adds the replicas a DNS name resolves to
     api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
     api_key_file: str | None = None
+    stream_chunking: StreamChunking = field(default_factory=StreamChunking)  # phrases for voice agents
 
     @cached_property
     def _backend_keys(self) -> tuple[str | None, dict[str, str]]:

@@ -93,8 +93,8 @@ class PhraseChunker:
         if self._skipping:
             end = data.find(b"\n\n")
             if end < 0:
-                self._tail = b""
-                return data
+                self._tail = data[-1:]  # the next chunk may start with the end of "\n\n"
+                return data[:-1]
             self._skipping, out, data = False, data[:end + 2], data[end + 2:]
         *events, self._tail = data.split(b"\n\n")
         for raw in events:
@@ -120,11 +120,11 @@ class PhraseChunker:
         raw = raw.lstrip(b"\n")  # a blank line too many between events frames nothing
         if not raw:
             return b""
-        if not raw.startswith(b"data:"):
-            return raw + b"\n\n"  # a comment or a keep-alive: nothing to keep in order with the text
-        event = _json(raw[5:]) if b"\n" not in raw else None
+        if all(line.startswith(b":") for line in raw.split(b"\n")):
+            return raw + b"\n\n"  # a comment (a keep-alive): nothing to keep in order with the text
+        event = _json(raw[5:]) if raw.startswith(b"data:") and b"\n" not in raw else None
         choices = event.get("choices") if isinstance(event, dict) else None
-        if not isinstance(choices, list) or not choices:  # usage, errors, [DONE], more than a data line
+        if not isinstance(choices, list) or not choices:  # usage, errors, [DONE], other fields than data
             return self.flush() + raw + b"\n\n"
         texts = [_text_of(choice) for choice in choices]
         if any(text is None for text in texts):  # tool calls, logprobs, ...
@@ -246,7 +246,8 @@ async def relay_phrases(source: aiohttp.StreamReader, chunker: PhraseChunker, se
                 if not chunk:
                     break
                 await seen(chunk)
-                out = chunker.feed(chunk, loop.time())
+                now = loop.time()
+                out = chunker.feed(chunk, now) + chunker.due(now)  # due too: a replica that never pauses
             if out:
                 await _write_phrases(write, out, chunker, first_phrase)
         await _write_phrases(write, chunker.finish(), chunker, first_phrase)

@@ -196,6 +196,19 @@ def test_comments_pass_without_flushing_and_empty_deltas_are_dropped() -> None:
     assert out.startswith(b": keep-alive\n\n") and texts(out.removeprefix(b": keep-alive\n\n")) == ["ab."]
 
 
+def test_events_with_other_fields_flush_and_pass_unchanged() -> None:
+    chunker = PhraseChunker(PHRASE)
+    named = b'event: note\ndata: {"choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
+    assert run(chunker, chat("first"), named) == chat("first") + named
+
+
+def test_an_oversized_event_ending_across_chunks_is_found() -> None:
+    chunker = PhraseChunker(PHRASE)
+    huge = b"data: " + b"x" * ((1 << 20) + 10)
+    out = run(chunker, huge, b"x\n", b"\n" + chat("ok."))
+    assert out.startswith(huge + b"x\n\n") and texts(out.removeprefix(huge + b"x\n\n")) == ["ok."]
+
+
 def test_an_oversized_event_is_relayed_raw_and_parsing_resumes_after_it() -> None:
     chunker = PhraseChunker(PHRASE)
     huge = b"data: " + b"x" * ((1 << 20) + 10)
@@ -321,3 +334,18 @@ async def test_the_relay_flushes_pending_text_before_an_upstream_error() -> None
     with pytest.raises(aiohttp.ClientPayloadError):
         await asyncio.wait_for(task, 5)
     assert [texts(out) for _, out in written] == [["cut off"]]
+
+
+async def test_the_relay_keeps_max_wait_while_upstream_never_pauses() -> None:
+    loop = asyncio.get_running_loop()
+    reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
+    written: list[tuple[float, bytes]] = []
+    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunking("phrase", max_wait_ms=100)),
+                                      written, [], []))
+    for _ in range(25):  # a piece every 20 ms, never a boundary: only the deadline sends text
+        reader.feed_data(chat("ab"))
+        await asyncio.sleep(0.02)
+    reader.feed_eof()
+    await asyncio.wait_for(task, 5)
+    phrases = [text for _, out in written for text in texts(out)]
+    assert "".join(phrases) == "ab" * 25 and 3 <= len(phrases) <= 8

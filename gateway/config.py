@@ -32,6 +32,7 @@ from gateway.index.base import IndexParams
 from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
 from gateway.model_names import ModelNames, check_names
+from gateway.phrase_chunking import StreamChunking
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
 from gateway.readiness import ReadinessConfig
@@ -122,6 +123,7 @@ class PoolConfig:
     api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
     api_key_file: str | None = None
     aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.model_names)
+    stream_chunking: StreamChunking = field(default_factory=StreamChunking)  # phrases for voice agents
 
     @cached_property
     def _backend_keys(self) -> tuple[str | None, dict[str, str]]:

@@ -17,7 +17,9 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
     "TE", "Trailer", "Transfer-Encoding", "Upgrade",
 ))
-REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding"}  # bodies go on decoded (gateway.encoding)
+STREAM_CHUNKING = "X-Stream-Chunking"  # the client's opt-in to phrase chunking (gateway.phrase_chunking)
+# Bodies go on decoded (gateway.encoding); the gateway's own request options are not the replica's business.
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding", STREAM_CHUNKING.lower()}
 # The replica's identity and cookies are its own business; the gateway sets its own id headers.
 RESPONSE_DROP = HOP_BY_HOP | {"content-length", "server", "set-cookie", "x-replica-id", "x-affinity-reason",
                               "x-gateway-route"}

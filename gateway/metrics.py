@@ -32,6 +32,9 @@ class Metrics:
                                 ["model", "replica", "status"], registry=r)
         self.ttft = Histogram("affinity_gateway_ttft_seconds", "Time to the first upstream body byte",
                               ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.first_phrase = Histogram("affinity_gateway_first_phrase_seconds", "Time to the first phrase written "
+                                      "to the client, streams chunked in phrases only", ["model"],
+                                      buckets=_LATENCY_BUCKETS, registry=r)
         self.latency = Histogram("affinity_gateway_request_duration_seconds", "Whole request, gateway in to out",
                                  ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the first byte",

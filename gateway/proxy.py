@@ -3,6 +3,7 @@
     forward       retry loop: pick a replica, hold its in-flight count, never the same replica twice
     _send_once    one upstream request up to its response headers; maps aiohttp errors once
     _relay        body back to the client: streams chunk by chunk as received (_relay_stream),
+                  (or re-chunked in phrases, for a request that opted in: gateway.phrase_chunking),
                   others in one piece (_relay_whole)
 
 Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
@@ -32,6 +33,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import aiohttp
 import structlog
@@ -42,6 +44,7 @@ from gateway import headers as h
 from gateway.backend_auth import set_upstream_auth
 from gateway.config import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
+from gateway.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
 from gateway.policies import Decision
 from gateway.replicas import Replica, ReplicaPool
 from gateway.usage import SSEUsageScanner, Usage
@@ -72,6 +75,12 @@ class Exchange:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
+    chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.phrase_chunking)
+    first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
+
+    def phrase_written(self) -> None:
+        if self.first_phrase_s is None:
+            self.first_phrase_s = time.perf_counter() - self.started
 
 
 class _Retryable(Exception):
@@ -245,20 +254,33 @@ class Proxy:
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
                             replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """Each chunk is written as it arrives; usage is scanned after the write, never delaying it."""
+        """Each chunk is written as it arrives; usage is scanned after the write, never delaying it. A stream
+        the request asked to be chunked in phrases goes through `relay_phrases` instead."""
         exchange.streamed = True
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
         ended_on_event = True
+        phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         try:
-            async for chunk in upstream.content.iter_any():
-                watch.touch()
-                if exchange.ttft_s is None:
-                    _first_byte(exchange, replica)
-                    await response.prepare(request)
-                await _write(request, response, chunk, config.limits.client_write_timeout_s)
-                scanner.feed(chunk)
-                ended_on_event = chunk.endswith(b"\n\n")
+            if phrases is None:
+                async for chunk in upstream.content.iter_any():
+                    watch.touch()
+                    if exchange.ttft_s is None:
+                        _first_byte(exchange, replica)
+                        await response.prepare(request)
+                    await _write(request, response, chunk, config.limits.client_write_timeout_s)
+                    scanner.feed(chunk)
+                    ended_on_event = chunk.endswith(b"\n\n")
+            else:
+                async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
+                    watch.touch()
+                    if exchange.ttft_s is None:
+                        _first_byte(exchange, replica)
+                        await response.prepare(request)
+                    scanner.feed(chunk)
+
+                await relay_phrases(upstream.content, phrases, seen, partial(
+                    _write, request, response, timeout_s=config.limits.client_write_timeout_s), exchange.phrase_written)
             if not response.prepared:
                 await response.prepare(request)
         except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof
@@ -275,7 +297,8 @@ class Proxy:
             exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
             if watch.kind != "shutdown":
                 self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
-            await self._end_stream_with_error(request, response, exchange.error, ended_on_event)
+            await self._end_stream_with_error(request, response, exchange.error,
+                                              ended_on_event if phrases is None else phrases.framed)
         return response
 
     async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,

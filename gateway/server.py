@@ -32,6 +32,7 @@ from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.model_names import exact_aliases, renamed
+from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
@@ -99,6 +100,9 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     route = state.route_for(view.model)
     if route.model != view.model:  # an alias, a pattern or the default pool
         renamed(view, route.model)
+    pool = config.pools.get(route.model)
+    exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
+                                     pool.stream_chunking if pool is not None else StreamChunking())
     with state.using(route.router):  # a reload closes this router only once the request is done
         return await _routed(request, view, route, exchange, config)
 
@@ -163,6 +167,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
     m.latency.labels(view.model).observe(total_s)
     if exchange.ttft_s is not None:
         m.ttft.labels(view.model).observe(exchange.ttft_s)
+    if exchange.first_phrase_s is not None:
+        m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
     if exchange.failed_replicas:
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
     if caller.key is not None:
@@ -176,7 +182,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         log.info("request", request_id=view.request_id, model=view.model, endpoint=view.endpoint,
                  stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
-                 ttft_s=_round(exchange.ttft_s), total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,
+                 ttft_s=_round(exchange.ttft_s), first_phrase_s=_round(exchange.first_phrase_s),
+                 total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,
                  completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
                  decision=exchange.decision.explain()["candidates"] if exchange.decision else None,

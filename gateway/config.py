@@ -124,6 +124,7 @@ class PoolConfig:
     api_key_file: str | None = None
     aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.model_names)
     stream_chunking: StreamChunking = field(default_factory=StreamChunking)  # phrases for voice agents
+    stream_usage: bool = True  # ask for usage on every stream, dropped before the client (gateway.stream_usage)
 
     @cached_property
     def _backend_keys(self) -> tuple[str | None, dict[str, str]]:

@@ -47,6 +47,7 @@ from gateway.errors import GatewayError, NoReplicaError, UpstreamError, Upstream
 from gateway.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
 from gateway.policies import Decision
 from gateway.replicas import Replica, ReplicaPool
+from gateway.stream_usage import UsageStripper
 from gateway.usage import SSEUsageScanner, Usage
 from gateway.view import RequestView
 from gateway.watch import Watch, Watches
@@ -77,6 +78,7 @@ class Exchange:
     poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
     chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.phrase_chunking)
     first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
+    strip_usage: bool = False  # the gateway asked for this stream's usage: the client did not (gateway.stream_usage)
 
     def phrase_written(self) -> None:
         if self.first_phrase_s is None:
@@ -260,6 +262,10 @@ class Proxy:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
         ended_on_event = True
+        write = partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s)
+        stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
+        if stripper is not None:
+            write = stripper.write
         phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         try:
             if phrases is None:
@@ -268,9 +274,9 @@ class Proxy:
                     if exchange.ttft_s is None:
                         _first_byte(exchange, replica)
                         await response.prepare(request)
-                    await _write(request, response, chunk, config.limits.client_write_timeout_s)
+                    await write(chunk)
                     scanner.feed(chunk)
-                    ended_on_event = chunk.endswith(b"\n\n")
+                    ended_on_event = stripper is not None or chunk.endswith(b"\n\n")  # it writes whole events
             else:
                 async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
                     watch.touch()
@@ -279,8 +285,9 @@ class Proxy:
                         await response.prepare(request)
                     scanner.feed(chunk)
 
-                await relay_phrases(upstream.content, phrases, seen, partial(
-                    _write, request, response, timeout_s=config.limits.client_write_timeout_s), exchange.phrase_written)
+                await relay_phrases(upstream.content, phrases, seen, write, exchange.phrase_written)
+            if stripper is not None:
+                await stripper.finish()
             if not response.prepared:
                 await response.prepare(request)
         except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof

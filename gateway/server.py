@@ -40,6 +40,7 @@ from gateway.readiness import report
 from gateway.routes import add_model_routes
 from gateway.replicas import Monitor, Replica
 from gateway.state import GatewayState, ModelRoute
+from gateway.stream_usage import ask_for_usage
 from gateway.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.view import RequestView
 
@@ -103,6 +104,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     pool = config.pools.get(route.model)
     exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
                                      pool.stream_chunking if pool is not None else StreamChunking())
+    exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)  # for the accounts
     with state.using(route.router):  # a reload closes this router only once the request is done
         return await _routed(request, view, route, exchange, config)
 

@@ -157,19 +157,15 @@ class ResponseFormatter:
                     "stop_reason": stop_reason}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
-    def content_chunk(self, text: str, *, include_usage: bool = False) -> bytes:
-        """Same bytes as `chunk(text, include_usage=...)`, without building and encoding a dict."""
-        tail = b',"usage":null}\n\n' if include_usage else b"}\n\n"
-        return self._content_head + orjson.dumps(text) + self._content_tail + tail
+    def content_chunk(self, text: str) -> bytes:
+        """Same bytes as `chunk(text)`, without building and encoding a dict."""
+        return self._content_head + orjson.dumps(text) + self._content_tail + b"}\n\n"
 
     def chunk(self, text: str, finish_reason: str | None = None, stop_reason: str | None = None, *,
-              first: bool = False, include_usage: bool = False) -> bytes:
-        payload: dict[str, Any] = {"id": self.id, "object": self._chunk_object, "created": self.created,
-                                   "model": self.model,
-                                   "choices": [self._choice(text, finish_reason, stop_reason, first=first)]}
-        if include_usage:
-            payload["usage"] = None
-        return sse(payload)
+              first: bool = False) -> bytes:
+        """No `usage` key, as vLLM (it serialises unset fields away; OpenAI sends `"usage": null`)."""
+        return sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
+                    "choices": [self._choice(text, finish_reason, stop_reason, first=first)]})
 
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
         return sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,

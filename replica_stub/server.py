@@ -190,18 +190,16 @@ async def _stream_response(http: web.Request, stream: RequestStream, fmt: Respon
                            gen: GenerateRequest) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(http)
-    usage_null = gen.include_usage
-    parts = [fmt.chunk("", first=True, include_usage=usage_null)] if fmt.kind == "chat" else []
+    parts = [fmt.chunk("", first=True)] if fmt.kind == "chat" else []
     try:
         async for batch in stream.batches():
             for delta in batch:
                 if delta.finish_reason == "abort":
                     parts.append(b"data: " + error_body("The engine failed", "InternalServerError", 500) + b"\n\n")
                 elif delta.finish_reason is not None:
-                    parts.append(fmt.chunk(delta.text, delta.finish_reason, delta.stop_reason,
-                                           include_usage=usage_null))
+                    parts.append(fmt.chunk(delta.text, delta.finish_reason, delta.stop_reason))
                 elif delta.text:
-                    parts.append(fmt.content_chunk(delta.text, include_usage=usage_null))
+                    parts.append(fmt.content_chunk(delta.text))
             if stream.finished:
                 break
             await response.write(b"".join(parts))

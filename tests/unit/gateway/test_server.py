@@ -81,10 +81,13 @@ async def test_chat_is_forwarded_byte_for_byte(gateway: Gateway) -> None:
 
 async def test_stream_is_relayed_with_usage_read(gateway: Gateway) -> None:
     client, _ = await gateway(FakeReplica("r0", chunks=4))
-    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True,
+                                                           "stream_options": {"include_usage": True}})
     text = await resp.text()
     assert resp.headers["Content-Type"] == "text/event-stream"
     assert text.count("data: ") == 6 and text.endswith("data: [DONE]\n\n")
+    unasked = await (await client.post("/v1/chat/completions", json={**CHAT, "stream": True})).text()
+    assert unasked.count("data: ") == 5 and '"choices":[]' not in unasked  # the usage event it did not ask for
     replica = client.app[STATE].routes[MODEL].pool.get("r0")
     assert replica is not None and replica.in_flight == 0
 

@@ -21,10 +21,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.peers import isolated
+from gateway.lab.peers import isolated
 from replica_stub.engine.cpu_dtype import resolve_dtype
 
-VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().parents[1] / ".vllm"))
+VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().parents[2] / ".vllm"))
 BLOCK_TOKENS = 128  # the CPU backend's block size (forced by the platform)
 MAX_MODEL_LEN = 4096
 KV_CACHE_GIB = 1

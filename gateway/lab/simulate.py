@@ -37,6 +37,7 @@ from gateway.lab.workloads import Session
 from gateway.policies import Candidate, Outcome, Policy, build_policy
 from gateway.prefix import PrefixParams
 from gateway.routing import Router
+from gateway.sim_tokens import IM_END, IM_START
 from gateway.tokenize import TokenizedPrompt
 from gateway.view import RequestView
 from replica_stub.block_pool import BlockPool, BlockStored, KVEvent
@@ -45,7 +46,6 @@ from replica_stub.engine.simulated import SimEngine
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, SamplingParams
 from replica_stub.scheduler import Scheduler, SchedulerOutput
-from replica_stub.tokenizer import IM_END, IM_START
 
 OnResult = Callable[[Result], None]
 

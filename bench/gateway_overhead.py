@@ -38,8 +38,8 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from gateway import peers
-from gateway.cluster import free_port
+from gateway.lab import peers
+from gateway.lab.cluster import free_port
 
 MODEL = "bench-model"
 ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx"

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from gateway.cli import main as cli
-from gateway.workloads import Session, build
+from gateway.lab.workloads import Session, build
 from replica_stub.engine.timing import TimingModel
 
 CONTESTANTS = ("prefix_affinity", "round_robin", "smg:cache_aware", "smg:prefix_hash", "smg:round_robin",

@@ -16,10 +16,10 @@ from typing import Any
 
 from gateway import prefix
 from gateway.index.memory import MemoryIndex
+from gateway.lab.workloads import words
 from gateway.policies import Candidate, build_policy
 from gateway.prefix import PrefixParams
 from gateway.view import RequestView
-from gateway.workloads import words
 
 REPLICAS = 64
 

@@ -28,13 +28,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.index import IndexParams, WarmIndex, build_index
+from gateway.lab.results import quantile
+from gateway.lab.workloads import words
 from gateway.log import setup_logging
 from gateway.policies import Candidate, build_policy
 from gateway.prefix import PrefixParams
-from gateway.results import quantile
 from gateway.routing import Router
 from gateway.view import RequestView
-from gateway.workloads import words
 
 
 class TimedIndex:

@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import ConfigError
-from replica_stub.tokenizer import render_content
+
+
+def render_content(content: Any) -> str:
+    """A message's content: a string, None, or a list of OpenAI content parts, whose text parts are
+    joined with "\n" as vLLM joins them (other parts carry no text)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content
+                     if isinstance(part, Mapping) and part.get("type", "text") == "text")
 
 
 def engine_message(message: Any) -> dict[str, Any] | None:

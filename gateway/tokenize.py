@@ -44,7 +44,8 @@ import xxhash
 
 from gateway.chat_render import chat_templates, compile_template, engine_message, token_text, vllm_conversation
 from gateway.errors import ConfigError
-from replica_stub.tokenizer import _PIECE_RE, SPECIAL_TOKENS, apply_chat_template, piece_id
+from gateway.model_cache import converted_dir
+from gateway.sim_tokens import PIECE_RE, SPECIAL_TOKENS, apply_chat_template, piece_id
 
 if TYPE_CHECKING:
     from gateway.replica_tokenizer import ReplicaTokenizer
@@ -215,7 +216,7 @@ class SimPromptTokenizer(PromptTokenizer):
 
     def tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int, int]]]:
         ids, specials = [], []
-        for i, match in enumerate(_PIECE_RE.finditer(text)):
+        for i, match in enumerate(PIECE_RE.finditer(text)):
             piece = match.group()
             ids.append(piece_id(piece))
             if piece in SPECIAL_TOKENS:
@@ -363,8 +364,6 @@ def build_prompt_tokenizer(spec: str, key: str = "") -> PromptTokenizer:
     if spec == "sim":
         return SimPromptTokenizer()
     if spec.lower() in MODEL_ALIASES:
-        from replica_stub.engine.model import converted_dir
-
         folder = converted_dir()
         if not (folder / "tokenizer.json").is_file():
             raise ConfigError(f"{spec!r}: the real model is not converted at {folder} (run `make model` and "

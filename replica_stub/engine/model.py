@@ -11,16 +11,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from replica_stub.tokenizer import render_content
+from gateway.chat_render import render_content
+from gateway.model_cache import converted_dir
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "REPLICA_STUB_MODEL_CACHE"
 _MODEL_MODULES = ("torch", "transformers", "gguf", "accelerate")
 
 
@@ -48,16 +47,6 @@ def gguf_path() -> Path | None:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     return path if path.is_file() else None
-
-
-def converted_dir() -> Path:
-    """Where the safetensors copy lives: $REPLICA_STUB_MODEL_CACHE, else inside the venv (so
-    `make clean` drops it), else the user's cache dir when the venv is read-only (containers)."""
-    root = os.environ.get(CACHE_ENV)
-    if not root:
-        user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "affinity-gateway"
-        root = str(Path(sys.prefix) / "model-cache") if os.access(sys.prefix, os.W_OK) else str(user_cache)
-    return Path(root) / "SmolLM2-135M-Instruct"
 
 
 def _convert(gguf: Path, target: Path) -> None:

@@ -1,4 +1,4 @@
-"""`affinity-gateway bench` against real sim replicas (fresh clusters from `gateway.cluster`), and the
+"""`affinity-gateway bench` against real sim replicas (fresh clusters from `gateway.lab.cluster`), and the
 cross-check: `simulate` on the same small case agrees with it on cached-token ratio."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_bench_compare_runs_a_peer_router_in_front_of_the_same_stubs(tmp_path: P
     import subprocess
     import sys
 
-    from gateway.peers import PEERS
+    from gateway.lab.peers import PEERS
 
     smg = PEERS["smg"]
     if not smg.installed():

@@ -9,6 +9,7 @@ import tomllib
 import pytest
 
 from gateway.cli import main as gateway_main
+from gateway.model_cache import CACHE_ENV
 from replica_stub.engine import model
 from tests.helpers import ROOT
 from tests.unit.deploy.deployfiles import DEPLOY, dockerfile, exec_form, flag, last, stub_args
@@ -109,7 +110,7 @@ def test_real_model_image_pins_cpu_torch_and_installs_the_model_without_its_depe
     env = last(STAGES, "replica-real", "ENV") or ""
     assert "HF_HUB_OFFLINE=1" in env
     # the conversion baked in at build time is where the engine looks for it at run time
-    cache = f"{model.CACHE_ENV}=/opt/model-cache"
+    cache = f"{CACHE_ENV}=/opt/model-cache"
     assert cache in (last(STAGES, "build-real", "ENV") or "") and cache in env
     assert "from replica_stub.engine.model import load_model; load_model()" in runs and callable(model.load_model)
     copied = {(src, paths[0]) for s, src, paths, _ in copies() if s == "replica-real"}

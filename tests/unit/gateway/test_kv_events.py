@@ -13,10 +13,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from gateway.cluster import free_port
 from gateway.errors import ConfigError
 from gateway.kv_event_decode import Cleared, DecodeError, EngineHash, Removed, Stored, decode_batch
 from gateway.kv_events import KVEventsConfig, KVEventSubscriber
+from gateway.lab.cluster import free_port
 from gateway.schema import build
 
 pytestmark = pytest.mark.timeout(30)

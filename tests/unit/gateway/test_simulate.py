@@ -6,13 +6,14 @@ from pathlib import Path
 
 import orjson
 
-from gateway import workloads
 from gateway.cli import main
-from gateway.results import summarise
-from gateway.simulate import SimSpec, Simulation, simulate
-from gateway.workloads import Session
+from gateway.lab import workloads
+from gateway.lab.results import summarise
+from gateway.lab.simulate import SimSpec, Simulation, simulate
+from gateway.lab.workloads import Session
+from gateway.sim_tokens import apply_chat_template
 from replica_stub.config import StubConfig
-from replica_stub.tokenizer import SimTokenizer, apply_chat_template
+from replica_stub.tokenizer import SimTokenizer
 
 
 def test_message_by_message_encoding_equals_the_stub_template() -> None:

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import ConfigError
+from gateway.sim_tokens import apply_chat_template
 from gateway.tokenize import (
     HFPromptTokenizer,
     PromptKeys,
@@ -23,7 +24,7 @@ from gateway.tokenize import (
     _prefix_keys,
     build_prompt_tokenizer,
 )
-from replica_stub.tokenizer import SimTokenizer, apply_chat_template
+from replica_stub.tokenizer import SimTokenizer
 from tests.e2e.real_replica import require_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,7 +141,8 @@ def test_cache_is_bounded() -> None:
 @pytest.fixture(scope="module")
 def model_folder() -> Path:
     require_model()
-    from replica_stub.engine.model import converted_dir, load_model
+    from gateway.model_cache import converted_dir
+    from replica_stub.engine.model import load_model
 
     if not (converted_dir() / "tokenizer.json").is_file():
         load_model()  # converts the GGUF once

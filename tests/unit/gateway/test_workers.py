@@ -9,9 +9,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli import main
-from gateway.cluster import ClusterSpec, gateway_command
 from gateway.config import parse_config
 from gateway.errors import ConfigError
+from gateway.lab.cluster import ClusterSpec, gateway_command
 from gateway.metrics import Metrics
 from gateway.workers import SupervisorPolicy, WorkerSpec, merge
 

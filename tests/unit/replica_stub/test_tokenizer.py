@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.sim_tokens import IM_END, IM_START, apply_chat_template, piece_id
 from replica_stub.engine.simulated import WORDS
-from replica_stub.tokenizer import IM_END, IM_START, SimTokenizer, apply_chat_template, piece_id
+from replica_stub.tokenizer import SimTokenizer
 
 TEXTS = ["", "hello", "hello world ", "  leading spaces", "internationalization!", "a\n\nb\tc",
          f"{IM_START}user\nhi{IM_END}\n", "<|im_startx|> not special", "emoji 🙂 ok", "trailing   "]

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gateway.results import Result, Summary  # noqa: E402
+from gateway.lab.results import Result, Summary  # noqa: E402
 
 PLOTS = ("ttft_cdf.png", "cached_ratio.png", "load_share.png")
 

@@ -17,11 +17,12 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gateway import __version__, loadgen, peers
-from gateway.cluster import ClusterSpec, free_port, started
-from gateway.results import Result, Summary, summarise, table
-from gateway.simulate import SimSpec, Simulation
-from gateway.workloads import Session, num_requests
+from gateway import __version__
+from gateway.lab import loadgen, peers
+from gateway.lab.cluster import ClusterSpec, free_port, started
+from gateway.lab.results import Result, Summary, summarise, table
+from gateway.lab.simulate import SimSpec, Simulation
+from gateway.lab.workloads import Session, num_requests
 
 Runs = dict[str, tuple[Summary, list[Result]]]
 console = Console(stderr=True)
@@ -73,7 +74,7 @@ def bench_compare(contestants: list[str], sessions: list[Session], cluster: Clus
                   labels: dict[str, dict[str, str]] | None = None) -> Runs:
     """One fresh cluster (replicas + a router) per contestant, the same sessions against each. A
     contestant is one of our policies (run once per `evidence`, with its `policy_params`) or a peer
-    router, `peer:policy` (`gateway.peers`). `labels` receives each run's router, version and policy."""
+    router, `peer:policy` (`gateway.lab.peers`). `labels` receives each run's router, version and policy."""
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(cluster.replicas)]
     for entry in [peers.contestant(name) for name in contestants]:  # all parsed before the first run
@@ -133,7 +134,7 @@ def write_outputs(out_dir: Path, runs: Runs, meta: dict[str, Any], plots: bool =
     (out_dir / "table.md").write_text(table(summaries) + "\n")
     if plots:
         try:
-            from gateway.plots import write_plots  # matplotlib is the optional `bench` extra
+            from gateway.lab.plots import write_plots  # matplotlib is the optional `bench` extra
         except ImportError:
             console.print("plots skipped: matplotlib is not installed (pip install 'affinity-gateway[bench]')")
         else:

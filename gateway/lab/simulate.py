@@ -28,23 +28,24 @@ from typing import Any
 
 import xxhash
 
-from gateway import prefix, workloads
+from gateway import prefix
 from gateway.cost import CostModel
 from gateway.index.exact import ExactTables
+from gateway.lab import workloads
+from gateway.lab.results import Result
+from gateway.lab.workloads import Session
 from gateway.policies import Candidate, Outcome, Policy, build_policy
 from gateway.prefix import PrefixParams
-from gateway.results import Result
 from gateway.routing import Router
+from gateway.sim_tokens import IM_END, IM_START
 from gateway.tokenize import TokenizedPrompt
 from gateway.view import RequestView
-from gateway.workloads import Session
 from replica_stub.block_pool import BlockPool, BlockStored, KVEvent
 from replica_stub.config import StubConfig
 from replica_stub.engine.simulated import SimEngine
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, SamplingParams
 from replica_stub.scheduler import Scheduler, SchedulerOutput
-from replica_stub.tokenizer import IM_END, IM_START
 
 OnResult = Callable[[Result], None]
 

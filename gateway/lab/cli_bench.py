@@ -1,11 +1,11 @@
-"""`affinity-gateway bench` and `affinity-gateway simulate`: arguments in, `gateway.benchmark` called.
+"""`affinity-gateway bench` and `affinity-gateway simulate`: arguments in, `gateway.lab.benchmark` called.
 
     affinity-gateway bench URL -w multi-turn -p users=32 -p rounds=4 --rate 2 --out out/
     affinity-gateway bench --compare round_robin,prefix_affinity --replicas 4 --speedup 10 -w hot-prefix
     affinity-gateway simulate -w shared-prefix --replicas 64 --policies all --rate 20 --out out/
 
 Workload parameters are the generator's keyword arguments (`-p name=value`, see
-`gateway/workloads.py`); `--rate` sets the workload's session arrival rate (`rate_per_s`).
+`gateway/lab/workloads.py`); `--rate` sets the workload's session arrival rate (`rate_per_s`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash"
                 "prefix_affinity")
 _STUB_KEYS = ("speedup", "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
               "timing")
-Subparsers = argparse._SubParsersAction  # type: ignore[type-arg]
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
-    from gateway.workloads import WORKLOADS
+    from gateway.lab.workloads import WORKLOADS
 
     p.add_argument("--workload", "-w", default="multi-turn", choices=list(WORKLOADS), help="default multi-turn")
     p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
@@ -46,8 +45,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
                         "runs once per value, an events run named <policy>+events")
 
 
-def add_bench(commands: Subparsers) -> None:
-    p = commands.add_parser("bench", help="drive a seeded workload against a URL (or compare policies on fresh clusters)")
+def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", nargs="?", help="OpenAI-compatible base URL (gateway, other router or replica)")
     _workload_args(p)
     p.add_argument("--model", default="stub-model")
@@ -66,8 +64,7 @@ def add_bench(commands: Subparsers) -> None:
     p.set_defaults(run=_bench)
 
 
-def add_simulate(commands: Subparsers) -> None:
-    p = commands.add_parser("simulate", help="discrete-event simulation: N sim replicas, the real policies, virtual time")
+def add_simulate(p: argparse.ArgumentParser) -> None:
     _workload_args(p)
     p.add_argument("--policies", default="all", help=f"comma-separated ('all' = {','.join(ALL_POLICIES)})")
     p.add_argument("--replicas", type=int, default=4)
@@ -79,7 +76,7 @@ def add_simulate(commands: Subparsers) -> None:
 
 
 def _sessions(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
-    from gateway.workloads import build
+    from gateway.lab.workloads import build
 
     params: dict[str, Any] = dict(_pair(item) for item in args.param)
     if args.rate is not None:
@@ -102,8 +99,8 @@ def _policies(value: str) -> list[str]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from gateway import benchmark, peers
-    from gateway.cluster import ClusterSpec
+    from gateway.lab import benchmark, peers
+    from gateway.lab.cluster import ClusterSpec
 
     if bool(args.url) == bool(args.compare):
         print("affinity-gateway bench: give either a URL or --compare POLICIES", flush=True)
@@ -138,8 +135,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from gateway import benchmark
-    from gateway.simulate import SimSpec
+    from gateway.lab import benchmark
+    from gateway.lab.simulate import SimSpec
     from replica_stub.config import StubConfig
 
     try:
@@ -192,8 +189,8 @@ def _evidence(value: str) -> list[str]:
 
 
 def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
-    from gateway.benchmark import write_outputs
-    from gateway.results import table
+    from gateway.lab.benchmark import write_outputs
+    from gateway.lab.results import table
 
     path = write_outputs(args.out, runs, meta, plots=not args.no_plots)
     print(table({name: summary for name, (summary, _) in runs.items()}))

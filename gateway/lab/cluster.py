@@ -1,10 +1,10 @@
 """`affinity-gateway up`: a local cluster of child processes on loopback, for demos and manual tests.
 
 N replica stubs (`python -m replica_stub`; with `--engine vllm` real vLLM API servers, see
-`gateway.vllm_replica`) and one or more gateways (`python -m gateway serve`, on
+`gateway.lab.vllm_replica`) and one or more gateways (`python -m gateway serve`, on
 ports `port`, `port+1`, ...) sharing one generated config; their output is forwarded line by line
 with a `[name]` prefix; Ctrl-C or SIGTERM stops them all, and a SIGKILL of `up` takes every
-child's process tree with it (`gateway.tether`). With `--redis URL` the gateways share their
+child's process tree with it (`gateway.lab.tether`). With `--redis URL` the gateways share their
 warm-prefix tables through that Redis (`--redis` alone starts a private redis-server), which is the
 topology of `deploy/docker-compose.yml` as plain processes.
 """
@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from gateway import vllm_replica
-from gateway.peers import Peer, peer_env
-from gateway.tether import Tethered
+from gateway.lab import vllm_replica
+from gateway.lab.peers import Peer, peer_env
+from gateway.lab.tether import Tethered
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.peers import isolated
+from gateway.lab.peers import isolated
+from gateway.model_cache import converted_dir
 from replica_stub.engine.cpu_dtype import resolve_dtype
 
-VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().parents[1] / ".vllm"))
+VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().parents[2] / ".vllm"))
 BLOCK_TOKENS = 128  # the CPU backend's block size (forced by the platform)
 MAX_MODEL_LEN = 4096
 KV_CACHE_GIB = 1
@@ -38,8 +39,6 @@ def installed() -> bool:
 
 def model_dir() -> Path:
     """The project's converted SmolLM2 folder (config, safetensors, tokenizer, chat template)."""
-    from replica_stub.engine.model import converted_dir
-
     return converted_dir()
 
 

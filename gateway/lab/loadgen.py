@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.results import Result, Summary, summarise
-from gateway.workloads import Session
+from gateway.lab.results import Result, Summary, summarise
+from gateway.lab.workloads import Session
 
 OnResult = Callable[[Result], None]
 

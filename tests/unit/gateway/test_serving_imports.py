@@ -1,0 +1,45 @@
+"""Serving apart from the lab: importing the gateway's serving modules loads neither the replica stub
+(the product's test double) nor `gateway.lab` (simulator, bench, local cluster). A fresh interpreter,
+so nothing the test session imported earlier hides a stray import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.timeout(60)
+
+IMPORT_SERVING = """
+import contextlib, importlib, io, json, pkgutil, sys
+import gateway
+
+def lab_or_main(name):
+    return name == "gateway.__main__" or name == "gateway.lab" or name.startswith("gateway.lab.")
+
+def serving(package):
+    for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        if not lab_or_main(info.name):
+            module = importlib.import_module(info.name)
+            yield info.name
+            if info.ispkg:
+                yield from serving(module)
+
+imported = list(serving(gateway))
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    importlib.import_module("gateway.cli").main(["serve", "--help"])  # the serving command's parser too
+loaded = sorted(n for n in sys.modules if n == "replica_stub" or n.startswith("replica_stub.") or lab_or_main(n))
+print(json.dumps({"serving": imported, "loaded": loaded}))
+"""
+
+
+def test_serving_modules_import_no_stub_and_no_lab() -> None:
+    out = subprocess.run([sys.executable, "-c", IMPORT_SERVING], capture_output=True, text=True, timeout=50, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert {"gateway.server", "gateway.cli", "gateway.tokenize"} <= set(report["serving"])
+    assert report["loaded"] == []

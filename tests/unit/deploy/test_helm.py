@@ -238,7 +238,13 @@ def test_values_files_set_only_keys_values_yaml_declares(name: str) -> None:
     assert not unknown
 
 
-def test_gateway_args_are_the_images_own_config_path() -> None:
-    (c,) = containers(one("values.yaml", "Deployment", "gateway"))
-    mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["config"]
-    assert Path(flag(c["args"], "--config")).parent == Path(mount)
+def test_the_gateway_reads_its_config_from_the_config_map() -> None:
+    gateway = one("values.yaml", "Deployment", "gateway")
+    (c,) = containers(gateway)
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if "configMap" in volumes[m["name"]]]
+    config_path = Path(flag(c["args"], "--config"))
+    assert config_path.parent == Path(mount["mountPath"])
+    config_map = one("values.yaml", "ConfigMap", "gateway")
+    assert volumes[mount["name"]]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert config_path.name in config_map["data"]

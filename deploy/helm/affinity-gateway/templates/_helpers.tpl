@@ -1,0 +1,78 @@
+{{- define "affinity-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "affinity-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "affinity-gateway.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "affinity-gateway.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* Names of the parts; the replicas' headless Service name is also the DNS name the gateways resolve. */}}
+{{- define "affinity-gateway.redisName" -}}
+{{- printf "%s-redis" (include "affinity-gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "affinity-gateway.replicasName" -}}
+{{- printf "%s-replica" (include "affinity-gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of one component ("gateway", "redis", "replica"): selectors use only the stable ones. */}}
+{{- define "affinity-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "affinity-gateway.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "affinity-gateway.labels" -}}
+{{ include "affinity-gateway.selectorLabels" . }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: affinity-gateway
+{{- end }}
+
+{{- define "affinity-gateway.image" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) }}
+{{- end }}
+
+{{/* Contradictory values fail the render instead of deploying something else than asked. */}}
+{{- define "affinity-gateway.validate" -}}
+{{- if not (has .Values.replicas.mode (list "stub" "vllm")) }}
+{{- fail (printf "replicas.mode: expected stub or vllm, got %q" .Values.replicas.mode) }}
+{{- end }}
+{{- if and .Values.redis.enabled .Values.externalRedis.existingSecret }}
+{{- fail "set redis.enabled=false to use externalRedis.existingSecret (one Redis, not two)" }}
+{{- end }}
+{{- end }}
+
+{{- define "affinity-gateway.redisUrlDir" -}}/var/run/secrets/affinity-gateway{{- end }}
+
+{{/* The gateway's YAML config (config.example.yaml documents every key), then gateway.config over it. */}}
+{{- define "affinity-gateway.config" -}}
+{{- $kv := .Values.replicas.kvEvents }}
+{{- $discovery := dict "dns" (include "affinity-gateway.replicasName" .) "port" 8000 "interval_s" .Values.pool.discoveryIntervalS "kv_events_port" $kv.port "kv_events_replay_port" $kv.replayPort }}
+{{- /* KV events carry token ids: the stub's simulator tokenizer, or vLLM's own /tokenize */}}
+{{- $prefix := dict "tokenizer" (ternary "sim" "replica" (eq .Values.replicas.mode "stub")) "block_tokens" .Values.pool.blockTokens }}
+{{- $pool := dict "discovery" $discovery "routing" (dict "policy" .Values.pool.policy "prefix" $prefix) }}
+{{- $state := dict }}
+{{- if .Values.redis.enabled }}
+{{- $_ := set $state "store" (printf "redis://%s:6379/0" (include "affinity-gateway.redisName" .)) }}
+{{- else if .Values.externalRedis.existingSecret }}
+{{- $_ := set $state "redis_url_file" (printf "%s/%s" (include "affinity-gateway.redisUrlDir" .) .Values.externalRedis.secretKey) }}
+{{- end }}
+{{- $config := dict
+  "pools" (dict .Values.pool.name $pool)
+  "health" (dict "interval_s" 2.0)
+  "load" (dict "interval_s" 0.5)
+  "logging" (dict "level" .Values.gateway.logLevel "format" "json")
+  "shutdown" (dict "ready_delay_s" .Values.gateway.shutdown.readyDelayS "grace_s" .Values.gateway.shutdown.graceS) }}
+{{- if $state }}
+{{- $_ := set $config "state" $state }}
+{{- end }}
+{{- toYaml (mergeOverwrite $config (deepCopy .Values.gateway.config)) }}
+{{- end }}

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity",
@@ -48,7 +50,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", nargs="?", help="OpenAI-compatible base URL (gateway, other router or replica)")
     _workload_args(p)
-    p.add_argument("--model", default="stub-model")
+    p.add_argument("--model", help="default: the first model the URL's /v1/models lists (with --compare: stub-model)")
     p.add_argument("--compare", metavar="C1,C2,...",
                    help="start fresh sim replicas + a router per contestant instead of URL: our policies "
                         f"('all' = {','.join(ALL_POLICIES)}) and peers as ROUTER:POLICY (smg:cache_aware, "
@@ -118,7 +120,8 @@ def _bench(args: argparse.Namespace) -> int:
     if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace
         return peers.rerun_isolated(args.argv)
     if args.compare:
-        cluster = ClusterSpec(replicas=args.replicas, model=args.model, speedup=args.speedup, log_level="error",
+        cluster = ClusterSpec(replicas=args.replicas, model=args.model or "stub-model", speedup=args.speedup,
+                              log_level="error",
                               num_gpu_blocks=args.num_gpu_blocks, engine=args.engine)
         meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup, engine=args.engine,
                     num_gpu_blocks=args.num_gpu_blocks, evidence=evidence, policy_params=policy_params)
@@ -128,10 +131,24 @@ def _bench(args: argparse.Namespace) -> int:
                                        policy_params=policy_params, labels=labels)
     else:
         meta.update(mode="bench", url=args.url)
-        runs = {"bench": benchmark.bench_url(args.url, args.model, sessions, concurrency=args.concurrency,
+        try:
+            model = args.model or served_model(args.url)
+        except (OSError, ValueError) as exc:
+            print(f"affinity-gateway bench: cannot tell which model {args.url} serves ({exc}): give --model")
+            return 2
+        runs = {"bench": benchmark.bench_url(args.url, model, sessions, concurrency=args.concurrency,
                                              ignore_eos=not args.no_ignore_eos, timeout_s=args.timeout,
                                              show=not args.quiet)}
     return _finish(args, runs, meta)
+
+
+def served_model(url: str) -> str:
+    """The first model the target lists: what `make run` serves is what a bare `bench URL` measures."""
+    with urllib.request.urlopen(f"{url.rstrip('/')}/v1/models", timeout=10) as answer:
+        listed = orjson.loads(answer.read()).get("data") or []
+    if not listed or not isinstance(listed[0], dict) or not isinstance(listed[0].get("id"), str):
+        raise ValueError("its /v1/models lists no model")
+    return listed[0]["id"]
 
 
 def _simulate(args: argparse.Namespace) -> int:

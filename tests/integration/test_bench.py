@@ -97,3 +97,19 @@ def test_an_unknown_or_missing_contestant_is_an_error_not_a_shorter_table(tmp_pa
     for bad, says in (("nginx:round_robin", "unknown router 'nginx'"), ("smg:no_such", "no policy 'no_such'")):
         assert main(["bench", "--compare", f"round_robin,{bad}", *CASE, "--out", str(tmp_path)]) == 2
         assert says in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_bench_of_a_url_takes_the_model_it_serves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.integration.gateway_procs import running, start_stub
+
+    with running() as track:
+        stub = track(start_stub("s-0", "served-here"))
+        out = tmp_path / "url"
+        assert main(["bench", stub.url, "-w", "multi-turn", "-p", "users=2", "-p", "rounds=2", "--rate", "4",
+                     "-q", "--no-plots", "--out", str(out)]) == 0
+        run = orjson.loads((out / "result.json").read_bytes())["runs"]["bench"]
+        assert run["requests"] == 4 and run["errors"] == 0  # a wrong model would be 404s
+        capsys.readouterr()
+        assert main(["bench", "http://127.0.0.1:9", "-q", "--no-plots", "--out", str(tmp_path / "none")]) == 2
+        assert "give --model" in capsys.readouterr().out

@@ -5,6 +5,9 @@ per-minute rate. Requests are charged one each at admission. Tokens are charged 
 estimate at admission and the completion tokens the replica reported once the answer is done; a
 key whose token bucket is empty (or below zero after a long answer) waits for it to refill.
 Rates are read from the live config on every request, so a reload applies at once.
+
+With a shared store (`state.store: redis://…`) the quota is the fleet's, not each gateway's: see
+`gateway.shared_quota` (fixed minute windows there; these buckets again while Redis is down).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 
 from gateway.auth import ApiKeyConfig
 from gateway.errors import RateLimitError
+from gateway.shared_quota import SharedQuota
 
 
 @dataclass(slots=True)
@@ -30,11 +34,20 @@ class _Bucket:
 
 
 class RateLimits:
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedQuota | None = None) -> None:
         self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self.shared = shared
 
-    def admit(self, key: ApiKeyConfig, prompt_tokens: int) -> None:
-        """Charge one request and its prompt estimate, or raise 429 with the time until there is room."""
+    @property
+    def local_only(self) -> bool:
+        """A shared quota is configured but Redis is unreachable: each gateway enforces its own."""
+        return self.shared is not None and self.shared.degraded
+
+    async def admit(self, key: ApiKeyConfig, prompt_tokens: int) -> None:
+        """Charge one request and its prompt estimate, or raise 429 with the time until there is room.
+        A shared quota costs a Redis round trip only when this gateway's lease is spent."""
+        if self.shared is not None and await self._admit_shared(self.shared, key, prompt_tokens):
+            return
         now = time.monotonic()
         requests = self._bucket(key, "requests", key.requests_per_minute, now)
         tokens = self._bucket(key, "tokens", key.tokens_per_minute, now)
@@ -49,8 +62,26 @@ class RateLimits:
         if tokens is not None:
             tokens.level -= prompt_tokens
 
+    async def _admit_shared(self, shared: SharedQuota, key: ApiKeyConfig, prompt_tokens: int) -> bool:
+        """True once charged to the fleet's quota; False when Redis is unreachable (local buckets decide)."""
+        next_window_s = 60.0 - time.time() % 60.0
+        for kind, per_minute, amount in (("requests", key.requests_per_minute, 1),
+                                         ("tokens", key.tokens_per_minute, prompt_tokens)):
+            if per_minute <= 0:
+                continue
+            admitted = await shared.admit(key.sha256, kind, per_minute, amount, whole=kind == "requests")
+            if admitted is None:
+                return False
+            if not admitted:
+                raise RateLimitError(f"rate limit of {per_minute:g} {kind} per minute reached (all gateways)",
+                                     retry_after_s=next_window_s)
+        return True
+
     def charge_tokens(self, key: ApiKeyConfig, tokens: int) -> None:
         """The completion tokens of a finished answer."""
+        if self.shared is not None and key.tokens_per_minute > 0 and not self.shared.degraded:
+            self.shared.charge(key.sha256, "tokens", tokens)
+            return
         bucket = self._bucket(key, "tokens", key.tokens_per_minute, time.monotonic())
         if bucket is not None:
             bucket.level -= tokens

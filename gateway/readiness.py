@@ -23,9 +23,10 @@ class ReadinessConfig:
     require_all_pools: bool = False  # 503 as soon as any one pool has no replica taking traffic
 
 
-def report(state: GatewayState, model: str | None, draining: bool,
-           queued: Mapping[str, int]) -> tuple[dict[str, Any], int]:
-    """The body and status of `/ready` (`model` from `?model=`); NotFoundError for an unknown model."""
+def report(state: GatewayState, model: str | None, draining: bool, queued: Mapping[str, int],
+           local_rate_limits: bool = False) -> tuple[dict[str, Any], int]:
+    """The body and status of `/ready` (`model` from `?model=`); NotFoundError for an unknown model.
+    `local_rate_limits`: the fleet's shared quota is unreachable, this gateway enforces its own."""
     routes = [state.route_for(model)] if model is not None else list(state.routes.values())
     pools = {route.model: route.pool.num_available() for route in routes}
     empty = sorted(m for m, n in pools.items() if not n)
@@ -36,6 +37,7 @@ def report(state: GatewayState, model: str | None, draining: bool,
         pools_ready = any(pools.values())
     is_ready = pools_ready and not draining
     body = {"ready": is_ready, "draining": draining, "available_replicas": pools, "empty_pools": empty,
-            "degraded": {"index": degraded} if degraded else {},
+            "degraded": {**({"index": degraded} if degraded else {}),
+                         **({"rate_limits": "local"} if local_rate_limits else {})},
             "queued": {m: n for m, n in queued.items() if m in pools}}
     return body, 200 if is_ready else 503

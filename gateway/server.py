@@ -36,6 +36,7 @@ from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
+from gateway.shared_quota import SharedQuota
 from gateway.readiness import report
 from gateway.routes import add_model_routes
 from gateway.replicas import Monitor, Replica
@@ -65,7 +66,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     registry.watch(state.pools)
     registry.watch_feeds(state.all_feeds)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
-    app[RATE_LIMITS] = RateLimits()
+    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
     app[LIFECYCLE] = Lifecycle()
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
@@ -120,7 +121,7 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
     try:
         check_prompt(view, route.routing.prefix, config.limits)
         if caller.key is not None and (caller.key.requests_per_minute or caller.key.tokens_per_minute):
-            app[RATE_LIMITS].admit(caller.key, estimate_prompt(view, route.routing.prefix))
+            await app[RATE_LIMITS].admit(caller.key, estimate_prompt(view, route.routing.prefix))
     except GatewayError as exc:
         app[METRICS].rejected.labels(view.model, "rate_limit" if exc.status == 429 else "limit").inc()
         if caller.key is not None:
@@ -229,10 +230,10 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """Ready unless every pool is empty (or any, with `readiness.require_all_pools`), or a SIGTERM came;
-    `?model=` asks for one pool (`gateway.readiness`). A degraded part (the shared index unreachable:
-    routing uses this gateway's own table) is reported but still ready."""
+    `?model=` asks for one pool (`gateway.readiness`). A degraded part (the shared index or quota unreachable:
+    this gateway's own table and buckets stand in) is reported but still ready."""
     body, status = report(request.app[STATE], request.query.get("model"), request.app[LIFECYCLE].draining,
-                          request.app[ADMISSION].waiting())
+                          request.app[ADMISSION].waiting(), request.app[RATE_LIMITS].local_only)
     return _json(body, status=status)
 
 
@@ -359,6 +360,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     await monitor.stop()
     await state.close()
     await session.close()
+    if app[RATE_LIMITS].shared is not None:
+        await app[RATE_LIMITS].shared.close()
 
 
 async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -16,6 +16,7 @@ from aiohttp import web
 from gateway.config import LimitsConfig
 from gateway.encoding import decode_body
 from gateway.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError, json_object
+from gateway.multipart_form import form_fields
 from gateway.prefix import PrefixParams, prompt_source
 from gateway.view import RequestView
 
@@ -38,7 +39,7 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
     except TimeoutError:
         raise RequestTimeoutError(f"request body not received within {limits.client_body_timeout_s:g}s") from None
     raw = decode_body(request.headers.get("Content-Encoding"), bytes(received), limit)
-    body = json_object(raw)
+    body = form_fields(raw, request.headers.get("Content-Type")) if endpoint == "audio" else json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequestError("`model` must be a non-empty string", param="model")

@@ -184,7 +184,9 @@ def prompt_source(endpoint: str, body: dict[str, Any]) -> tuple[str | list[int],
         return render_chat(body)
     if endpoint in CHAT_SHAPED:  # Anthropic messages, the Responses API
         return render_chat(CHAT_SHAPED[endpoint](body))
-    prompt = body.get("prompt")
+    if endpoint == "audio":
+        return "", 0  # an upload: its text `prompt` guides the decoder, it is no cached prefix
+    prompt = body.get("input" if endpoint == "embeddings" else "prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of prompts: route by the first
     if isinstance(prompt, str):

@@ -2,10 +2,11 @@
 
 The body is forwarded byte for byte; the endpoint name says how its prompt is read for the prefix
 keys (`gateway.prefix.prompt_source`): chat and completions as before, Anthropic messages and
-Responses bodies as the conversation they carry (`gateway.api_shapes`), pooling routes by their
-`prompt` if any (most have none: they route by load). `routes.passthrough` adds more paths
-(a newer vLLM route, a custom one) routed the same way; routes are registered at start, so a
-change there needs a restart.
+Responses bodies as the conversation they carry (`gateway.api_shapes`), embeddings by their `input`,
+pooling routes by their `prompt` if any (most have none: they route by load), the audio routes by
+load (their body is a multipart form, of which only the text fields are read: `gateway.multipart_form`).
+`routes.passthrough` adds more paths (a newer vLLM route, a custom one) routed the same way; routes
+are registered at start, so a change there needs a restart.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ MODEL_ROUTES: dict[str, str] = {
     "/tokenize": "tokenize", "/detokenize": "detokenize",
     "/v1/rerank": "rerank", "/rerank": "rerank", "/v2/rerank": "rerank", "/v1/score": "score", "/score": "score",
     "/pooling": "pooling", "/classify": "classify",
+    "/v1/audio/transcriptions": "audio", "/v1/audio/translations": "audio",  # multipart: the form's `model`
 }
 RESERVED = ("/health", "/ready", "/metrics", "/admin/", "/v1/models")  # the gateway's own
 _PATH = re.compile(r"(/[A-Za-z0-9._~-]+)+")

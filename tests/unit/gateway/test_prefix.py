@@ -204,3 +204,11 @@ def test_with_answer_for_completions_appends_the_text() -> None:
     now.block_hashes = prefix.compute(now, P).block_hashes
     extended = prefix.with_answer(now, P, "there was a gateway. " * 10)
     assert extended == hashes({"prompt": prompt + "there was a gateway. " * 10}, endpoint="completions")
+
+
+def test_embeddings_key_by_their_input_and_audio_uploads_by_nothing() -> None:
+    from gateway.prefix import prompt_source
+
+    assert prompt_source("embeddings", {"input": "a shared document"}) == ("a shared document", 0)
+    assert prompt_source("embeddings", {"input": ["first of a batch", "second"]}) == ("first of a batch", 0)
+    assert prompt_source("audio", {"model": "w", "prompt": "a decoder hint"}) == ("", 0)

@@ -97,3 +97,19 @@ def test_an_unknown_or_missing_contestant_is_an_error_not_a_shorter_table(tmp_pa
     for bad, says in (("nginx:round_robin", "unknown router 'nginx'"), ("smg:no_such", "no policy 'no_such'")):
         assert main(["bench", "--compare", f"round_robin,{bad}", *CASE, "--out", str(tmp_path)]) == 2
         assert says in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_bench_batching_reaches_the_stubs_and_static_holds_short_answers_back(tmp_path: Path) -> None:
+    """`bench --batching` starts the stubs in that mode: on answers of varied length, static batching's
+    TTFT is far behind continuous batching's (short answers wait for their batch's longest)."""
+    case = ["bench", "--compare", "round_robin", "--replicas", "1", "--speedup", "10", "-w", "varied-output",
+            "-p", "requests=24", "-p", "long_tokens=256", "-p", "long_share=0.5", "--concurrency", "8", "-q",
+            "--no-plots"]
+    ttft = {}
+    for mode in ("continuous", "static"):
+        assert main([*case, "--batching", mode, "--out", str(tmp_path / mode)]) == 0
+        result = orjson.loads((tmp_path / mode / "result.json").read_bytes())
+        assert result["meta"]["batching"] == mode and result["runs"]["round_robin"]["errors"] == 0
+        ttft[mode] = result["runs"]["round_robin"]["ttft_p50_s"]
+    assert ttft["static"] > 5 * ttft["continuous"]  # measured: ~35x

@@ -25,6 +25,7 @@ from replica_stub.config import DTYPES, StubConfig, load_config
 from replica_stub.engine.registry import ENGINES
 from replica_stub.engine.timing import TimingModel
 from replica_stub.kv_events import ENCODINGS
+from replica_stub.scheduler import BATCHING
 
 SUBCOMMANDS = ("serve", "calibrate")
 _TIMING_HELP = {
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 256)")
     serve.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048)")
     serve.add_argument("--max-model-len", type=int, help="max prompt+output tokens (default min(8192, KV capacity))")
+    serve.add_argument("--batching", choices=BATCHING,
+                       help="continuous (default): requests join and leave the running batch at every step; "
+                            "static: a batch runs until its longest request ends, later requests wait for it")
     serve.add_argument("--kv-cache-mb", type=float, help="real engine: KV cache memory in MiB (default 256)")
     serve.add_argument("--torch-threads", type=int, help="real engine: torch threads (default min(2, CPUs))")
     serve.add_argument("--dtype", choices=DTYPES,
@@ -130,7 +134,8 @@ async def serve(config: StubConfig) -> None:
     structlog.get_logger("replica_stub").info(
         "replica_started", replica_id=config.replica_id, host=config.host, port=config.port, model=config.model,
         engine=config.engine, speedup=config.speedup, block_size=config.block_size,
-        num_gpu_blocks=config.num_gpu_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len)
+        num_gpu_blocks=config.num_gpu_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+        batching=config.batching)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,6 +16,7 @@ import yaml
 
 from replica_stub.engine.timing import TimingModel
 from replica_stub.kv_events import ENCODINGS, ENDPOINT_SCHEMES, Encoding
+from replica_stub.scheduler import BATCHING, Batching
 
 DEFAULT_MAX_MODEL_LEN = 8192
 DTYPES = ("auto", "bfloat16", "float32")  # the real engine's weights and KV cache (auto: see cpu_dtype)
@@ -34,6 +35,7 @@ class StubConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 0  # 0 -> min(8192, KV capacity in tokens)
+    batching: Batching = "continuous"  # "static": a batch runs until its longest request ends (see scheduler)
     sim_output_len: tuple[int, int] = (16, 256)
     kv_cache_mb: float = 256.0  # real engine: KV memory budget; sets num_gpu_blocks
     torch_threads: int = 0  # real engine: 0 -> min(2, CPU count)
@@ -63,6 +65,8 @@ class StubConfig:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(config, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if config.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {config.batching!r}")
         if config.speedup <= 0:
             raise ValueError("speedup must be > 0")
         if config.max_model_len > capacity:

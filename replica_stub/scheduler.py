@@ -8,6 +8,11 @@ long prompt is prefilled in chunks. Running requests go first; waiting ones are 
 FCFS while a sequence slot and KV blocks are free. If a running request cannot get a block,
 the most recently admitted one is preempted (blocks released, recomputed later, usually
 from the prefix cache).
+
+`batching="static"` is the older policy, kept to make its cost visible: once the previous batch
+has finished, the first `max_num_seqs` waiting requests become the batch, and no other request
+is admitted until every one of them has finished, so a short request waits for the batch's
+longest answer (head-of-line blocking). `_joins_batch` is the one place the policies differ.
 """
 
 from __future__ import annotations
@@ -15,9 +20,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from typing import Literal
 
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, RequestStatus
+
+Batching = Literal["continuous", "static"]
+BATCHING: tuple[Batching, ...] = ("continuous", "static")
 
 
 @dataclass(slots=True)
@@ -59,8 +69,10 @@ class RequestOutput:  # read-only by contract (one per generated token: not froz
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int) -> None:
+                 max_model_len: int, batching: Batching = "continuous") -> None:
         self.kv = kv
+        self.batching = batching
+        self.batch: set[str] = set()  # static batching: the current batch's unfinished request ids
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -118,6 +130,8 @@ class Scheduler:
             return out  # under pressure: admit nothing new this step
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             request = self.waiting[0]
+            if not self._joins_batch(request):
+                break
             hits, num_cached = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(request, num_new, hits):
@@ -132,6 +146,17 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(request, num_new, self.kv.block_ids(request)))
             budget -= num_new
         return out
+
+    def _joins_batch(self, request: Request) -> bool:
+        """May `request`, first in line, be admitted now? Continuous: always. Static: only as a member
+        of the current batch, which is formed from the waiting line once the previous one has finished.
+        Members are always first in line (new arrivals queue behind them, a preempted one goes back
+        to the front), so stopping at the first non-member admits no one out of order."""
+        if self.batching == "continuous":
+            return True
+        if not self.batch:
+            self.batch = {r.request_id for r in islice(self.waiting, self.max_num_seqs)}
+        return request.request_id in self.batch
 
     def decode_only_steps(self) -> int:
         """How many of the next steps are plain decode steps that change nothing but each running
@@ -217,4 +242,5 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
+        self.batch.discard(request.request_id)
         self._finished_ids.add(request.request_id)

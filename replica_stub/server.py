@@ -58,7 +58,8 @@ def make_app(config: StubConfig) -> web.Application:
     # so both publish KV events.
     pool = BlockPool(config.num_gpu_blocks, config.block_size, on_event=publisher.on_event if publisher else None)
     scheduler = Scheduler(KVCacheManager(pool), max_num_seqs=config.max_num_seqs,
-                          max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len)
+                          max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
+                          batching=config.batching)
     metrics = StubMetrics(config, scheduler)
     app[CONFIG], app[ENGINE], app[METRICS] = config, engine, metrics
     app[ENGINE_LOOP] = EngineLoop(scheduler, engine, metrics, publish_events=publisher.flush if publisher else None)

@@ -48,6 +48,8 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench(p: argparse.ArgumentParser) -> None:
+    from replica_stub.scheduler import BATCHING
+
     p.add_argument("url", nargs="?", help="OpenAI-compatible base URL (gateway, other router or replica)")
     _workload_args(p)
     p.add_argument("--model", help="default: the first model the URL's /v1/models lists (with --compare: stub-model)")
@@ -60,6 +62,8 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="sim", choices=("sim", "real", "vllm"),
                    help="with --compare: the replicas (sim stubs, real-model stubs, or real vLLM: `make vllm`)")
     p.add_argument("--num-gpu-blocks", type=int, help="with --compare: KV capacity per replica in 16-token blocks")
+    p.add_argument("--batching", choices=BATCHING,
+                   help="with --compare: the replica stubs' batching (default continuous; static shows its cost)")
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (for servers that reject it; answers may then be shorter)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
@@ -117,14 +121,18 @@ def _bench(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway bench: {exc}")
         return 2
+    if args.batching and args.engine == "vllm":
+        print("affinity-gateway bench: --batching is a replica-stub flag (vLLM batches continuously)")
+        return 2
     if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace
         return peers.rerun_isolated(args.argv)
     if args.compare:
         cluster = ClusterSpec(replicas=args.replicas, model=args.model or "stub-model", speedup=args.speedup,
-                              log_level="error",
-                              num_gpu_blocks=args.num_gpu_blocks, engine=args.engine)
+                              log_level="error", num_gpu_blocks=args.num_gpu_blocks, engine=args.engine,
+                              stub_flags=("--batching", args.batching) if args.batching else ())
         meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup, engine=args.engine,
-                    num_gpu_blocks=args.num_gpu_blocks, evidence=evidence, policy_params=policy_params)
+                    num_gpu_blocks=args.num_gpu_blocks, batching=args.batching or "continuous", evidence=evidence,
+                    policy_params=policy_params)
         meta["contestants"] = labels = {}
         runs = benchmark.bench_compare(contestants, sessions, cluster, concurrency=args.concurrency,
                                        timeout_s=args.timeout, show=not args.quiet, evidence=evidence,

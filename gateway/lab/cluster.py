@@ -50,6 +50,7 @@ class ClusterSpec:
     workers: int = 1  # processes per gateway (`serve --workers N`)
     kv_events: bool = True  # replicas publish KV events; the gateway keys prompts by the model's tokens
     num_gpu_blocks: int | None = None  # replicas' KV capacity (None: the stub's default)
+    stub_flags: tuple[str, ...] = ()  # more replica-stub flags, e.g. ("--batching", "static")
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # the pool's routing params
     peer: Peer | None = None  # another router in front of the replicas instead of our gateway(s), with `policy`
 
@@ -161,7 +162,7 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
             replicas = [_Child(f"replica-{i}", [
                 sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
                 "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
-                "--log-level", spec.log_level, *_engine_flags(spec),
+                "--log-level", spec.log_level, *_engine_flags(spec), *spec.stub_flags,
                 *_replica_flags(spec, events[i] if events else None)]) for i, port in enumerate(ports)]
             children.extend(replicas)
             for child, port in zip(replicas, ports):

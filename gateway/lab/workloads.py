@@ -187,6 +187,23 @@ def agent_loop(
     return out
 
 
+def varied_output(
+    *, requests: int = 200, prompt_tokens: int = 100, short_tokens: int = 32, long_tokens: int = 512,
+    long_share: float = 0.2, rate_per_s: float = 4.0, seed: int = 0,
+) -> list[Session]:
+    """Single requests whose answers differ widely in length: most up to `short_tokens`, a
+    `long_share` of them up to `long_tokens` (each from the upper half of its range), private
+    prompts, Poisson arrivals. The shape where static batching holds short answers behind long ones
+    (its batch runs until its longest answer ends) and continuous batching does not."""
+    rng = random.Random(seed)
+    sessions = []
+    for i, start in enumerate(_arrivals(rng, requests, rate_per_s)):
+        top = long_tokens if rng.random() < long_share else short_tokens
+        sessions.append(Session(f"req-{i}", start, "", (f"Request {i}: " + words(rng, prompt_tokens),),
+                                rng.randint(max(1, top // 2), top)))
+    return sessions
+
+
 def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: int = 512, seed: int = 0) -> list[Session]:
     """Replay a Mooncake-format JSONL trace: one request per line with `timestamp` (ms),
     `input_length`, `output_length` and `hash_ids` (one per `block_tokens`-token block).
@@ -224,7 +241,7 @@ def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: i
 
 WORKLOADS: dict[str, Callable[..., list[Session]]] = {
     "shared-prefix": shared_prefix, "multi-turn": multi_turn, "hot-prefix": hot_prefix,
-    "agent-loop": agent_loop, "trace": trace, "hot-tenant": hot_tenant,
+    "agent-loop": agent_loop, "trace": trace, "hot-tenant": hot_tenant, "varied-output": varied_output,
     # The shapes above with the defaults of the head-to-head against other routers (bench/peers_matrix.py):
     # long-document chat over tenants of unequal size; more prefix groups than the fleet's caches hold.
     "tenant-chat": partial(multi_turn, users=48, rounds=6, systems=4, system_tokens=400, first_turn_tokens=1200,

@@ -113,3 +113,19 @@ def test_bench_of_a_url_takes_the_model_it_serves(tmp_path: Path, capsys: pytest
         capsys.readouterr()
         assert main(["bench", "http://127.0.0.1:9", "-q", "--no-plots", "--out", str(tmp_path / "none")]) == 2
         assert "give --model" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_bench_batching_reaches_the_stubs_and_static_holds_short_answers_back(tmp_path: Path) -> None:
+    """`bench --batching` starts the stubs in that mode: on answers of varied length, static batching's
+    TTFT is far behind continuous batching's (short answers wait for their batch's longest)."""
+    case = ["bench", "--compare", "round_robin", "--replicas", "1", "--speedup", "10", "-w", "varied-output",
+            "-p", "requests=24", "-p", "long_tokens=256", "-p", "long_share=0.5", "--concurrency", "8", "-q",
+            "--no-plots"]
+    ttft = {}
+    for mode in ("continuous", "static"):
+        assert main([*case, "--batching", mode, "--out", str(tmp_path / mode)]) == 0
+        result = orjson.loads((tmp_path / mode / "result.json").read_bytes())
+        assert result["meta"]["batching"] == mode and result["runs"]["round_robin"]["errors"] == 0
+        ttft[mode] = result["runs"]["round_robin"]["ttft_p50_s"]
+    assert ttft["static"] > 5 * ttft["continuous"]  # measured: ~35x

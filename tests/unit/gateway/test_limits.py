@@ -18,7 +18,8 @@ def _view(endpoint: str, body: dict[str, object]) -> RequestView:
 def test_estimate_counts_token_ids_exactly_and_text_by_characters() -> None:
     assert estimate_prompt(_view("completions", {"prompt": list(range(37))}), PrefixParams()) == 37
     assert estimate_prompt(_view("completions", {"prompt": "x" * 41}), PrefixParams(chars_per_token=4)) == 11
-    assert estimate_prompt(_view("embeddings", {"input": "anything"}), PrefixParams()) == 0
+    assert estimate_prompt(_view("embeddings", {"input": "anything"}), PrefixParams()) == 2  # its input
+    assert estimate_prompt(_view("rerank", {"query": "q", "documents": ["d"]}), PrefixParams()) == 0
 
 
 def test_prompt_over_the_limit_is_400_naming_the_field() -> None:

@@ -17,6 +17,7 @@ SMALL = {
     "multi-turn": {"users": 6, "rounds": 3},
     "hot-prefix": {"requests": 20},
     "agent-loop": {"sessions": 10},
+    "varied-output": {"requests": 20},
 }
 
 
@@ -81,6 +82,15 @@ def test_agent_loop_hops_and_growth() -> None:
     assert min(hops) >= 3 and max(hops) <= 8 and len(set(hops)) > 2
     assert all(s.think_s > 0 and s.user_turns[1].startswith("Tool output") for s in sessions)
     assert len({s.system for s in sessions}) == 1
+
+
+def test_varied_output_mixes_short_and_long_answers() -> None:
+    sessions = workloads.build("varied-output", {"requests": 400, "short_tokens": 32, "long_tokens": 512}, seed=1)
+    lengths = [s.max_tokens for s in sessions]
+    long = [n for n in lengths if n > 32]
+    assert all(16 <= n <= 32 for n in lengths if n <= 32) and all(256 <= n <= 512 for n in long)
+    assert 0.12 < len(long) / len(lengths) < 0.28  # long_share 0.2
+    assert all(len(s.user_turns) == 1 and not s.system for s in sessions)
 
 
 def test_trace_replays_shared_blocks(tmp_path: Path) -> None:

@@ -8,17 +8,18 @@ from collections.abc import Sequence
 from replica_stub.block_pool import BlockPool
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, SamplingParams
-from replica_stub.scheduler import Scheduler
+from replica_stub.scheduler import Batching, Scheduler
 
 EOS = 999_999
 _ids = itertools.count()
 
 
 def make_scheduler(*, num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 4,
-                   max_num_batched_tokens: int = 256, max_model_len: int = 128) -> Scheduler:
+                   max_num_batched_tokens: int = 256, max_model_len: int = 128,
+                   batching: Batching = "continuous") -> Scheduler:
     kv = KVCacheManager(BlockPool(num_blocks, block_size))
     return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     max_model_len=max_model_len)
+                     max_model_len=max_model_len, batching=batching)
 
 
 def make_request(tokens: Sequence[int] | int = 10, *, block_size: int = 4, max_tokens: int = 4,

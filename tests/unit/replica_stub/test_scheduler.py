@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replica_stub.request import RequestStatus
+from replica_stub.scheduler import BATCHING, Batching
 from tests.unit.replica_stub.factories import EOS, make_request, make_scheduler, run_step
 
 
@@ -133,15 +135,18 @@ def test_preemption_when_running_requests_outgrow_the_cache() -> None:
     assert sched.num_preemptions >= 1 and len(a.output_token_ids) == len(b.output_token_ids) == 8
 
 
+@pytest.mark.parametrize("batching", BATCHING)
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
        st.integers(8, 24), st.integers(1, 4), st.integers(4, 64))
 def test_any_workload_completes_and_releases_every_block(
-        specs: list[tuple[int, int, int]], num_blocks: int, max_num_seqs: int, budget: int) -> None:
+        batching: Batching, specs: list[tuple[int, int, int]], num_blocks: int, max_num_seqs: int,
+        budget: int) -> None:
     """Random prompts (some sharing prefixes) on a small cache: every request ends with its
-    full output, running never exceeds max_num_seqs, and no block stays referenced."""
+    full output, running never exceeds max_num_seqs, no block stays referenced, and under static
+    batching a request only ever runs beside members of its own batch."""
     sched = make_scheduler(num_blocks=num_blocks, block_size=4, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=budget, max_model_len=num_blocks * 4)
+                           max_num_batched_tokens=budget, max_model_len=num_blocks * 4, batching=batching)
     requests = []
     for prompt_len, max_tokens, family in specs:
         prompt = [family * 1000 + i for i in range(min(prompt_len, num_blocks * 4 - max_tokens))]
@@ -154,6 +159,7 @@ def test_any_workload_completes_and_releases_every_block(
             break
         run_step(sched)
         assert sched.num_running <= max_num_seqs
+        assert batching == "continuous" or {r.request_id for r in sched.running} <= sched.batch
     assert not sched.has_unfinished_requests()
     assert all(len(r.output_token_ids) == r.sampling.max_tokens for r in requests)
     assert sched.kv.pool.num_free_blocks == num_blocks

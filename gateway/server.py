@@ -36,13 +36,13 @@ from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
-from gateway.shared_quota import SharedQuota
 from gateway.readiness import report
-from gateway.routes import add_model_routes
 from gateway.replicas import Monitor, Replica
+from gateway.routes import add_model_routes
+from gateway.shared_quota import SharedQuota
 from gateway.state import GatewayState, ModelRoute
-from gateway.stream_usage import ask_for_usage
 from gateway.stored_responses import ResponseHomes, add_by_id_routes
+from gateway.stream_usage import ask_for_usage
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.server")

@@ -1,0 +1,23 @@
+"""The application's shared parts, by key: one module, so that the request handler (`gateway.server`)
+and the ops handlers (`gateway.ops_routes`) reach the same objects without importing each other."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.admission import Admission
+from gateway.auth import Caller
+from gateway.metrics import Metrics
+from gateway.proxy import Proxy
+from gateway.ratelimit import RateLimits
+from gateway.state import GatewayState
+from gateway.stored_responses import ResponseHomes
+
+STATE = web.AppKey("state", GatewayState)
+METRICS = web.AppKey("metrics", Metrics)
+PROXY = web.AppKey("proxy", Proxy)
+ADMISSION = web.AppKey("admission", Admission)
+RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
+HOMES = web.AppKey("response_homes", ResponseHomes)
+REQUEST_ID = web.RequestKey("request_id", str)
+CALLER = web.RequestKey("caller", Caller)

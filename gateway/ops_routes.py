@@ -1,0 +1,151 @@
+"""The gateway's own routes, next to the model routes it proxies: the model list, health and
+readiness, Prometheus metrics, and the admin API (replicas, a dry-run route explanation, reload)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+
+from gateway.app_keys import ADMISSION, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE
+from gateway.backend_auth import auth_headers
+from gateway.config import Config
+from gateway.errors import ConfigError, NoReplicaError, NotFoundError, error_body
+from gateway.lifecycle import LIFECYCLE
+from gateway.limits import read_view
+from gateway.metrics import CONTENT_TYPE
+from gateway.model_names import exact_aliases
+from gateway.readiness import report
+from gateway.replicas import Replica
+from gateway.state import GatewayState, ModelRoute
+
+log = structlog.get_logger("gateway.server")
+
+_MODEL_FIELDS = ("max_model_len",)  # taken from a replica's own /v1/models entry
+_STARTED = int(time.time())
+
+
+def add_ops_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/replicas", admin_replicas)
+    app.router.add_post("/admin/reload", admin_reload)
+    app.router.add_post("/admin/route/explain", admin_explain)
+
+
+async def models(request: web.Request) -> web.Response:
+    """Each pool, then its exact aliases, with the card its replicas give (wildcards are not listed)."""
+    config, data = request.app[STATE].config, []
+    for m, route in request.app[STATE].routes.items():
+        card = {"object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
+                **await _replica_model_fields(request.app[PROXY].session, route, config)}
+        pool = config.pools.get(m)
+        data += [{"id": name, **card} for name in (m, *(exact_aliases(pool.aliases) if pool else ()))]
+    return _json({"object": "list", "data": data})
+
+
+async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRoute, config: Config) -> dict[str, Any]:
+    """What a replica says of the model that clients size requests by (vLLM's `max_model_len`);
+    empty when no replica answers within a second (the list itself never fails)."""
+    for replica in route.pool:
+        if not replica.is_available():
+            continue
+        try:
+            async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0),
+                                   headers=auth_headers(config.backend_key(route.model, replica.replica_id))) as r:
+                listed = (await r.json(content_type=None)).get("data", []) if r.status == 200 else []
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            continue
+        for entry in listed if isinstance(listed, list) else []:
+            if isinstance(entry, dict) and entry.get("id") == route.model:
+                return {k: entry[k] for k in _MODEL_FIELDS if k in entry}
+        return {}
+    return {}
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Ready unless every pool is empty (or any, with `readiness.require_all_pools`), or a SIGTERM came;
+    `?model=` asks for one pool (`gateway.readiness`). A degraded part (the shared index or quota unreachable:
+    this gateway's own table and buckets stand in) is reported but still ready."""
+    body, status = report(request.app[STATE], request.query.get("model"), request.app[LIFECYCLE].draining,
+                          request.app[ADMISSION].waiting(), request.app[RATE_LIMITS].local_only)
+    return _json(body, status=status)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    if not request.app[STATE].config.metrics.enabled:
+        raise NotFoundError("metrics are disabled (metrics.enabled: false)")
+    app, m = request.app, request.app[METRICS]
+    m.draining.set(float(app[LIFECYCLE].draining))
+    for model, waiting in app[ADMISSION].waiting().items():
+        m.queue_waiting.labels(model).set(waiting)
+    for route in app[STATE].routes.values():  # fresh even when no request came since the store changed
+        m.routing.index_degraded.labels(route.model).set(float(route.router.index.degraded))
+        m.routing.index_mirror_synced.labels(route.model).set(float(route.router.index.mirrored))
+    return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+async def admin_replicas(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return _json({r.model: {"policy": r.routing.policy, "replicas": [_describe(state, r, rep) for rep in r.pool]}
+                  for r in state.routes.values()})
+
+
+def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[str, Any]:
+    """A replica's health and load, and its KV-event feed with the exact table it fills, if any."""
+    feed = state.feeds(route.model).get(replica.replica_id)
+    if feed is None or route.router.exact is None:
+        return replica.describe()
+    return {**replica.describe(), "kv_events": {**feed.describe(), **route.router.exact.describe(replica.replica_id)}}
+
+
+async def admin_explain(request: web.Request) -> web.Response:
+    """Dry run: the decision a chat or completions body would get now, with every candidate's score."""
+    state = request.app[STATE]
+    view = await read_view(request, "chat", state.config.limits, request[REQUEST_ID],
+                           session_header=state.config.headers.session)
+    if "messages" not in view.body:
+        view = dataclasses.replace(view, endpoint="completions")
+    route = state.route_for(view.model)
+    candidates = route.pool.candidates(set())
+    if not candidates:
+        raise NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1.0)
+    with state.using(route.router):
+        return _json(await route.router.explain(view, candidates))
+
+
+async def admin_reload(request: web.Request) -> web.Response:
+    error = await reload(request.app)
+    if error is not None:
+        return web.Response(status=400, body=error_body(str(error), "ConfigError", 400, error.key or None),
+                            content_type="application/json")
+    return _json({"status": "reloaded", "models": sorted(request.app[STATE].routes)})
+
+
+async def reload(app: web.Application) -> ConfigError | None:
+    """Swap in the file's config atomically; a bad file keeps the running config and says why."""
+    try:
+        config = await app[STATE].reload()
+    except ConfigError as exc:
+        app[METRICS].reloads.labels("error").inc()
+        log.error("config_reload_failed", error=str(exc), file=exc.file, key=exc.key)
+        return exc
+    app[METRICS].reloads.labels("ok").inc()
+    log.info("config_reloaded", models=sorted(config.pools),
+             policies={m: p.routing.policy for m, p in config.pools.items()})
+    return None
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")

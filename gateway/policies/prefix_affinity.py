@@ -23,7 +23,10 @@ preamble seen only a few times (one conversation's own system prompt) is not rep
 conversation has a home (a replica holds its text past the preamble, or the request carries an
 earlier answer), the true TTFT decides: the home holds its history *and* the preamble, and
 another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
-replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads.
+replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads; once
+the caches are full (`full_cache_fill`), a request without a conversation of its own stays on its
+prompt's home over the bound unless it would be slower there outright (a moved prompt evicts
+another's: under capacity pressure the bound cost hits, and hits are the fleet's throughput).
 Candidates within `tie_s` (or `tie_ratio` of the best) are tied: a new conversation, where most
 traffic continues conversations (`conversation_share`), goes to the least full cache of them (its
 later turns will queue behind the conversations homed there); then the least loaded wins, then the
@@ -66,6 +69,8 @@ class PrefixAffinityParams(CostParams):
     shared_preamble_requests: int = 2  # requests within balance_window_s before a preamble is replicated
     preamble_spread: float = 2.0  # holders wanted per replica-share of the traffic a preamble carries
     bound_margin: float = 1.0  # over the bound, stay only if moving costs more than (1 + this) × the wait
+    full_cache_fill: float = 0.95  # ...or, once the caches are this full on average (as the index sees them),
+    # a request with no home of its own stays unless it would be slower there outright (> 1: never)
     eviction_weight: float = 1.0  # writing a shared preamble into a full cache also costs this × its prefill
     delay_weight: float = 1.0  # a prefill also costs this × the delay it causes the requests queued behind it
     home_credit: float = 1.0  # ...where a preamble's last replica is taken to keep this share of it
@@ -85,6 +90,8 @@ class PrefixAffinityParams(CostParams):
             raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
         if self.bound_margin < 0:
             raise ConfigError("must be >= 0", key=f"{key}.bound_margin")
+        if self.full_cache_fill <= 0:
+            raise ConfigError("must be > 0 (above 1: never)", key=f"{key}.full_cache_fill")
         if self.delay_weight < 0:
             raise ConfigError("must be >= 0", key=f"{key}.delay_weight")
         if not 0 <= self.home_credit <= 1:
@@ -176,7 +183,9 @@ class PrefixAffinityPolicy(Policy):
             # against a wrong wait estimate, not against a home that is plainly worth its queue.
             # Predicted TTFTs decide that, not the costs to others: a queue is paid in TTFT (keeping
             # by the full score held long prompts on saturated replicas: trace p90 +8 %).
-            margin, fastest = p.bound_margin, min([ttfts[i] for i in eligible])
+            # Full caches: a prompt moved off its home evicts another's there, and someone re-prefills it.
+            full = not has_home and sum([c.cache_fill for c in candidates]) >= p.full_cache_fill * len(candidates)
+            margin, fastest = 0.0 if full else p.bound_margin, min([ttfts[i] for i in eligible])
             keep = [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
             if keep:
                 eligible = sorted(eligible + keep)

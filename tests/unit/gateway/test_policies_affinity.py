@@ -179,7 +179,9 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
     best = min(effective[i] for i in eligible)
     if len(eligible) < len(candidates):  # over the bound: kept where moving costs more than (1 + margin) × waiting
         fastest = min(ttfts[i] for i in eligible)
-        eligible += [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > p.bound_margin * waits[i]]
+        full = not has_home and sum(c.cache_fill for c in candidates) >= p.full_cache_fill * len(candidates)
+        margin = 0.0 if full else p.bound_margin
+        eligible += [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
         best = min(effective[i] for i in eligible)
     near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
     if not has_home and policy._conversational(now):  # a new conversation: the least full cache first

@@ -234,13 +234,15 @@ class TokenCosts:
 
     async def _running(self, app: web.Application) -> AsyncIterator[None]:
         """With Redis: flush once a second while the app runs, once more at its end, then close."""
-        shared = self.shared
-        task = None if shared is None else asyncio.get_running_loop().create_task(self._flush_loop(), name="usage-flush")
+        if self.shared is None:
+            yield
+            return
+        task = asyncio.get_running_loop().create_task(self._flush_loop(), name="usage-flush")
         yield
-        if shared is not None and task is not None:
-            self._stop.set()
-            await task
-            await shared.close()
+        self._stop.set()
+        await task
+        await self.flush()  # what finished during the loop's last flush
+        await self.shared.close()
 
     async def _flush_loop(self) -> None:
         while not self._stop.is_set():

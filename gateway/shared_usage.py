@@ -4,8 +4,9 @@ One hash per wall-clock minute, `<key_prefix>usage:<minute>`, field `["tenant","
 any tenant or model name round-trips), expiring a day and an hour after its minute. Each gateway adds
 its deltas in one MULTI/EXEC pipeline of HINCRBY / HINCRBYFLOAT, once a second (`gateway.token_costs`
 batches them; no request waits on Redis), so a batch is in Redis whole or not at all. A batch whose
-EXEC reply is lost is sent again: counted twice, the one case that over-counts; a batch never
-reaches Redis only if the gateway dies within a second of the request. Reading a window is one
+EXEC reply is lost is sent again: counted twice, the one case that over-counts. A batch Redis
+refuses is kept and sent with the next; counts never reach Redis only if the gateway dies within a
+second of the request, or exits while Redis is down. Reading a window is one
 pipeline of HGETALL, one per minute. Gateways' clocks should agree to the minute (NTP).
 """
 

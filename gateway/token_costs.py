@@ -241,7 +241,8 @@ class TokenCosts:
         yield
         self._stop.set()
         await task
-        await self.flush()  # what finished during the loop's last flush
+        if not self.shared.degraded:  # what finished during the loop's last flush (a down Redis: lost)
+            await self.flush()
         await self.shared.close()
 
     async def _flush_loop(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.auth import hash_key
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import chat, eventually
+from tests.integration.reliability_tools import RedisServer, chat, eventually
 
 pytestmark = pytest.mark.timeout(60)
 PRICES = {"input": 2.5, "cached_input": 1.25, "output": 10.0}
@@ -119,3 +119,27 @@ def test_two_gateways_sharing_redis_add_up(tmp_path: Path, redis_url: str) -> No
             assert_row(rows["acme"], expected(acme))
             assert_row(rows["beta"], expected(second[2:]))
         assert_row(usage_of(gateways[1], tenant="acme")["total"], expected(acme))
+
+
+@pytest.mark.redis
+def test_with_redis_down_a_gateway_answers_its_own_counts_and_catches_up(tmp_path: Path) -> None:
+    """Redis killed: /admin/usage says it answers locally (degraded) and requests still count; Redis back
+    on the same port: the deltas kept meanwhile reach it (the fresh Redis holds only those)."""
+    redis_server = RedisServer().start()
+    with running() as track:
+        stub = track(start_stub("only"))
+        gateway = track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS},
+                                      state={"store": redis_server.url}))
+        try:
+            before = [ask(gateway, ACME, stream=False, turn=t) for t in range(2)]
+            assert usage_of(gateway)["source"] == "redis"
+            redis_server.kill()
+            during = [ask(gateway, ACME, stream=False, turn=t) for t in range(2, 4)]
+            report = usage_of(gateway)
+            assert report["source"] == "local" and report["degraded"] and report["scope"] == "this gateway"
+            assert_row(report["total"], expected(before + during))
+            redis_server.start()
+            eventually(lambda: usage_of(gateway)["source"] == "redis", timeout_s=10, interval_s=0.2)
+            assert_row(usage_of(gateway)["total"], expected(during))  # the restarted Redis lost what it had
+        finally:
+            redis_server.stop()

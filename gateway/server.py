@@ -135,7 +135,7 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
 
 def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config,
               caller: Caller) -> None:
-    """Close the loop once per request: policy feedback, rate-limit charge, metrics, one log event."""
+    """Close the loop once per request: policy feedback, rate-limit charge, metrics, token costs, one log event."""
     usage = exchange.usage
     if exchange.replica_id is not None:  # once per request, for the last replica tried (Router's contract)
         ok = 0 < exchange.status < 500 and exchange.error is None

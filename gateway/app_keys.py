@@ -12,6 +12,7 @@ from gateway.proxy import Proxy
 from gateway.ratelimit import RateLimits
 from gateway.state import GatewayState
 from gateway.stored_responses import ResponseHomes
+from gateway.token_costs import TokenCosts
 
 STATE = web.AppKey("state", GatewayState)
 METRICS = web.AppKey("metrics", Metrics)
@@ -19,5 +20,6 @@ PROXY = web.AppKey("proxy", Proxy)
 ADMISSION = web.AppKey("admission", Admission)
 RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
 HOMES = web.AppKey("response_homes", ResponseHomes)
+TOKEN_COSTS = web.AppKey("token_costs", TokenCosts)
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)

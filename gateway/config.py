@@ -37,6 +37,7 @@ from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
 from gateway.readiness import ReadinessConfig
 from gateway.routes import RoutesConfig
+from gateway.token_costs import Prices
 
 ENV_PREFIX = "AFFINITY_GATEWAY_"
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -125,6 +126,7 @@ class PoolConfig:
     aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.model_names)
     stream_chunking: StreamChunking = field(default_factory=StreamChunking)  # phrases for voice agents
     stream_usage: bool = True  # ask for usage on every stream, dropped before the client (gateway.stream_usage)
+    prices: Prices | None = None  # money per million tokens: cost and cache savings (gateway.token_costs)
 
     @cached_property
     def _backend_keys(self) -> tuple[str | None, dict[str, str]]:

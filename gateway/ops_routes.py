@@ -1,5 +1,6 @@
 """The gateway's own routes, next to the model routes it proxies: the model list, health and
-readiness, Prometheus metrics, and the admin API (replicas, a dry-run route explanation, reload)."""
+readiness, Prometheus metrics, and the admin API (replicas, token usage and cost, a dry-run route
+explanation, reload)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from gateway.app_keys import ADMISSION, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE
+from gateway.app_keys import ADMISSION, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
 from gateway.backend_auth import auth_headers
 from gateway.config import Config
 from gateway.errors import ConfigError, NoReplicaError, NotFoundError, error_body
@@ -23,6 +24,7 @@ from gateway.model_names import exact_aliases
 from gateway.readiness import report
 from gateway.replicas import Replica
 from gateway.state import GatewayState, ModelRoute
+from gateway.token_costs import UsageQuery
 
 log = structlog.get_logger("gateway.server")
 
@@ -36,6 +38,7 @@ def add_ops_routes(app: web.Application) -> None:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/replicas", admin_replicas)
+    app.router.add_get("/admin/usage", admin_usage)
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_post("/admin/route/explain", admin_explain)
 
@@ -108,6 +111,12 @@ def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[
     if feed is None or route.router.exact is None:
         return replica.describe()
     return {**replica.describe(), "kv_events": {**feed.describe(), **route.router.exact.describe(replica.replica_id)}}
+
+
+async def admin_usage(request: web.Request) -> web.Response:
+    """Tokens, cost and cache savings per tenant and model over a window (`gateway.token_costs`)."""
+    query = UsageQuery.parse(request.query, time.time())
+    return _json(await request.app[TOKEN_COSTS].report(query))
 
 
 async def admin_explain(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway import headers as h
 from gateway.admission import Admission
-from gateway.app_keys import ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE
+from gateway.app_keys import ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
@@ -40,6 +40,7 @@ from gateway.shared_quota import SharedQuota
 from gateway.state import GatewayState, ModelRoute
 from gateway.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.stream_usage import ask_for_usage
+from gateway.token_costs import TokenCosts
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.server")
@@ -55,6 +56,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
     app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
     app[LIFECYCLE] = Lifecycle()
+    app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -133,7 +135,7 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
 
 def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config,
               caller: Caller) -> None:
-    """Close the loop once per request: policy feedback, rate-limit charge, metrics, one log event."""
+    """Close the loop once per request: policy feedback, rate-limit charge, metrics, token costs, one log event."""
     usage = exchange.usage
     if exchange.replica_id is not None:  # once per request, for the last replica tried (Router's contract)
         ok = 0 < exchange.status < 500 and exchange.error is None
@@ -155,6 +157,7 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
     if exchange.failed_replicas:
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
+    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, config.pools.get(route.model))
     if caller.key is not None:
         m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
         for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):

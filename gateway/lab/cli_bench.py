@@ -14,10 +14,13 @@ import argparse
 import dataclasses
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import yaml
+
+if TYPE_CHECKING:
+    from gateway.token_costs import Prices
 
 ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity",
                 "prefix_affinity")
@@ -38,6 +41,9 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for result.json, table.md, PNGs")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
+    p.add_argument("--prices", default="3,0.3,15", type=_prices, metavar="INPUT,CACHED,OUTPUT",
+                   help="money per million input, cached input and output tokens, for each run's cost and cache "
+                        "savings (default 3,0.3,15: example prices, a 90%% cache discount)")
     p.add_argument("--policy-param", "-P", action="append", default=[], metavar="POLICY.NAME=VALUE",
                    help="simulate / bench --compare: a routing parameter of one policy, "
                         "e.g. -P prefix_affinity.load_epsilon=0.5")
@@ -206,6 +212,21 @@ def _policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
     return params
 
 
+def _prices(value: str) -> Prices:
+    """`--prices 3,0.3,15` → Prices, checked as the config file's `pools.<model>.prices`."""
+    from gateway import schema
+    from gateway.errors import ConfigError
+    from gateway.token_costs import Prices
+
+    try:
+        input_, cached, output = (float(part) for part in value.split(","))
+        return schema.build(Prices, {"input": input_, "cached_input": cached, "output": output}, "--prices")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected INPUT,CACHED,OUTPUT per million tokens, got {value!r}") from None
+
+
 def _evidence(value: str) -> list[str]:
     evidence = [e.strip() for e in value.split(",") if e.strip()]
     if not evidence or set(evidence) - {"history", "events"}:
@@ -217,6 +238,9 @@ def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
     from gateway.lab.benchmark import write_outputs
     from gateway.lab.results import table
 
+    for summary, _ in runs.values():
+        summary.price(args.prices)
+    meta["prices"] = dataclasses.asdict(args.prices)
     path = write_outputs(args.out, runs, meta, plots=not args.no_plots)
     print(table({name: summary for name, (summary, _) in runs.items()}))
     print(f"\nwrote {path}" + ("" if args.no_plots else ", table.md and plots") + f" in {args.out}")

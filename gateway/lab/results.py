@@ -14,6 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.token_costs import Prices
+
+EXAMPLE_PRICES = Prices(input=3.0, cached_input=0.3, output=15.0)  # per million tokens: `bench --prices`' default
 
 @dataclass(slots=True)
 class Result:
@@ -61,6 +64,19 @@ class Summary:
     # TTFT of a session's later requests (turns after the first), None when every session has one: where
     # routing can reuse a conversation's own history (first turns carry a prefix no replica holds yet).
     later_ttft_p90_s: float | None = None
+    prompt_tokens: int = 0  # summed over the answered requests, as the replicas reported them
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None  # at the run's prices (`price`): what the tokens cost, and what the cache saved
+    saved_by_cache: float | None = None
+    saved_share_of_prompt_cost: float | None = None  # saved / what the prompts would cost uncached
+
+    def price(self, prices: Prices) -> None:
+        """Cost and savings of the run's reported usage (`gateway.token_costs` arithmetic)."""
+        self.cost = prices.cost(self.prompt_tokens, self.cached_tokens, self.completion_tokens)
+        self.saved_by_cache = prices.saved(self.cached_tokens)
+        full = self.prompt_tokens * prices.input / 1e6
+        self.saved_share_of_prompt_cost = self.saved_by_cache / full if full else 0.0
 
     @property
     def busiest_over_mean(self) -> float:
@@ -98,7 +114,8 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
         lag_p50_s=quantile(lags, 0.50), lag_p99_s=quantile(lags, 0.99), lag_max_s=lags[-1] if lags else 0.0,
         replica_share=dict(sorted(share.items())),
         prediction_error_tokens=statistics.fmean(errors) if errors else None,
-        later_ttft_p90_s=quantile(later, 0.90) if later else None,
+        later_ttft_p90_s=quantile(later, 0.90) if later else None, prompt_tokens=prompt,
+        cached_tokens=sum(r.cached_tokens for r in ok), completion_tokens=sum(r.completion_tokens for r in ok),
     )
 
 
@@ -113,13 +130,17 @@ def quantile(sorted_values: list[float], q: float) -> float:
 def table(summaries: dict[str, Summary]) -> str:
     """A Markdown table, one row per run (policy), the columns a reader compares first."""
     head = ("| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | "
-            "e2e p90 s | out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok |")
-    rows = [head, "|" + "---|" * 14]
+            "e2e p90 s | out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok | cost | "
+            "saved by cache |")
+    rows = [head, "|" + "---|" * 16]
     for name, s in summaries.items():
         error = "-" if s.prediction_error_tokens is None else f"{s.prediction_error_tokens:.1f}"
         later = "-" if s.later_ttft_p90_s is None else f"{s.later_ttft_p90_s:.3f}"
+        cost = "-" if s.cost is None else f"{s.cost:.4g}"
+        saved = "-" if s.saved_by_cache is None else \
+            f"{s.saved_by_cache:.4g} ({100 * (s.saved_share_of_prompt_cost or 0):.1f} % of prompt cost)"
         rows.append(f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
                     f"{s.ttft_p99_s:.3f} | {later} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
                     f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {s.busiest_over_mean:.2f} | "
-                    f"{s.lag_p99_s * 1000:.1f} | {error} |")
+                    f"{s.lag_p99_s * 1000:.1f} | {error} | {cost} | {saved} |")
     return "\n".join(rows)

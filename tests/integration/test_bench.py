@@ -48,6 +48,27 @@ def test_bench_compare_writes_a_well_formed_result(compared: tuple[Path, dict[st
 
 
 @pytest.mark.timeout(120)
+def test_bench_reports_each_contestants_cost_and_cache_savings(compared: tuple[Path, dict[str, Any]]) -> None:
+    """At the default example prices (3, 0.3, 15 per million): cost and savings are the arithmetic on the
+    usage the client received, and prefix_affinity's higher hit ratio saves a larger share of prompt cost."""
+    tmp_path, result = compared
+    assert result["meta"]["prices"] == {"input": 3.0, "cached_input": 0.3, "output": 15.0}
+    for policy, run_ in result["runs"].items():
+        prompt, cached, completion = run_["prompt_tokens"], run_["cached_tokens"], run_["completion_tokens"]
+        assert prompt > cached >= 0 and completion > 0, policy
+        assert run_["cost"] == pytest.approx(((prompt - cached) * 3.0 + cached * 0.3 + completion * 15.0) / 1e6)
+        assert run_["saved_by_cache"] == pytest.approx(cached * 2.7 / 1e6)
+        assert run_["saved_share_of_prompt_cost"] == pytest.approx(run_["saved_by_cache"] / (prompt * 3.0 / 1e6))
+        assert run_["cached_ratio"] == pytest.approx(cached / prompt)
+    runs = result["runs"]
+    assert runs["prefix_affinity"]["saved_share_of_prompt_cost"] > runs["round_robin"]["saved_share_of_prompt_cost"]
+    table = (tmp_path / "bench" / "table.md").read_text()
+    assert "| cost | saved by cache |" in table
+    share = runs["prefix_affinity"]["saved_share_of_prompt_cost"]
+    assert f"({100 * share:.1f} % of prompt cost) |" in table
+
+
+@pytest.mark.timeout(120)
 def test_simulate_agrees_with_bench_on_cached_ratio(compared: tuple[Path, dict[str, Any]]) -> None:
     tmp_path, bench = compared
     sim = run(tmp_path, "sim", "simulate", "--policies", "prefix_affinity")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from gateway.cli import main
 from gateway.lab import workloads
@@ -118,3 +119,21 @@ def test_fast_forwarded_decode_steps_change_no_result(monkeypatch) -> None:  # t
         stepwise = Simulation(spec).run(sessions)
         monkeypatch.setattr(Simulation, "fast_forward", True)
         assert Simulation(spec).run(sessions) == stepwise
+
+
+@pytest.mark.timeout(60)
+def test_each_run_is_priced_from_its_reported_tokens(tmp_path: Path) -> None:
+    """`--prices` reaches result.json and the table: cost and savings are the price arithmetic on the run's
+    token totals, the share saved is of the prompts' uncached price."""
+    out = tmp_path / "priced"
+    assert main(["simulate", "-w", "multi-turn", "-p", "users=3", "-p", "rounds=2", "--policies", "prefix_affinity",
+                 "--prices", "2,0.5,8", "-q", "--no-plots", "--out", str(out)]) == 0
+    result = orjson.loads((out / "result.json").read_bytes())
+    assert result["meta"]["prices"] == {"input": 2.0, "cached_input": 0.5, "output": 8.0}
+    run = result["runs"]["prefix_affinity"]
+    prompt, cached, completion = run["prompt_tokens"], run["cached_tokens"], run["completion_tokens"]
+    assert cached > 0
+    assert run["cost"] == pytest.approx(((prompt - cached) * 2.0 + cached * 0.5 + completion * 8.0) / 1e6)
+    assert run["saved_by_cache"] == pytest.approx(cached * 1.5 / 1e6)
+    assert run["saved_share_of_prompt_cost"] == pytest.approx(run["saved_by_cache"] / (prompt * 2.0 / 1e6))
+    assert f"{run['cost']:.4g} | {run['saved_by_cache']:.4g} (" in (out / "table.md").read_text()

@@ -22,16 +22,16 @@ import structlog
 from aiohttp import web
 
 from gateway import headers as h
+from gateway.adapters import named
 from gateway.admission import Admission
 from gateway.auth import Caller, authenticate
-from gateway.backend_auth import auth_headers
 from gateway.config import Config
 from gateway.errors import (ConfigError, GatewayError, NoReplicaError, NotFoundError, RateLimitError,
                             error_body, http_error_body)
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
 from gateway.metrics import CONTENT_TYPE, Metrics
-from gateway.model_names import exact_aliases, renamed
+from gateway.model_list import model_list
 from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
@@ -48,7 +48,6 @@ from gateway.view import RequestView
 log = structlog.get_logger("gateway.server")
 
 STATE = web.AppKey("state", GatewayState)
-_MODEL_FIELDS = ("max_model_len",)  # taken from a replica's own /v1/models entry
 METRICS = web.AppKey("metrics", Metrics)
 PROXY = web.AppKey("proxy", Proxy)
 ADMISSION = web.AppKey("admission", Admission)
@@ -56,7 +55,6 @@ RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
 HOMES = web.AppKey("response_homes", ResponseHomes)
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)
-_STARTED = int(time.time())
 
 
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
@@ -100,8 +98,8 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
                            config.headers.session)
     route = state.route_for(view.model)
-    if route.model != view.model:  # an alias, a pattern or the default pool
-        renamed(view, route.model)
+    if route.model != view.model:  # an alias, a pattern or the default pool; an adapter keeps its name
+        named(view, route.model, state.adapters)
     pool = config.pools.get(route.model)
     exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
                                      pool.stream_chunking if pool is not None else StreamChunking())
@@ -129,7 +127,8 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
         raise
 
     async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home
-        return await app[ADMISSION].choose(route, view, app[HOMES].excluded(view, route, exclude), config.admission)
+        exclude = app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))  # its adapter's
+        return await app[ADMISSION].choose(route, view, exclude, config.admission)
 
     try:
         return await app[PROXY].forward(request, view, route.pool, pick, exchange, config)
@@ -195,33 +194,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
 
 
 async def models(request: web.Request) -> web.Response:
-    """Each pool, then its exact aliases, with the card its replicas give (wildcards are not listed)."""
-    config, data = request.app[STATE].config, []
-    for m, route in request.app[STATE].routes.items():
-        card = {"object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
-                **await _replica_model_fields(request.app[PROXY].session, route, config)}
-        pool = config.pools.get(m)
-        data += [{"id": name, **card} for name in (m, *(exact_aliases(pool.aliases) if pool else ()))]
-    return _json({"object": "list", "data": data})
-
-
-async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRoute, config: Config) -> dict[str, Any]:
-    """What a replica says of the model that clients size requests by (vLLM's `max_model_len`);
-    empty when no replica answers within a second (the list itself never fails)."""
-    for replica in route.pool:
-        if not replica.is_available():
-            continue
-        try:
-            async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0),
-                                   headers=auth_headers(config.backend_key(route.model, replica.replica_id))) as r:
-                listed = (await r.json(content_type=None)).get("data", []) if r.status == 200 else []
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
-            continue
-        for entry in listed if isinstance(listed, list) else []:
-            if isinstance(entry, dict) and entry.get("id") == route.model:
-                return {k: entry[k] for k in _MODEL_FIELDS if k in entry}
-        return {}
-    return {}
+    state = request.app[STATE]
+    return _json(await model_list(request.app[PROXY].session, state.routes, state.config, state.adapters))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -272,9 +246,11 @@ async def admin_explain(request: web.Request) -> web.Response:
     if "messages" not in view.body:
         view = dataclasses.replace(view, endpoint="completions")
     route = state.route_for(view.model)
-    candidates = route.pool.candidates(set())
+    if route.model != view.model:  # keyed and filtered as the request itself would be
+        named(view, route.model, state.adapters)
+    candidates = route.pool.candidates(state.adapters.excluded(view, route, set()))
     if not candidates:
-        raise NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1.0)
+        raise NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}", retry_after_s=1.0)
     with state.using(route.router):
         return _json(await route.router.explain(view, candidates))
 

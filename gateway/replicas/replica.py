@@ -41,6 +41,7 @@ class Replica:
     probe_failures: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     last_error: str = ""
+    adapters: dict[str, str | None] = field(default_factory=dict)  # LoRA name -> path, from its /v1/models
 
     @classmethod
     def from_config(cls, config: ReplicaConfig) -> "Replica":

@@ -3,8 +3,9 @@
 A block's hash is seeded with its parent's hash, so one hash names the whole prefix up to that
 block: two requests share the first k hashes exactly when they share the first k full blocks.
 The first block is seeded with the model name (and the LoRA adapter the request names, and,
-with `salt_by_tenant`, the tenant), so prompts never match across models, adapters or tenants. Only full blocks are hashed: a replica caches
-only full KV blocks, and a partial tail would change on the next turn anyway.
+with `salt_by_tenant`, the tenant), so prompts never match across models, adapters or tenants.
+Only full blocks are hashed: a replica caches only full KV blocks, and a partial tail would
+change on the next turn anyway.
 
 Chat requests render in a prefix-stable order: tool definitions first, then each message as a
 role marker plus its content, tool calls and name, in order. Turn n+1 of a conversation repeats

@@ -181,8 +181,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         if usage.completion_tokens:
             app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
     if config.logging.requests:
-        log.info("request", request_id=view.request_id, model=view.model, endpoint=view.endpoint,
-                 stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
+        log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
+                 endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
                  ttft_s=_round(exchange.ttft_s), first_phrase_s=_round(exchange.first_phrase_s),
                  total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,

@@ -73,9 +73,10 @@ class Monitor:
     async def list_all(self) -> None:
         """Each available replica's LoRA adapters (a replica that is down keeps its last list)."""
         config = self._config()
-        await asyncio.gather(*(list_adapters(self._session, r, auth_headers(config.backend_key(pool.model, r.replica_id)),
-                                             config.health.timeout_s)
-                               for pool in self._pools() for r in pool if r.is_available()))
+        await asyncio.gather(*(
+            list_adapters(self._session, r, auth_headers(config.backend_key(pool.model, r.replica_id)),
+                          config.health.timeout_s)
+            for pool in self._pools() for r in pool if r.is_available()))
         self._after_scrape()
 
     def start(self) -> None:

@@ -82,5 +82,5 @@ class Replica:
             "block_size": self.load.block_size, "completed": self.load.completed,
             "load_age_s": round(now - self.load.scraped_at, 3) if self.load.scraped_at else None,
             "recent_faults": len(self.breaker.faults), "breaker_opened": self.breaker.opened_total,
-            "last_error": self.last_error,
+            "last_error": self.last_error, "adapters": sorted(self.adapters),
         }

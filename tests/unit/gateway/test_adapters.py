@@ -27,7 +27,8 @@ BS = 16
 def pools(**extra: Any) -> dict[str, Any]:
     return {"pools": {"base": {"replicas": [{"url": "http://a:1", "name": "a", "adapters": ["only-a"]},
                                             {"url": "http://b:1", "name": "b"}, {"url": "http://c:1", "name": "c"}],
-                               "adapters": ["everywhere"], "aliases": ["alias"], "routing": {"policy": "prefix_affinity"}},
+                               "adapters": ["everywhere"], "aliases": ["alias"],
+                               "routing": {"policy": "prefix_affinity"}},
                       "other": {"replicas": [{"url": "http://d:1", "name": "d"}]}}, **extra}
 
 

@@ -157,3 +157,30 @@ def test_decoded_events_carry_the_adapter_in_either_encoding() -> None:
     base = {**newer, "lora_id": None, "lora_name": None}
     events = decode_batch(msgpack.packb([0.0, [array, newer, base], None]))
     assert [(e.lora_id, e.lora_name) for e in events if isinstance(e, Stored)] == [(3, None), (3, "sql"), (None, None)]
+
+
+async def test_a_replicas_adapters_come_from_its_model_list_and_survive_a_bad_answer() -> None:
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from gateway.replicas import Replica
+    from gateway.replicas.models import list_adapters
+
+    answers = [{"data": [{"id": "base", "parent": None, "root": "/m"}, {"id": "sql", "parent": "base",
+                                                                         "root": "/loras/sql"},
+                         {"id": "chat", "parent": "base"}, "junk"]}, {"error": "down"}]
+    seen: list[str | None] = []
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response(answers.pop(0), status=200 if answers else 503)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        replica = Replica("a", str(server.make_url("")).rstrip("/"))
+        await list_adapters(session, replica, {"Authorization": "Bearer k"}, 1.0)
+        assert replica.adapters == {"sql": "/loras/sql", "chat": None} and seen == ["Bearer k"]
+        await list_adapters(session, replica, {}, 1.0)  # a 503: the last list stands
+        assert replica.adapters == {"sql": "/loras/sql", "chat": None}

@@ -126,9 +126,9 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
             app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
         raise
 
-    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home
-        exclude = app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))  # its adapter's
-        return await app[ADMISSION].choose(route, view, exclude, config.admission)
+    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home;
+        exclude = app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))  # an adapter:
+        return await app[ADMISSION].choose(route, view, exclude, config.admission)  # only the replicas serving it
 
     try:
         return await app[PROXY].forward(request, view, route.pool, pick, exchange, config)

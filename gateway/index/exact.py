@@ -81,6 +81,7 @@ class ExactTables:
         self.block_tokens = block_tokens
         self.speculative_ttl_s = speculative_ttl_s
         self._tables: dict[str, _Table] = {}
+        self.names_adapters = True  # False once a LoRA block came with an id and no name: see `_root`
         self.on_block_size: Callable[[str, int, str], None] = lambda replica_id, size, source: None  # the router's
 
     # -- what a subscriber feeds in (EventSink) --
@@ -88,10 +89,14 @@ class ExactTables:
     def _root(self, lora_id: int | None, lora_name: str | None) -> int:
         """A chain's first seed: the base model's, or its LoRA adapter's as a request for it is keyed
         (`prefix.adapter_seed`). An adapter known by its id alone (vLLM <= 0.11 sends no name, and says
-        nowhere which name an id has) gets a seed of its own: its blocks stay apart, never predicted."""
+        nowhere which name an id has) gets a seed of its own: its blocks stay apart, never predicted, and
+        adapter requests are then predicted from the routing history instead (`names_adapters`)."""
         if lora_name is not None:
             return adapter_seed(self.root_seed, lora_name)
-        return adapter_seed(self.root_seed, f"\x00lora_id={lora_id}") if lora_id else self.root_seed
+        if not lora_id:
+            return self.root_seed
+        self.names_adapters = False
+        return adapter_seed(self.root_seed, f"\x00lora_id={lora_id}")
 
     def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
                token_ids: Sequence[int], block_size: int, lora_id: int | None = None,

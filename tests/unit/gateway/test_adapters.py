@@ -184,3 +184,29 @@ async def test_a_replicas_adapters_come_from_its_model_list_and_survive_a_bad_an
         assert replica.adapters == {"sql": "/loras/sql", "chat": None} and seen == ["Bearer k"]
         await list_adapters(session, replica, {}, 1.0)  # a 503: the last list stands
         assert replica.adapters == {"sql": "/loras/sql", "chat": None}
+
+
+async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id_only() -> None:
+    from gateway.index import MemoryIndex
+    from gateway.policies import Candidate, build_policy
+    from gateway.prefix import PrefixParams
+    from gateway.routing import HISTORY, Router
+    from gateway.tokenize import PromptKeys, SimPromptTokenizer
+
+    params = PrefixParams(tokenizer="sim", block_tokens=BS)
+    exact = ExactTables(prefix.model_seed("base"), BS)
+    router = Router(build_policy("prefix_affinity", {}, "p"), params, MemoryIndex(10_000),
+                    RoutingMetrics(CollectorRegistry()), pool="base", keys=PromptKeys(SimPromptTokenizer(), 5.0),
+                    exact=exact)
+
+    def adapter_view() -> RequestView:
+        request = view("base", " ".join(f"w{i}" for i in range(100)))
+        request.adapter = "sql"
+        return request
+
+    exact.set_certain("a", True)
+    assert (await router.explain(adapter_view(), [Candidate("a")]))["evidence"] == {"a": EVENTS}
+    exact.stored("a", [1], None, list(range(BS)), BS, lora_id=1)
+    assert not exact.names_adapters
+    assert (await router.explain(adapter_view(), [Candidate("a")]))["evidence"] == {"a": HISTORY}
+    await router.close()

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gateway import schema
+from gateway.adapters import check_adapters
 from gateway.admission import AdmissionConfig
 from gateway.auth import AuthConfig
 from gateway.backend_auth import read_key
@@ -64,6 +65,7 @@ class ReplicaConfig:
     kv_events: KVEventsConfig | None = None  # the replica's ZMQ KV-event feed: exact cache state
     api_key_env: str | None = None  # this replica's own key (vLLM --api-key), over the pool's
     api_key_file: str | None = None
+    adapters: tuple[str, ...] = ()  # LoRA adapters this replica serves (gateway.adapters)
 
     def validate(self, key: str) -> None:
         read_key(self.api_key_env, self.api_key_file, key)
@@ -124,6 +126,7 @@ class PoolConfig:
     api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
     api_key_file: str | None = None
     aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.model_names)
+    adapters: tuple[str, ...] = ()  # LoRA adapters every replica of the pool serves (gateway.adapters)
     stream_chunking: StreamChunking = field(default_factory=StreamChunking)  # phrases for voice agents
     stream_usage: bool = True  # ask for usage on every stream, dropped before the client (gateway.stream_usage)
     prices: Prices | None = None  # money per million tokens: cost and cache savings (gateway.token_costs)
@@ -278,6 +281,7 @@ class Config:
             raise ConfigError("at least one model pool is required", key="pools")
         check_names({name: pool.aliases for name, pool in self.pools.items()}, self.routes.default_pool,
                           "routes")
+        check_adapters(self.pools, list(self.model_names.exact))
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:

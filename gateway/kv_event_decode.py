@@ -3,8 +3,8 @@
 Wire format (vLLM `vllm/distributed/kv_events.py`): PUB multipart `(topic, seq, payload)`, `seq`
 an 8-byte big-endian counter from 0 per publisher process, payload a msgpack `EventBatch`
 `[ts, events, data_parallel_rank]` (or the same as a map). Events are tagged arrays
-`["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, ...]` or tagged maps
-`{"type": "BlockStored", ...}`; vLLM has sent both, so payloads are decoded as raw msgpack and
+`["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, lora_name, ...]` or tagged
+maps `{"type": "BlockStored", ...}`; vLLM has sent both, so payloads are decoded as raw msgpack and
 both are accepted. Hashes are uint64 ints or raw digest bytes, kept as they come. Unknown
 event types and extra fields are ignored. Events whose `medium` is neither absent nor "GPU"
 (CPU or storage offload tiers) are dropped: the table mirrors the GPU prefix cache, the one a
@@ -33,6 +33,8 @@ class Stored:
     parent: EngineHash | None
     token_ids: tuple[int, ...]
     block_size: int
+    lora_id: int | None = None  # the LoRA adapter whose blocks these are: vLLM's id (deprecated) ...
+    lora_name: str | None = None  # ... and, in newer versions, its name
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ def decode_batch(payload: bytes) -> list[Event]:
 
 # Positional fields after the tag, in vLLM's struct order (array_like encoding; trailing defaults may be omitted).
 _ARRAY_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                    "lora_name"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": ("medium",),  # vLLM sends no fields; some engines name the medium cleared
 }
@@ -106,7 +109,9 @@ def _decode_event(raw: Any) -> Event | None:
         raise DecodeError("BlockStored token_ids is not a list of ints")
     if type(block_size) is not int or block_size < 1:
         raise DecodeError("BlockStored block_size is not a positive int")
-    return Stored(hashes, parent, tuple(tokens), block_size)
+    lora_id, lora_name = fields.get("lora_id"), fields.get("lora_name")
+    return Stored(hashes, parent, tuple(tokens), block_size, lora_id if type(lora_id) is int else None,
+                  lora_name if isinstance(lora_name, str) and lora_name else None)
 
 
 def _hashes(value: Any) -> tuple[EngineHash, ...]:

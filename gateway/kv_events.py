@@ -83,6 +83,8 @@ class EventSink(Protocol):
         parent: EngineHash | None,
         token_ids: Sequence[int],
         block_size: int,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
     ) -> None: ...
 
     def removed(self, replica_id: str, block_hashes: Sequence[EngineHash]) -> None: ...
@@ -301,7 +303,8 @@ class KVEventSubscriber:
         self.batches += 1
         for event in events:
             if isinstance(event, Stored):
-                self.sink.stored(self.replica_id, event.block_hashes, event.parent, event.token_ids, event.block_size)
+                self.sink.stored(self.replica_id, event.block_hashes, event.parent, event.token_ids, event.block_size,
+                                 event.lora_id, event.lora_name)
             elif isinstance(event, Removed):
                 self.sink.removed(self.replica_id, event.block_hashes)
             else:

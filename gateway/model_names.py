@@ -10,7 +10,8 @@ the default pool.
 An exact name wins over a pattern, patterns are tried in pool order, the default comes last. A
 request routed by another name reaches its replicas under the pool's name (the body's `model` is
 rewritten: the pool's name is the one vLLM serves), and metrics and logs carry the pool's name, so
-names a client makes up never become label values.
+names a client makes up never become label values. A LoRA adapter's name is not renamed
+(`gateway.adapters`: vLLM selects the adapter by it).
 """
 
 from __future__ import annotations

@@ -8,19 +8,17 @@ import dataclasses
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 import structlog
 from aiohttp import web
 
+from gateway.adapters import named
 from gateway.app_keys import ADMISSION, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
-from gateway.backend_auth import auth_headers
-from gateway.config import Config
 from gateway.errors import ConfigError, NoReplicaError, NotFoundError, error_body
 from gateway.lifecycle import LIFECYCLE
 from gateway.limits import read_view
 from gateway.metrics import CONTENT_TYPE
-from gateway.model_names import exact_aliases
+from gateway.model_list import model_list
 from gateway.readiness import report
 from gateway.replicas import Replica
 from gateway.state import GatewayState, ModelRoute
@@ -28,8 +26,6 @@ from gateway.token_costs import UsageQuery
 
 log = structlog.get_logger("gateway.server")
 
-_MODEL_FIELDS = ("max_model_len",)  # taken from a replica's own /v1/models entry
-_STARTED = int(time.time())
 
 
 def add_ops_routes(app: web.Application) -> None:
@@ -44,33 +40,8 @@ def add_ops_routes(app: web.Application) -> None:
 
 
 async def models(request: web.Request) -> web.Response:
-    """Each pool, then its exact aliases, with the card its replicas give (wildcards are not listed)."""
-    config, data = request.app[STATE].config, []
-    for m, route in request.app[STATE].routes.items():
-        card = {"object": "model", "created": _STARTED, "owned_by": "affinity-gateway",
-                **await _replica_model_fields(request.app[PROXY].session, route, config)}
-        pool = config.pools.get(m)
-        data += [{"id": name, **card} for name in (m, *(exact_aliases(pool.aliases) if pool else ()))]
-    return _json({"object": "list", "data": data})
-
-
-async def _replica_model_fields(session: aiohttp.ClientSession, route: ModelRoute, config: Config) -> dict[str, Any]:
-    """What a replica says of the model that clients size requests by (vLLM's `max_model_len`);
-    empty when no replica answers within a second (the list itself never fails)."""
-    for replica in route.pool:
-        if not replica.is_available():
-            continue
-        try:
-            async with session.get(f"{replica.url}/v1/models", timeout=aiohttp.ClientTimeout(total=1.0),
-                                   headers=auth_headers(config.backend_key(route.model, replica.replica_id))) as r:
-                listed = (await r.json(content_type=None)).get("data", []) if r.status == 200 else []
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
-            continue
-        for entry in listed if isinstance(listed, list) else []:
-            if isinstance(entry, dict) and entry.get("id") == route.model:
-                return {k: entry[k] for k in _MODEL_FIELDS if k in entry}
-        return {}
-    return {}
+    state = request.app[STATE]
+    return _json(await model_list(request.app[PROXY].session, state.routes, state.config, state.adapters))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -127,9 +98,11 @@ async def admin_explain(request: web.Request) -> web.Response:
     if "messages" not in view.body:
         view = dataclasses.replace(view, endpoint="completions")
     route = state.route_for(view.model)
-    candidates = route.pool.candidates(set())
+    if route.model != view.model:  # keyed and filtered as the request itself would be
+        named(view, route.model, state.adapters)
+    candidates = route.pool.candidates(state.adapters.excluded(view, route, set()))
     if not candidates:
-        raise NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1.0)
+        raise NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}", retry_after_s=1.0)
     with state.using(route.router):
         return _json(await route.router.explain(view, candidates))
 

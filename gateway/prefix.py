@@ -2,9 +2,10 @@
 
 A block's hash is seeded with its parent's hash, so one hash names the whole prefix up to that
 block: two requests share the first k hashes exactly when they share the first k full blocks.
-The first block is seeded with the model name (and, with `salt_by_tenant`, the tenant), so
-prompts never match across models or tenants. Only full blocks are hashed: a replica caches
-only full KV blocks, and a partial tail would change on the next turn anyway.
+The first block is seeded with the model name (and the LoRA adapter the request names, and,
+with `salt_by_tenant`, the tenant), so prompts never match across models, adapters or tenants.
+Only full blocks are hashed: a replica caches only full KV blocks, and a partial tail would
+change on the next turn anyway.
 
 Chat requests render in a prefix-stable order: tool definitions first, then each message as a
 role marker plus its content, tool calls and name, in order. Turn n+1 of a conversation repeats
@@ -134,6 +135,11 @@ def model_seed(model: str) -> int:
     return _hash(model.encode())
 
 
+def adapter_seed(seed: int, adapter: str) -> int:
+    """The first block's seed for a LoRA adapter's request (or KV event), from its base model's seed."""
+    return _hash(adapter.encode(), seed)
+
+
 def is_salted(view: RequestView, params: PrefixParams) -> bool:
     """Whether `view`'s chain is seeded with more than the model (tenant or cache_salt): its keys
     can never equal keys derived from KV events, which do not carry the salt."""
@@ -174,7 +180,8 @@ def _seed(view: RequestView, params: PrefixParams) -> int:
     cache_salt = view.body.get("cache_salt")  # vLLM's own per-request cache isolation
     if isinstance(cache_salt, str):
         parts.append(cache_salt)
-    return _hash("\x00".join(parts).encode())
+    seed = _hash("\x00".join(parts).encode())
+    return seed if view.adapter is None else adapter_seed(seed, view.adapter)
 
 
 def prompt_source(endpoint: str, body: dict[str, Any]) -> tuple[str | list[int], int]:

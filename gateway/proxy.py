@@ -148,7 +148,8 @@ class Proxy:
 
     async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
                       exchange: Exchange, config: Config) -> web.StreamResponse:
-        failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.model!r}", retry_after_s=1)
+        failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
+                                               retry_after_s=1)
         deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
         try:
             for attempt in range(config.limits.max_retries + 1):

@@ -283,8 +283,11 @@ class Router:
         return prefix.compute(view, self.prefix_params)
 
     def _exact_for(self, view: RequestView) -> ExactTables | None:
-        """The event tables, if `view` can match them: event-derived keys are unsalted token keys."""
+        """The event tables, if `view` can match them: event-derived keys are unsalted token keys, and
+        an adapter's only where the events name their adapters."""
         if view.key_kind != TOKENS or prefix.is_salted(view, self.prefix_params):
+            return None
+        if view.adapter is not None and self.exact is not None and not self.exact.names_adapters:
             return None
         return self.exact
 

@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 
 from gateway import headers as h
+from gateway.adapters import named
 from gateway.admission import Admission
 from gateway.app_keys import ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
 from gateway.auth import Caller, authenticate
@@ -28,7 +29,6 @@ from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
 from gateway.metrics import Metrics
-from gateway.model_names import renamed
 from gateway.ops_routes import add_ops_routes, reload
 from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
@@ -83,8 +83,8 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
                            config.headers.session)
     route = state.route_for(view.model)
-    if route.model != view.model:  # an alias, a pattern or the default pool
-        renamed(view, route.model)
+    if route.model != view.model:  # an alias, a pattern or the default pool; an adapter keeps its name
+        named(view, route.model, state.adapters)
     pool = config.pools.get(route.model)
     exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
                                      pool.stream_chunking if pool is not None else StreamChunking())
@@ -111,8 +111,9 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
             app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
         raise
 
-    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home
-        return await app[ADMISSION].choose(route, view, app[HOMES].excluded(view, route, exclude), config.admission)
+    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home;
+        exclude = app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))  # an adapter:
+        return await app[ADMISSION].choose(route, view, exclude, config.admission)  # only the replicas serving it
 
     try:
         return await app[PROXY].forward(request, view, route.pool, pick, exchange, config)
@@ -166,8 +167,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         if usage.completion_tokens:
             app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
     if config.logging.requests:
-        log.info("request", request_id=view.request_id, model=view.model, endpoint=view.endpoint,
-                 stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
+        log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
+                 endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
                  ttft_s=_round(exchange.ttft_s), first_phrase_s=_round(exchange.first_phrase_s),
                  total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,

@@ -23,6 +23,7 @@ import structlog
 import zmq.asyncio
 
 from gateway import prefix
+from gateway.adapters import AdapterMap
 from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
 from gateway.discovery import Discovery, Resolver, resolve_dns
 from gateway.errors import ConfigError, NotFoundError
@@ -55,6 +56,7 @@ class GatewayState:
         self.config = config
         self.config_path = str(config_path) if config_path is not None else None
         self.routes: dict[str, ModelRoute] = {}
+        self.adapters = AdapterMap()  # LoRA adapters: their pools and the replicas serving each
         self._routing_metrics = routing_metrics
         self.resolver: Resolver = resolve_dns  # DNS discovery's resolver; replaceable before start()
         self._discovery: Discovery | None = None
@@ -116,9 +118,10 @@ class GatewayState:
         task.add_done_callback(self._closing.discard)
 
     def route_for(self, model: str) -> ModelRoute:
-        """The pool `model` names: its own name, an alias, a pattern or the default pool."""
+        """The pool `model` names: its own name, an alias, an adapter, a pattern or the default pool."""
         route = self.routes.get(model)
-        if route is None and (pool := self.config.model_names.pool_for(model)) is not None:
+        if route is None and (pool := self.adapters.pool_of.get(model)
+                              or self.config.model_names.pool_for(model)) is not None:
             route = self.routes.get(pool)
         if route is None:
             known = ", ".join(sorted(self.routes))
@@ -131,6 +134,7 @@ class GatewayState:
     def after_scrape(self) -> None:
         self.sync_capacity()
         self.watch_feeds()
+        self.adapters = AdapterMap.build(self.config, self.routes)
 
     def sync_capacity(self) -> None:
         """Size each replica's warm-prefix table like its KV cache, once the replica has told us."""
@@ -201,6 +205,7 @@ class GatewayState:
             pool.replace(replicas)
             routes[model] = ModelRoute(model, pool, routers[model], pool_config.routing)
         self.routes, self.config = routes, config
+        self.adapters = AdapterMap.build(config, routes)
         return retired, removed
 
     def _members(self, model: str, pool: PoolConfig) -> list[ReplicaConfig]:
@@ -217,6 +222,7 @@ class GatewayState:
         wanted = self._members(model, pool_config)
         before = {r.replica_id for r in route.pool}
         route.pool.replace(Replica.from_config(r) for r in wanted)
+        self.adapters = AdapterMap.build(self.config, self.routes)
         added = {r.replica_id for r in wanted} - before
         removed = before - {r.replica_id for r in wanted}
         for replica_id in removed:

@@ -18,6 +18,7 @@ class RequestView:
     body: dict[str, Any]
     raw: bytes
     tenant: str | None = None  # from the API key; salts the prefix hash chain when enabled
+    adapter: str | None = None  # the LoRA adapter `model` named (then `model` is its pool's): gateway.adapters
     session_key: str | None = None  # X-Session-ID header, `prompt_cache_key` or `user`
     prompt_tokens_estimate: int = 0
     block_hashes: tuple[int, ...] = field(default=())  # filled only for policies that need the prefix

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from replica_stub.lora import Lora
+
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
@@ -29,6 +31,8 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
+    lora_id: int | None = None  # the adapter whose blocks these are (vLLM's lora_id and lora_name)
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +148,9 @@ class BlockPool:
                 self.free_queue.append(block)
 
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[int],
-                          parent_hash: int | None, token_ids: Sequence[int]) -> None:
+                          parent_hash: int | None, token_ids: Sequence[int], lora: Lora | None = None) -> None:
         """Register freshly filled blocks under their chain hashes (first writer wins on a race).
-        Emits one BlockStored per contiguous run of newly stored blocks."""
+        Emits one BlockStored per contiguous run of newly stored blocks, naming `lora`'s adapter."""
         run: list[int] = []
         run_start = 0
         for index, (block, block_hash) in enumerate(zip(blocks, block_hashes, strict=True)):
@@ -157,9 +161,9 @@ class BlockPool:
                     run_start = index
                 run.append(block_hash)
                 continue
-            self._stored(run, run_start, block_hashes, parent_hash, token_ids)
+            self._stored(run, run_start, block_hashes, parent_hash, token_ids, lora)
             run = []
-        self._stored(run, run_start, block_hashes, parent_hash, token_ids)
+        self._stored(run, run_start, block_hashes, parent_hash, token_ids, lora)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix, as vLLM's reset does: only when no block is in use (a
@@ -174,12 +178,13 @@ class BlockPool:
         return True
 
     def _stored(self, run: list[int], start: int, block_hashes: Sequence[int], parent_hash: int | None,
-                token_ids: Sequence[int]) -> None:
+                token_ids: Sequence[int], lora: Lora | None) -> None:
         if not run or self.on_event is None:
             return
         parent = block_hashes[start - 1] if start else parent_hash
         tokens = token_ids[start * self.block_size:(start + len(run)) * self.block_size]
-        self.on_event(BlockStored(tuple(run), parent, tuple(tokens), self.block_size))
+        self.on_event(BlockStored(tuple(run), parent, tuple(tokens), self.block_size,
+                                  *((lora.lora_id, lora.name) if lora is not None else ())))
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(an input-dependent engine fault, for tests; default off)")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* routes, as vLLM's "
                        "--api-key does: 401 without it (default open)")
+    serve.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
+                       help="serve these LoRA adapters as vLLM's --lora-modules does (the sim engine's adapter is a "
+                            "name that changes its text and its cache keys; default none)")
     for field in dataclasses.fields(TimingModel):
         flag = "--" + field.name.replace("_", "-")
         serve.add_argument(flag, type=float, help=f"{_TIMING_HELP[field.name]} (default {field.default})")

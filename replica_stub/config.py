@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 
 from replica_stub.engine.timing import TimingModel
 from replica_stub.kv_events import ENCODINGS, ENDPOINT_SCHEMES, Encoding
+from replica_stub.lora import Lora, parse_modules
 from replica_stub.scheduler import BATCHING, Batching
 
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -49,6 +51,12 @@ class StubConfig:
     timing: TimingModel = field(default_factory=TimingModel)
     fail_on_marker: str = ""  # "" -> off; else a request whose body contains it gets 500 (an input-dependent fault)
     api_key: str = ""  # "" -> open; else /v1/* needs `Authorization: Bearer <it>` (vLLM's --api-key)
+    lora_modules: tuple[str, ...] = ()  # "name=path" adapters (vLLM's --lora-modules), see replica_stub.lora
+
+    @cached_property
+    def loras(self) -> dict[str, Lora]:
+        """The adapters served, by name (validated by `resolved`)."""
+        return parse_modules(self.lora_modules, self.model)
 
     def resolved(self) -> StubConfig:
         """Fill derived defaults and check ranges; raises ValueError naming the setting."""
@@ -77,6 +85,7 @@ class StubConfig:
             raise ValueError("sim_output_len must be [min, max] with 1 <= min <= max")
         config.timing.validate()
         config._check_kv_events()
+        parse_modules(config.lora_modules, config.model)
         return config
 
     def _check_kv_events(self) -> None:
@@ -108,6 +117,7 @@ def load_config(path: str | None, overrides: Mapping[str, Any]) -> StubConfig:
     unknown = [k for k in data if k not in known] + [f"timing.{k}" for k in timing_data if k not in timing_fields]
     if unknown:
         raise ValueError(f"{path or 'flags'}: unknown setting(s) {', '.join(unknown)}")
-    if "sim_output_len" in data:
-        data["sim_output_len"] = tuple(data["sim_output_len"])
+    for name in ("sim_output_len", "lora_modules"):
+        if name in data:
+            data[name] = tuple(data[name])
     return StubConfig(**data, timing=TimingModel(**timing_data)).resolved()

@@ -16,6 +16,7 @@ from replica_stub.config import StubConfig
 from replica_stub.engine.base import Engine
 from replica_stub.gate import ArrivalGate
 from replica_stub.loop import EngineLoop
+from replica_stub.lora import Lora
 from replica_stub.output import RequestStream
 from replica_stub.protocol import GenerateRequest, usage
 from replica_stub.request import Request, SamplingParams
@@ -28,8 +29,9 @@ ARRIVALS = web.AppKey("arrivals", ArrivalGate)
 _ids = iter(range(1 << 62))
 
 
-def submit(http: web.Request, gen: GenerateRequest) -> tuple[Request, RequestStream]:
-    """Tokenize `gen` as the engine does and queue it; BadRequestError past the context length."""
+def submit(http: web.Request, gen: GenerateRequest, lora: Lora | None = None) -> tuple[Request, RequestStream]:
+    """Tokenize `gen` as the engine does and queue it (for `lora`'s adapter, if any); BadRequestError
+    past the context length."""
     config, engine_loop, tokenizer = http.app[CONFIG], http.app[ENGINE_LOOP], http.app[ENGINE].tokenizer
     if gen.prompt_token_ids is not None:
         prompt_ids = gen.prompt_token_ids
@@ -44,7 +46,7 @@ def submit(http: web.Request, gen: GenerateRequest) -> tuple[Request, RequestStr
     sampling = SamplingParams(max_tokens=max_tokens, temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
                               stop=gen.stop, ignore_eos=gen.ignore_eos)
     request = Request(f"{client_id or uuid.uuid4().hex}#{next(_ids)}", prompt_ids, sampling, config.block_size,
-                      eos_token_id=tokenizer.eos_token_id)
+                      eos_token_id=tokenizer.eos_token_id, lora=lora)
     try:
         return request, engine_loop.submit(request, gen.stop)
     except RuntimeError as exc:
@@ -52,9 +54,9 @@ def submit(http: web.Request, gen: GenerateRequest) -> tuple[Request, RequestStr
 
 
 @asynccontextmanager
-async def generation(http: web.Request, gen: GenerateRequest) -> AsyncIterator[RequestStream]:
+async def generation(http: web.Request, gen: GenerateRequest, lora: Lora | None = None) -> AsyncIterator[RequestStream]:
     """`submit`, aborted at the end unless it finished (client gone, failed write, error)."""
-    request, stream = submit(http, gen)
+    request, stream = submit(http, gen, lora)
     try:
         yield stream
     finally:

@@ -78,7 +78,8 @@ class KVCacheManager:
             return
         parent = request.block_hashes[start - 1] if start else None  # None: a prompt's first block
         tokens = request.all_token_ids[start * self.block_size:num_full * self.block_size]
-        self.pool.cache_full_blocks(held[start:num_full], request.block_hashes[start:num_full], parent, tokens)
+        self.pool.cache_full_blocks(held[start:num_full], request.block_hashes[start:num_full], parent, tokens,
+                                    request.lora)
         self._num_cached[request.request_id] = num_full
 
     def free(self, request: Request) -> None:

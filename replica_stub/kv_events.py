@@ -9,7 +9,9 @@ its prompt are already on the wire. A flush sends one multipart message, as vLLM
 
 `seq` counts from 0 per process. Events are encoded as vLLM's array-like tagged structs
 (`encoding="array"`, ~v0.9-v0.11: `["BlockStored", hashes, parent, token_ids, block_size,
-lora_id, medium]`) or as tagged maps (`encoding="map"`, newer: `{"type": "BlockStored", ...}`).
+lora_id, medium]`) or as tagged maps (`encoding="map"`, newer: `{"type": "BlockStored", ...}`,
+which also carry `lora_name`). `lora_id` (and `lora_name`) name the adapter whose blocks they
+are (None for the base model).
 Block hashes are the stub's xxh3_64 chain hashes, already unsigned 64-bit ints (what vLLM sends
 with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); a prompt's first block has parent None.
 
@@ -47,12 +49,14 @@ END_MARKER = (-1).to_bytes(8, "big", signed=True)
 
 
 def encode_event(event: KVEvent, encoding: Encoding) -> list[Any] | dict[str, Any]:
-    """One event in vLLM's wire shape; `lora_id` is always None (the stub has no LoRA)."""
+    """One event in vLLM's wire shape, in its struct's field order."""
     if isinstance(event, BlockStored):
         fields: dict[str, Any] = {"block_hashes": list(event.block_hashes),
                                   "parent_block_hash": event.parent_block_hash,
                                   "token_ids": list(event.token_ids), "block_size": event.block_size,
-                                  "lora_id": None, "medium": MEDIUM}
+                                  "lora_id": event.lora_id, "medium": MEDIUM}
+        if encoding == "map":  # vLLM added it after its events became maps
+            fields["lora_name"] = event.lora_name
     elif isinstance(event, BlockRemoved):
         fields = {"block_hashes": list(event.block_hashes), "medium": MEDIUM}
     else:  # AllBlocksCleared

@@ -1,5 +1,6 @@
 """One generation request as the scheduler and the engine see it: token ids, progress, block
-hashes (grown incrementally as blocks fill, so each block is hashed exactly once)."""
+hashes (grown incrementally as blocks fill, so each block is hashed exactly once; a LoRA
+adapter's chain starts from its own seed, so adapters never share blocks)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import xxhash
+
+from replica_stub.lora import Lora
 
 ROOT_HASH = 0  # seed of the first block's hash
 
@@ -62,6 +65,7 @@ class Request:
     sampling: SamplingParams
     block_size: int
     eos_token_id: int | None = None
+    lora: Lora | None = None  # the adapter the request names (None: the base model)
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
@@ -70,10 +74,12 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None  # prefix-cache hit at first admission
     num_preemptions: int = 0
+    hash_root: int = field(init=False)  # the first block's seed: the adapter's, else ROOT_HASH
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
-        self.block_hashes = chain_hashes(self.all_token_ids, self.block_size)
+        self.hash_root = ROOT_HASH if self.lora is None else self.lora.hash_root
+        self.block_hashes = chain_hashes(self.all_token_ids, self.block_size, self.hash_root)
 
     @property
     def num_tokens(self) -> int:
@@ -92,5 +98,5 @@ class Request:
         all_token_ids = self.all_token_ids
         all_token_ids.append(token_id)
         if len(all_token_ids) % self.block_size == 0:
-            parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+            parent = self.block_hashes[-1] if self.block_hashes else self.hash_root
             self.block_hashes.append(hash_block_tokens(parent, all_token_ids[-self.block_size:]))

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import BadRequestError, GatewayError, UnsupportedMediaTypeError, error_body, json_object
-from replica_stub import __version__, audio_api, chat_apis, pooling_api, sglang_api
+from replica_stub import __version__, audio_api, chat_apis, lora, pooling_api, sglang_api
 from replica_stub.block_pool import BlockPool
 from replica_stub.config import StubConfig
 from replica_stub.engine.registry import build_engine
@@ -170,12 +170,12 @@ async def _generate(http: web.Request, kind: Kind) -> web.StreamResponse:
     config = http.app[CONFIG]
     await http.app[ARRIVALS].enter()
     body = await _json_body(http)
-    check_model(body, config.model)
+    adapter = lora.resolve(body.get("model"), config.model, config.loras)
     if config.fail_on_marker and config.fail_on_marker.encode() in await http.read():
         raise GatewayError(f"injected fault: the request contains {config.fail_on_marker!r}")  # a 500
     gen = parse_chat(body) if kind == "chat" else parse_completion(body)
-    fmt = ResponseFormatter(kind, config.model, http.headers.get("X-Request-Id"))
-    async with generation(http, gen) as stream:
+    fmt = ResponseFormatter(kind, adapter.name if adapter else config.model, http.headers.get("X-Request-Id"))
+    async with generation(http, gen, adapter) as stream:
         if gen.stream:
             return await _stream_response(http, stream, fmt, gen)
         return await _full_response(stream, fmt)
@@ -217,10 +217,11 @@ async def _stream_response(http: web.Request, stream: RequestStream, fmt: Respon
 
 
 async def models(request: web.Request) -> web.Response:
-    config = request.app[CONFIG]
-    card = {"id": config.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+    """The base model, then each LoRA adapter with its `parent`, as vLLM lists them."""
+    config, created = request.app[CONFIG], int(time.time())
+    card = {"id": config.model, "object": "model", "created": created, "owned_by": "vllm",
             "root": config.model, "parent": None, "max_model_len": config.max_model_len}
-    return _json({"object": "list", "data": [card]})
+    return _json({"object": "list", "data": [card, *lora.cards(config.loras, config.model, created)]})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -254,7 +255,7 @@ async def kv_cache_state(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     body = await _json_body(request)
     config, tokenizer = request.app[CONFIG], request.app[ENGINE].tokenizer
-    check_model(body, config.model)
+    lora.resolve(body.get("model"), config.model, config.loras)  # an adapter tokenizes as its base
     if isinstance(body.get("prompt"), str):
         text = body["prompt"]
     elif isinstance(body.get("messages"), list):

@@ -6,6 +6,8 @@ token ids. We never reproduce the engine's block hashes (they depend on its hash
 and PYTHONHASHSEED): each stored block gets the gateway's own chain key, computed from its
 token ids exactly as `gateway.prefix` keys a token-exact request, seeded with its parent's own
 key, and an engine-hash → own-key map turns later removals into our keys (dual keys).
+A chain of a LoRA adapter's blocks starts from that adapter's seed (the event's `lora_name`), as a
+request naming the adapter is keyed, so blocks of different adapters never answer each other's lookups.
 
 Events arrive after the replica has run the prefill. Between dispatch and the event, a burst
 of sibling requests would see nothing: `speculate` inserts the dispatched request's blocks
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from gateway.prefix import chain_hash_tokens
+from gateway.prefix import adapter_seed, chain_hash_tokens
 
 log = structlog.get_logger("gateway.index.exact")
 
@@ -79,14 +81,28 @@ class ExactTables:
         self.block_tokens = block_tokens
         self.speculative_ttl_s = speculative_ttl_s
         self._tables: dict[str, _Table] = {}
+        self.names_adapters = True  # False once a LoRA block came with an id and no name: see `_root`
         self.on_block_size: Callable[[str, int, str], None] = lambda replica_id, size, source: None  # the router's
 
     # -- what a subscriber feeds in (EventSink) --
 
+    def _root(self, lora_id: int | None, lora_name: str | None) -> int:
+        """A chain's first seed: the base model's, or its LoRA adapter's as a request for it is keyed
+        (`prefix.adapter_seed`). An adapter known by its id alone (vLLM <= 0.11 sends no name, and says
+        nowhere which name an id has) gets a seed of its own: its blocks stay apart, never predicted, and
+        adapter requests are then predicted from the routing history instead (`names_adapters`)."""
+        if lora_name is not None:
+            return adapter_seed(self.root_seed, lora_name)
+        if not lora_id:
+            return self.root_seed
+        self.names_adapters = False
+        return adapter_seed(self.root_seed, f"\x00lora_id={lora_id}")
+
     def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
-               token_ids: Sequence[int], block_size: int) -> None:
+               token_ids: Sequence[int], block_size: int, lora_id: int | None = None,
+               lora_name: str | None = None) -> None:
         table = self._heard(replica_id)
-        seed = self.root_seed if parent is None else table.own_key.get(parent)
+        seed = self._root(lora_id, lora_name) if parent is None else table.own_key.get(parent)
         if seed is None:
             table.orphans += len(block_hashes)
             return

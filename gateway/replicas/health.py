@@ -1,4 +1,5 @@
-"""Background monitor: active health probes and load scrapes for every replica of every pool.
+"""Background monitor: active health probes, load scrapes and adapter lists (`/v1/models`) for
+every replica of every pool.
 
 Both loops read the *current* config and pool list on each round, so a reload takes effect at the
 next tick. Owned by the app's cleanup context (`start()` on startup, `stop()` on shutdown).
@@ -12,8 +13,10 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 import structlog
 
+from gateway.backend_auth import auth_headers
 from gateway.config import Config
 from gateway.replicas import load
+from gateway.replicas.models import list_adapters
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.replica import Replica
 
@@ -49,7 +52,8 @@ class Monitor:
                  on_ejected: Callable[[str], object] = lambda replica_id: None) -> None:
         self._session, self._pools, self._config = session, pools, config
         self._on_ejected = on_ejected
-        self._after_scrape = after_scrape  # e.g. size the warm-prefix index from the scraped KV-cache shape
+        # after each round of scrapes or adapter lists: e.g. size the warm-prefix index from the KV-cache shape
+        self._after_scrape = after_scrape
         self._tasks: list[asyncio.Task[None]] = []
 
     def _replicas(self) -> list[Replica]:
@@ -66,9 +70,19 @@ class Monitor:
         await asyncio.gather(*(load.scrape(self._session, r, cfg.path, cfg.timeout_s) for r in self._replicas()))
         self._after_scrape()
 
+    async def list_all(self) -> None:
+        """Each available replica's LoRA adapters (a replica that is down keeps its last list)."""
+        config = self._config()
+        await asyncio.gather(*(
+            list_adapters(self._session, r, auth_headers(config.backend_key(pool.model, r.replica_id)),
+                          config.health.timeout_s)
+            for pool in self._pools() for r in pool if r.is_available()))
+        self._after_scrape()
+
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._every(self.probe_all, lambda c: c.health.interval_s)),
-                       asyncio.create_task(self._every(self.scrape_all, lambda c: c.load.interval_s))]
+                       asyncio.create_task(self._every(self.scrape_all, lambda c: c.load.interval_s)),
+                       asyncio.create_task(self._every(self.list_all, lambda c: c.health.interval_s))]
 
     async def stop(self) -> None:
         for task in self._tasks:

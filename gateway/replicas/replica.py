@@ -41,6 +41,7 @@ class Replica:
     probe_failures: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     last_error: str = ""
+    adapters: dict[str, str | None] = field(default_factory=dict)  # LoRA name -> path, from its /v1/models
 
     @classmethod
     def from_config(cls, config: ReplicaConfig) -> "Replica":
@@ -81,5 +82,5 @@ class Replica:
             "block_size": self.load.block_size, "completed": self.load.completed,
             "load_age_s": round(now - self.load.scraped_at, 3) if self.load.scraped_at else None,
             "recent_faults": len(self.breaker.faults), "breaker_opened": self.breaker.opened_total,
-            "last_error": self.last_error,
+            "last_error": self.last_error, "adapters": sorted(self.adapters),
         }

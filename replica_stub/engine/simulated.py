@@ -1,7 +1,7 @@
 """The simulated engine: spends each step's modelled time with `asyncio.sleep` and samples
 whole words, so one CPU core can host many replicas that still behave like real ones.
 
-Text is a deterministic function of (seed, prompt): each request gets its own RNG seeded
+Text is a deterministic function of (seed, LoRA adapter, prompt): each request gets its own RNG seeded
 from both, and a natural length after which it emits EOS (unless `ignore_eos`). Every word
 is at most 8 characters and is followed by a space, so it is a single tokenizer piece and
 the answer re-tokenizes to the generated ids when it comes back in the next turn.
@@ -82,7 +82,7 @@ class SimEngine:
         state = self._rngs.get(request.request_id)
         if state is None:
             seed = xxhash.xxh3_64_intdigest(array("Q", request.prompt_token_ids).tobytes(),
-                                            seed=request.sampling.seed or 0)
+                                            seed=(request.sampling.seed or 0) ^ request.hash_root)
             rng = random.Random(seed)
             state = self._rngs[request.request_id] = (rng, rng.randint(*self.output_len))
         rng, natural_len = state

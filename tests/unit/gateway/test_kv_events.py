@@ -155,7 +155,8 @@ class RecordingSink:
         self.certain = False
 
     def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
-               token_ids: Sequence[int], block_size: int) -> None:
+               token_ids: Sequence[int], block_size: int, lora_id: int | None = None,
+               lora_name: str | None = None) -> None:
         self.calls.append(("stored", replica_id, tuple(block_hashes), parent))
 
     def removed(self, replica_id: str, block_hashes: Sequence[EngineHash]) -> None:

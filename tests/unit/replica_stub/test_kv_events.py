@@ -75,10 +75,18 @@ def test_array_encoding_is_vllms_tagged_array_shape() -> None:
     assert encode_event(AllBlocksCleared(), "array") == ["AllBlocksCleared"]
 
 
+def test_stored_blocks_name_their_lora_adapter() -> None:
+    stored = BlockStored((11,), None, (1, 2, 3, 4), 4, lora_id=2, lora_name="sql")
+    assert encode_event(stored, "array")[5] == 2  # vLLM <= 0.11 arrays: lora_id only
+    assert encode_event(stored, "map") == {"type": "BlockStored", "block_hashes": [11], "parent_block_hash": None,
+                                                "token_ids": [1, 2, 3, 4], "block_size": 4, "lora_id": 2,
+                                                "medium": "GPU", "lora_name": "sql"}
+
+
 def test_map_encoding_is_tagged_maps() -> None:
     assert encode_event(STORED, "map") == {"type": "BlockStored", "block_hashes": [11, 2**64 - 1],
                                            "parent_block_hash": None, "token_ids": list(range(8)),
-                                           "block_size": 4, "lora_id": None, "medium": "GPU"}
+                                           "block_size": 4, "lora_id": None, "medium": "GPU", "lora_name": None}
     assert encode_event(BlockRemoved((11,)), "map") == {"type": "BlockRemoved", "block_hashes": [11],
                                                          "medium": "GPU"}
     assert encode_event(AllBlocksCleared(), "map") == {"type": "AllBlocksCleared"}

@@ -58,6 +58,9 @@ CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in l
 
 Pick = Callable[[set[str]], Awaitable[tuple[Replica, Decision] | None]]
 """Choose a replica not in the excluded set, or None when no healthy one is left."""
+Narrow = Callable[[set[str]], set[str]]
+"""The excluded set with the replicas this request may never use (an adapter's others, a stored
+response's non-homes): what tells the last attempt, whose 5xx is the client's answer, from a retry."""
 
 
 @dataclass(slots=True)
@@ -147,7 +150,7 @@ class Proxy:
         return self._session
 
     async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
-                      exchange: Exchange, config: Config) -> web.StreamResponse:
+                      exchange: Exchange, config: Config, narrow: Narrow = set) -> web.StreamResponse:
         failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
                                                retry_after_s=1)
         deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
@@ -158,8 +161,8 @@ class Proxy:
                     break
                 replica, exchange.decision = chosen
                 exchange.replica_id = replica.replica_id
-                last = attempt == config.limits.max_retries or not pool.candidates({*exchange.failed_replicas,
-                                                                                     replica.replica_id})
+                last = attempt == config.limits.max_retries or not pool.candidates(narrow({*exchange.failed_replicas,
+                                                                                            replica.replica_id}))
                 with pool.track(replica):
                     try:
                         return await self._send_once(request, view, replica, exchange, config, last=last,

@@ -111,12 +111,14 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
             app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
         raise
 
-    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:  # a follow-up: only its response's home;
-        exclude = app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))  # an adapter:
-        return await app[ADMISSION].choose(route, view, exclude, config.admission)  # only the replicas serving it
+    def narrow(exclude: set[str]) -> set[str]:  # an adapter: only the replicas serving it; a follow-up: its home
+        return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))
+
+    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
+        return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission)
 
     try:
-        return await app[PROXY].forward(request, view, route.pool, pick, exchange, config)
+        return await app[PROXY].forward(request, view, route.pool, pick, exchange, config, narrow)
     except RateLimitError as exc:
         exchange.status, exchange.error = exc.status, exc.message
         app[METRICS].rejected.labels(view.model, "queue").inc()

@@ -252,3 +252,21 @@ async def test_api_key_gives_the_tenant_and_is_not_forwarded(gateway: Gateway,
     metrics = await (await client.get("/metrics")).text()
     assert 'affinity_gateway_tenant_requests_total{status="200",tenant="acme"} 1.0' in metrics
     assert 'affinity_gateway_tenant_tokens_total{kind="completion",tenant="acme"} 3.0' in metrics
+
+
+async def test_5xx_from_the_only_replica_serving_an_adapter_is_passed_through() -> None:
+    """r1 could take a retry of the base model, never of r0's adapter: r0's 500 is the client's answer."""
+    servers = [TestServer(FakeReplica("r0", status=500).app), TestServer(FakeReplica("r1").app)]
+    for server in servers:
+        await server.start_server()
+    data = gateway_config([str(s.make_url("")).rstrip("/") for s in servers])
+    data["pools"][MODEL]["replicas"][0]["adapters"] = ["sql"]
+    client = TestClient(TestServer(make_app(parse_config(data))))
+    await client.start_server()
+    try:
+        resp = await client.post("/v1/chat/completions", json={**CHAT, "model": "sql"})
+        assert resp.status == 500 and (await resp.json())["error"]["message"] == "boom"
+    finally:
+        await client.close()
+        for server in servers:
+            await server.close()

@@ -1,7 +1,7 @@
 """Drop-in on real vLLM started with an API key: the gateway sends the backend key it is given
 (`api_key_file`) and never the client's, and vLLM's own non-generation routes (`/tokenize`,
-`/detokenize`) and its Anthropic and Responses APIs (`/v1/messages`, `/v1/responses`) answer
-through it exactly as they answer directly."""
+`/detokenize`) and its Anthropic and Responses APIs (`/v1/messages`, `/v1/responses`, stored
+responses by id) answer through it as they answer directly."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def keyed_gateway(vllm: VLLMPair, tmp_path_factory: pytest.TempPathFactory) -> I
     run_dir = tmp_path_factory.mktemp("keyed-vllm")
     replica = VLLMReplica(2, free_port(), free_port(), free_port(), run_dir, MODEL, num_blocks=NUM_BLOCKS,
                           log_level="warning")
-    proc = Proc(replica.command(), env={**replica.env(), "VLLM_API_KEY": BACKEND_KEY})
+    proc = Proc(replica.command(), env={**replica.env(), "VLLM_API_KEY": BACKEND_KEY,
+                                        "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
     gw = None
     try:
         wait_http(f"{replica.url}/health", proc, timeout=vllm_replica.START_TIMEOUT_S)
@@ -83,12 +84,15 @@ def test_anthropic_messages_through_the_gateway(keyed_gateway: tuple[Gateway, st
     assert streamed == message.content[0].text  # greedy: the same answer streamed or not
 
 
-def test_responses_through_the_gateway(keyed_gateway: tuple[Gateway, str]) -> None:
+def test_responses_stored_and_continued_through_the_gateway(keyed_gateway: tuple[Gateway, str]) -> None:
     gw, _ = keyed_gateway
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="client-key", timeout=120, max_retries=0)
     response = client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=16, temperature=0)
-    assert response.status == "completed" or response.output_text, response
-    assert response.output_text
+    assert response.output_text, response
+    assert client.responses.retrieve(response.id).output_text == response.output_text  # GET by id, keyed
+    follow = client.responses.create(model=MODEL, input="And another?", previous_response_id=response.id,
+                                     max_output_tokens=8, temperature=0)
+    assert follow.output_text and follow.previous_response_id == response.id
 
 
 def test_the_backend_key_is_in_no_admin_answer_nor_log(keyed_gateway: tuple[Gateway, str]) -> None:

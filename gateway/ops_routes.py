@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 
 from gateway.adapters import named
-from gateway.app_keys import ADMISSION, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
+from gateway.app_keys import ADMISSION, METRICS, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
 from gateway.errors import ConfigError, NoReplicaError, NotFoundError, error_body
 from gateway.lifecycle import LIFECYCLE
 from gateway.limits import read_view
@@ -41,7 +41,7 @@ def add_ops_routes(app: web.Application) -> None:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return _json(await model_list(request.app[PROXY].session, state.routes, state.config, state.adapters))
+    return _json(model_list(state.routes, state.config, state.adapters))
 
 
 async def health(request: web.Request) -> web.Response:

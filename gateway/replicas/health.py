@@ -16,7 +16,7 @@ import structlog
 from gateway.backend_auth import auth_headers
 from gateway.config import Config
 from gateway.replicas import load
-from gateway.replicas.models import list_adapters
+from gateway.replicas.models import list_models
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.replica import Replica
 
@@ -71,11 +71,11 @@ class Monitor:
         self._after_scrape()
 
     async def list_all(self) -> None:
-        """Each available replica's LoRA adapters (a replica that is down keeps its last list)."""
+        """Each available replica's model card and LoRA adapters (a replica that is down keeps its last)."""
         config = self._config()
         await asyncio.gather(*(
-            list_adapters(self._session, r, auth_headers(config.backend_key(pool.model, r.replica_id)),
-                          config.health.timeout_s)
+            list_models(self._session, r, pool.model, auth_headers(config.backend_key(pool.model, r.replica_id)),
+                        config.health.timeout_s)
             for pool in self._pools() for r in pool if r.is_available()))
         self._after_scrape()
 

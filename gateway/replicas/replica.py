@@ -42,6 +42,7 @@ class Replica:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     last_error: str = ""
     adapters: dict[str, str | None] = field(default_factory=dict)  # LoRA name -> path, from its /v1/models
+    model_card: dict[str, Any] = field(default_factory=dict)  # its own entry there: max_model_len, root
 
     @classmethod
     def from_config(cls, config: ReplicaConfig) -> "Replica":

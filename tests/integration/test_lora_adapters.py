@@ -62,7 +62,7 @@ def test_adapters_route_to_their_replicas_and_never_share_cached_tokens(tmp_path
 
             eventually(lambda: {"sql", "chat"} <= set(listed()))
             assert {k: (v.get("parent"), v.get("root")) for k, v in listed().items()} == {
-                MODEL: (None, None), "sql": (MODEL, "/loras/sql"), "chat": (MODEL, "/loras/chat")}
+                MODEL: (None, MODEL), "sql": (MODEL, "/loras/sql"), "chat": (MODEL, "/loras/chat")}
 
             assert {complete(client, "sql", text(f"a{i}-"))[0] for i in range(6)} == {"r-0"}
 

@@ -30,7 +30,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         solo = track(start_stub("solo-0", SOLO))
         yield track(start_gateway(tmp_path_factory.mktemp("routes"),
                                   {MODEL: {**pool(*((s.replica_id, s.url) for s in stubs)),
-                                          "routing": {"policy": "prefix_affinity", "explain_header": True}},
+                                          # no tie band: these stubs prefill fast, so a warm history saves
+                                          # only a few ms, within the default band where load decides
+                                          "routing": {"policy": "prefix_affinity", "explain_header": True,
+                                                      "params": {"tie_s": 0, "tie_ratio": 0}}},
                                    SOLO: pool(("solo-0", solo.url))},
                                   routes={"passthrough": ["/reset_prefix_cache"]}))
 

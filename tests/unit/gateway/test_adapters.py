@@ -159,15 +159,16 @@ def test_decoded_events_carry_the_adapter_in_either_encoding() -> None:
     assert [(e.lora_id, e.lora_name) for e in events if isinstance(e, Stored)] == [(3, None), (3, "sql"), (None, None)]
 
 
-async def test_a_replicas_adapters_come_from_its_model_list_and_survive_a_bad_answer() -> None:
+async def test_a_replicas_card_and_adapters_come_from_its_model_list_and_survive_a_bad_answer() -> None:
     import aiohttp
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
     from gateway.replicas import Replica
-    from gateway.replicas.models import list_adapters
+    from gateway.replicas.models import list_models
 
-    answers = [{"data": [{"id": "base", "parent": None, "root": "/m"}, {"id": "sql", "parent": "base",
+    answers = [{"data": [{"id": "base", "parent": None, "root": "/m", "max_model_len": 4096, "owned_by": "vllm"},
+                         {"id": "sql", "parent": "base",
                                                                          "root": "/loras/sql"},
                          {"id": "chat", "parent": "base"}, "junk"]}, {"error": "down"}]
     seen: list[str | None] = []
@@ -180,10 +181,11 @@ async def test_a_replicas_adapters_come_from_its_model_list_and_survive_a_bad_an
     app.router.add_get("/v1/models", models)
     async with TestServer(app) as server, aiohttp.ClientSession() as session:
         replica = Replica("a", str(server.make_url("")).rstrip("/"))
-        await list_adapters(session, replica, {"Authorization": "Bearer k"}, 1.0)
+        await list_models(session, replica, "base", {"Authorization": "Bearer k"}, 1.0)
         assert replica.adapters == {"sql": "/loras/sql", "chat": None} and seen == ["Bearer k"]
-        await list_adapters(session, replica, {}, 1.0)  # a 503: the last list stands
-        assert replica.adapters == {"sql": "/loras/sql", "chat": None}
+        assert replica.model_card == {"max_model_len": 4096, "root": "/m"}
+        await list_models(session, replica, "base", {}, 1.0)  # a 503: the last list stands
+        assert replica.adapters == {"sql": "/loras/sql", "chat": None} and replica.model_card["max_model_len"] == 4096
 
 
 async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id_only() -> None:

@@ -49,7 +49,8 @@ class _Lease:
 
 class SharedQuota:
     def __init__(self, url: str, key_prefix: str) -> None:
-        self._redis = aioredis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S)
+        self._redis = aioredis.from_url(  # one for the app's life, named in CLIENT LIST
+            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-quota")
         self._grant = self._redis.register_script(_GRANT)
         self._prefix = f"{key_prefix}ratelimit:"
         self._leases: dict[tuple[str, str], _Lease] = {}

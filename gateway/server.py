@@ -248,7 +248,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     await state.close()
     await session.close()
     if app[TRACING] is not None:
-        app[TRACING].shutdown()
+        await asyncio.to_thread(app[TRACING].shutdown)  # flushing to a slow collector must not stall the loop
     if app[RATE_LIMITS].shared is not None:
         await app[RATE_LIMITS].shared.close()
 

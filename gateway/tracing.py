@@ -11,6 +11,7 @@ and its request path pays one `is None` test per hook (`Exchange.trace`).
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Awaitable, MutableMapping
 from dataclasses import dataclass
@@ -53,6 +54,13 @@ class TracingConfig:
             raise ConfigError(f"must be 0..1, got {self.sampling_ratio}", key=f"{key}.sampling_ratio")
         if not self.service_name:
             raise ConfigError("must not be empty", key=f"{key}.service_name")
+        if self.enabled:
+            try:
+                for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+                    importlib.import_module(module)
+            except ImportError:
+                raise ConfigError("needs the otel extra: pip install 'affinity-gateway[otel]'",
+                                  key=f"{key}.enabled") from None
 
 
 class Tracing:

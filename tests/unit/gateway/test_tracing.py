@@ -45,10 +45,11 @@ async def traced() -> AsyncIterator[Start]:
     servers: list[TestServer] = []
     clients: list[Client] = []
 
-    async def start(*fakes: FakeReplica, **overrides: Any) -> tuple[Client, InMemorySpanExporter]:
+    async def start(*fakes: FakeReplica, sampling_ratio: float = 1.0,
+                    **overrides: Any) -> tuple[Client, InMemorySpanExporter]:
         app = make_app(parse_config(config_data(await serve_fakes(fakes, servers), **overrides)))
         exporter = InMemorySpanExporter()
-        app[TRACING] = Tracing(TracingConfig(enabled=True), exporter)
+        app[TRACING] = Tracing(TracingConfig(enabled=True, sampling_ratio=sampling_ratio), exporter)
         client = TestClient(TestServer(app))
         await client.start_server()
         clients.append(client)
@@ -140,18 +141,21 @@ async def test_incoming_traceparent_is_continued_and_replaced_upstream(traced: S
 
 async def test_a_retry_is_a_second_attempt_span(traced: Start) -> None:
     client, exporter = await traced(FakeReplica("r0", status=500), FakeReplica("r1"))
-    for _ in range(2):  # round robin: one of the two starts on the failing replica
-        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-    retried = [spans for spans in by_trace(exporter.get_finished_spans()).values()
-               if len([s for s in spans if s.kind == SpanKind.CLIENT]) == 2]
-    assert len(retried) == 1
-    attempts = sorted((s for s in retried[0] if s.kind == SpanKind.CLIENT),
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        for _ in range(2):  # round robin: one of the two starts on the failing replica
+            assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    retried_ids = [trace_id for trace_id, spans in by_trace(exporter.get_finished_spans()).items()
+                   if len([s for s in spans if s.kind == SpanKind.CLIENT]) == 2]
+    assert len(retried_ids) == 1
+    assert [e["event"] for e in logs if e.get("trace_id") == retried_ids[0]] == ["upstream_retry", "request"]
+    spans = by_trace(exporter.get_finished_spans())[retried_ids[0]]
+    attempts = sorted((s for s in spans if s.kind == SpanKind.CLIENT),
                       key=lambda s: (s.attributes or {})["gateway.attempt"])
     assert [(a.attributes or {})["gateway.replica"] for a in attempts] == ["r0", "r1"]
     assert [(a.attributes or {})["gateway.outcome"] for a in attempts] == ["http_500", "ok"]
-    (server,) = [s for s in retried[0] if s.kind == SpanKind.SERVER]
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
     assert (server.attributes or {})["gateway.retried_from"] == ("r0",)
-    assert len([s for s in retried[0] if s.name == "route"]) == 2
+    assert len([s for s in spans if s.name == "route"]) == 2
 
 
 async def test_tracing_off_forwards_the_clients_traceparent_as_it_came() -> None:
@@ -203,6 +207,37 @@ def test_config_errors_name_the_key(tracing: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(config_data(["http://127.0.0.1:9"], tracing=tracing))
     assert info.value.key == key
+
+
+async def test_an_unsampled_trace_still_propagates_and_logs_its_id(traced: Start) -> None:
+    fake = FakeReplica("r0")
+    client, exporter = await traced(fake, sampling_ratio=0.0)
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+        sampled = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"  # the client's sampled flag wins over the ratio
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers={"traceparent": sampled})).status == 200
+    unsampled, followed = (seen.headers["traceparent"].split("-") for seen in fake.seen)
+    assert not int(unsampled[3], 16) & 1 and followed[1] == CLIENT_TRACE and int(followed[3], 16) & 1
+    assert [e["trace_id"] for e in logs if e["event"] == "request"] == [unsampled[1], CLIENT_TRACE]
+    assert {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans() if s.context} == {CLIENT_TRACE}
+
+
+async def test_a_5xx_answer_marks_the_server_span_as_an_error(traced: Start) -> None:
+    from opentelemetry.trace import StatusCode
+
+    client, exporter = await traced(FakeReplica("r0", status=500), FakeReplica("r1", status=500))
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 500  # poison: the second 5xx as it is
+    spans = exporter.get_finished_spans()
+    (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
+    assert server.status.status_code == StatusCode.ERROR
+    assert [(s.attributes or {})["gateway.outcome"] for s in spans if s.kind == SpanKind.CLIENT] == ["http_500"] * 2
+
+
+def test_enabled_without_the_otel_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
+    with pytest.raises(ConfigError) as info:
+        parse_config(config_data(["http://127.0.0.1:9"], tracing={"enabled": True}))
+    assert info.value.key == "tracing.enabled" and "[otel]" in info.value.reason
 
 
 def test_defaults_are_off() -> None:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gateway.policies import Candidate, Decision
     from gateway.replicas import Replica, ReplicaPool
     from gateway.state import ModelRoute
+    from gateway.tracing import RequestTrace
     from gateway.view import RequestView
 
 
@@ -119,14 +120,16 @@ class Admission:
         return {model: len(queue) for model, queue in self._queues.items()}
 
     async def choose(self, route: ModelRoute, view: RequestView, exclude: Collection[str],
-                     config: AdmissionConfig) -> tuple[Replica, Decision] | None:
+                     config: AdmissionConfig, trace: RequestTrace | None = None) -> tuple[Replica, Decision] | None:
         """Route among replicas with a free slot; None when no replica is healthy."""
         queue = self.queue(route)
         while True:
-            candidates = await queue.candidates(exclude, config, route.model)
+            waiting = queue.candidates(exclude, config, route.model)
+            candidates = await (waiting if trace is None else trace.admission(waiting))
             if not candidates:
                 return None
-            decision = await route.router.decide(view, candidates)
+            deciding = route.router.decide(view, candidates)
+            decision = await (deciding if trace is None else trace.routing(deciding, route, view))
             replica = route.pool.get(decision.replica_id)
             if replica is None:
                 raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")

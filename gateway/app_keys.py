@@ -13,6 +13,7 @@ from gateway.ratelimit import RateLimits
 from gateway.state import GatewayState
 from gateway.stored_responses import ResponseHomes
 from gateway.token_costs import TokenCosts
+from gateway.tracing import Tracing
 
 STATE = web.AppKey("state", GatewayState)
 METRICS = web.AppKey("metrics", Metrics)
@@ -21,5 +22,6 @@ ADMISSION = web.AppKey("admission", Admission)
 RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
 HOMES = web.AppKey("response_homes", ResponseHomes)
 TOKEN_COSTS = web.AppKey("token_costs", TokenCosts)
+TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)

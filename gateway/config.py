@@ -39,6 +39,7 @@ from gateway.prefix import PrefixParams
 from gateway.readiness import ReadinessConfig
 from gateway.routes import RoutesConfig
 from gateway.token_costs import Prices
+from gateway.tracing import TracingConfig
 
 ENV_PREFIX = "AFFINITY_GATEWAY_"
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -265,6 +266,7 @@ class Config:
     headers: HeadersConfig = field(default_factory=HeadersConfig)
     readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
     routes: RoutesConfig = field(default_factory=RoutesConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def backend_key(self, model: str, replica_id: str) -> str | None:
         """The key to send to this replica of this model's pool, if there is one."""

@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import aiohttp
 import structlog
@@ -51,6 +52,9 @@ from gateway.stream_usage import UsageStripper
 from gateway.usage import SSEUsageScanner, Usage
 from gateway.view import RequestView
 from gateway.watch import Watch, Watches
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace
 
 log = structlog.get_logger("gateway.proxy")
 
@@ -82,6 +86,7 @@ class Exchange:
     chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.phrase_chunking)
     first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
     strip_usage: bool = False  # the gateway asked for this stream's usage: the client did not (gateway.stream_usage)
+    trace: RequestTrace | None = None  # its spans, when tracing is on (gateway.tracing)
 
     def phrase_written(self) -> None:
         if self.first_phrase_s is None:
@@ -134,6 +139,8 @@ def _first_byte(exchange: Exchange, replica: Replica) -> None:
     exchange.ttft_s = time.perf_counter() - exchange.started
     if exchange.on_first_byte is not None:
         exchange.on_first_byte(replica.replica_id)
+    if exchange.trace is not None:
+        exchange.trace.first_byte(exchange.ttft_s, replica.replica_id)
 
 
 class Proxy:
@@ -165,8 +172,10 @@ class Proxy:
                                                                                             replica.replica_id}))
                 with pool.track(replica):
                     try:
-                        return await self._send_once(request, view, replica, exchange, config, last=last,
-                                                     after_5xx=bool(deferred))
+                        sending = self._send_once(request, view, replica, exchange, config, last=last,
+                                                  after_5xx=bool(deferred))
+                        return await (sending if exchange.trace is None
+                                      else exchange.trace.attempt(replica, sending, exchange))
                     except _Retryable as exc:
                         failure = exc.error
                         if exc.kind.startswith("http_"):
@@ -189,6 +198,8 @@ class Proxy:
                          config: Config, *, last: bool, after_5xx: bool) -> web.StreamResponse:
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
+        if exchange.trace is not None:  # else a client's traceparent goes on as it came
+            exchange.trace.inject(out_headers)
         # the gateway's key is a credential for the gateway only
         set_upstream_auth(out_headers, config.backend_key(view.model, replica.replica_id), config.auth.enabled)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)  # silence: the watch

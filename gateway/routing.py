@@ -87,6 +87,10 @@ class Router:
             self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
 
+    def prediction(self, request_id: str) -> tuple[Score, str] | None:
+        """The chosen replica's row at the request's last decision and its evidence rung (gateway.tracing)."""
+        return self._predicted.get(request_id)
+
     def dispatched(self, view: RequestView, decision: Decision) -> None:
         """The request holds its slot on the chosen replica and is sent next: count its queued
         prefill there and its blocks as warm there (so a burst of siblings follows it)."""

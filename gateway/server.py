@@ -22,7 +22,8 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
+from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS,
+                              TRACING)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
@@ -41,6 +42,7 @@ from gateway.state import GatewayState, ModelRoute
 from gateway.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.stream_usage import ask_for_usage
 from gateway.token_costs import TokenCosts
+from gateway.tracing import Tracing
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.server")
@@ -57,6 +59,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
     app[LIFECYCLE] = Lifecycle()
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
+    app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -115,8 +118,10 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
         return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))
 
     async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
-        return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission)
+        return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission, exchange.trace)
 
+    if app[TRACING] is not None:  # from here on every log event of the request carries its trace_id
+        exchange.trace = app[TRACING].request(request, view, exchange.started)
     try:
         return await app[PROXY].forward(request, view, route.pool, pick, exchange, config, narrow)
     except RateLimitError as exc:
@@ -179,6 +184,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
                  decision=exchange.decision.explain()["candidates"] if exchange.decision else None,
                  tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}
                                         if config.logging.prompts else {}))
+    if exchange.trace is not None:
+        exchange.trace.end(exchange, route.routing.policy)
 
 
 @web.middleware
@@ -240,6 +247,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     await monitor.stop()
     await state.close()
     await session.close()
+    if app[TRACING] is not None:
+        await asyncio.to_thread(app[TRACING].shutdown)  # flushing to a slow collector must not stall the loop
     if app[RATE_LIMITS].shared is not None:
         await app[RATE_LIMITS].shared.close()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
 
@@ -170,3 +171,14 @@ async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.02)
+
+
+async def serve_fakes(fakes: tuple[FakeReplica, ...], servers: list[TestServer]) -> list[str]:
+    """Start each fake on a test server (appended to `servers`, for the caller to close); their base URLs."""
+    urls = []
+    for fake in fakes:
+        server = TestServer(fake.app)
+        await server.start_server()
+        servers.append(server)
+        urls.append(str(server.make_url("")).rstrip("/"))
+    return urls

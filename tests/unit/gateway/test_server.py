@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.auth import hash_key
 from gateway.config import parse_config
 from gateway.server import STATE, make_app
-from tests.upstream import FakeReplica, until
+from tests.upstream import FakeReplica, serve_fakes, until
 
 MODEL = "m1"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -43,13 +43,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     clients: list[Client] = []
 
     async def start(*fakes: FakeReplica, **overrides: Any) -> tuple[Client, list[FakeReplica]]:
-        urls = []
-        for fake in fakes:
-            server = TestServer(fake.app)
-            await server.start_server()
-            servers.append(server)
-            urls.append(str(server.make_url("")).rstrip("/"))
-        data = gateway_config(urls, **overrides)
+        data = gateway_config(await serve_fakes(fakes, servers), **overrides)
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(data))
         client = TestClient(TestServer(make_app(parse_config(data), path)))

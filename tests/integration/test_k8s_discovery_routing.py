@@ -99,6 +99,15 @@ async def test_the_pool_follows_pods_added_readied_unreadied_and_removed(replica
                     seen.add(answer.headers["X-Replica-Id"])
                 return seen
 
+            index = app[STATE].route_for("m").router.index
+            forgotten: list[str] = []
+            forget = index.forget
+
+            async def recorded_forget(replica_id: str) -> None:
+                forgotten.append(replica_id)
+                await forget(replica_id)
+
+            index.forget = recorded_forget  # type: ignore[method-assign]  # which warm-prefix tables go
             assert pool() == {"vllm-0": True}  # listed before the gateway served
             assert (await client.get("/ready")).status == 200
             assert await served(3) == {"vllm-0"}
@@ -121,11 +130,12 @@ async def test_the_pool_follows_pods_added_readied_unreadied_and_removed(replica
             await publish()
             await until(lambda: pool() == {"vllm-0": False, "vllm-1": True})
             assert await served(4) == {"vllm-1"}
+            assert forgotten == []  # unready keeps its warm prefixes, for when it is back
 
             del pods["vllm-0"]  # ...and goes
             await publish()
             await until(lambda: pool() == {"vllm-1": True})
-            assert set(await listed()) == {"vllm-1"}
+            assert set(await listed()) == {"vllm-1"} and forgotten == ["vllm-0"]  # gone: its table dropped
 
             await api.put(endpoint_slice("vllm-def34", "vllm", {"vllm-2": (ADDRESSES[2], True)}, port))  # 2nd slice
             await until(lambda: pool() == {"vllm-1": True, "vllm-2": True})

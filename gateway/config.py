@@ -11,7 +11,9 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -90,13 +92,41 @@ class RoutingConfig:
 
 
 @dataclass(frozen=True)
-class DiscoveryConfig:
-    """YAML `pools.<model>.discovery`: replicas from a DNS name's A/AAAA records (a headless Service).
+class KubernetesDiscovery:
+    """YAML `pools.<model>.discovery.kubernetes`: the endpoints of a Service's EndpointSlices, watched
+    through the API (`gateway.k8s_discovery`); each pod's name is its replica id."""
 
-    Every address becomes replica `<address>:<port>`; the set is re-resolved every `interval_s`.
+    service: str
+    namespace: str | None = None  # default: the service account's (or the kubeconfig context's) namespace
+    port_name: str | None = None  # the slices' port of this name; default: `discovery.port`
+    labels: dict[str, str] = field(default_factory=dict)  # more label terms the slices must carry
+    kubeconfig: str | None = None  # a kubeconfig file (running outside the cluster); default: in-cluster
+    retry_s: float = 1.0  # first reconnect delay after a watch error, doubling up to 30s
+
+    def validate(self, key: str) -> None:
+        for name in ("service", "namespace", "port_name"):
+            value = getattr(self, name)
+            if value is not None and not _DNS_LABEL.fullmatch(value):
+                raise ConfigError(f"expected a Kubernetes name like vllm, got {value!r}", key=f"{key}.{name}")
+        _positive(self, key, "retry_s")
+        if importlib.util.find_spec("lightkube") is None:  # found now, not when the watch task starts
+            raise ConfigError("needs the Kubernetes client: pip install 'affinity-gateway[k8s]'", key=key)
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    """YAML `pools.<model>.discovery`: replicas from a DNS name's A/AAAA records (a headless Service),
+    or from the Kubernetes API (`kubernetes`); exactly one of the two.
+
+    Every DNS address becomes replica `<address>:<port>`, re-resolved every `interval_s`; every
+    Kubernetes endpoint becomes replica `<pod name>`, followed as the watch reports it.
     """
 
-    dns: str
+    dns: str | None = None
+    kubernetes: KubernetesDiscovery | None = None
     port: int = 8000
     interval_s: float = 5.0
     scheme: Literal["http", "https"] = "http"
@@ -104,8 +134,18 @@ class DiscoveryConfig:
     kv_events_port: int | None = None  # each replica publishes KV events on tcp://<address>:<this port>
     kv_events_replay_port: int | None = None  # ...and answers replays on this one
 
+    @property
+    def source(self) -> str:
+        """Where the replicas come from, for log lines."""
+        if self.kubernetes is not None:
+            return f"kubernetes:{self.kubernetes.namespace or '-'}/{self.kubernetes.service}"
+        return f"dns:{self.dns}"
+
     def validate(self, key: str) -> None:
-        if not self.dns or "/" in self.dns or ":" in self.dns:
+        if (self.dns is None) == (self.kubernetes is None):
+            raise ConfigError("set exactly one of `dns` and `kubernetes`",
+                              key=f"{key}.{'kubernetes' if self.kubernetes is not None else 'dns'}")
+        if self.dns is not None and (not self.dns or "/" in self.dns or ":" in self.dns):
             raise ConfigError(f"expected a host name like replicas.default.svc, got {self.dns!r}", key=f"{key}.dns")
         for name in ("port", "kv_events_port", "kv_events_replay_port"):
             port = getattr(self, name)
@@ -123,7 +163,7 @@ _EVENTS_NEED_TOKENS = "KV events carry token ids: set routing.prefix.tokenizer s
 class PoolConfig:
     replicas: tuple[ReplicaConfig, ...] = ()
     routing: RoutingConfig = field(default_factory=RoutingConfig)
-    discovery: DiscoveryConfig | None = None  # adds the replicas a DNS name resolves to
+    discovery: DiscoveryConfig | None = None  # adds the replicas DNS or the Kubernetes API finds
     api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
     api_key_file: str | None = None
     aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.model_names)
@@ -338,6 +378,7 @@ def _positive(obj: Any, key: str, *names: str) -> None:
             raise ConfigError(f"must be > 0, got {getattr(obj, name)}", key=f"{key}.{name}")
 
 
-__all__ = ["Config", "ConfigError", "DiscoveryConfig", "HealthConfig", "LimitsConfig", "ListenConfig", "LoadConfig",
+__all__ = ["Config", "ConfigError", "DiscoveryConfig", "HealthConfig", "KubernetesDiscovery", "LimitsConfig",
+           "ListenConfig", "LoadConfig",
            "LoggingConfig", "PoolConfig", "ReplicaConfig", "RoutingConfig", "TimeoutsConfig", "load_config",
            "parse_config"]

@@ -1,7 +1,8 @@
 """DNS discovery: a pool's replicas are the addresses a name resolves to (a Kubernetes headless Service).
+A pool with `discovery.kubernetes` instead watches the API (`gateway.k8s_discovery`, imported only then).
 
 Usage:
-    discovery = Discovery(resolve_dns, apply)          # apply(model, [ReplicaConfig, ...]) updates the pool
+    discovery = Discovery(resolve_dns, apply)          # apply(model, [ReplicaConfig, ...], unready) updates the pool
     discovery.sync({"llama": pool_config.discovery})   # start, restart or stop one task per pool
     await discovery.close()
 
@@ -29,7 +30,8 @@ log = structlog.get_logger("gateway.discovery")
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 """(name, port) -> addresses; raises `NameNotFound` when the name has no records."""
 
-Apply = Callable[[str, list[ReplicaConfig]], Awaitable[None]]
+Apply = Callable[[str, list[ReplicaConfig], frozenset[str]], Awaitable[None]]
+"""(model, the pool's discovered replicas, the ids among them that must take no traffic yet)."""
 
 _NO_RECORDS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
@@ -52,19 +54,21 @@ async def resolve_dns(name: str, port: int) -> list[str]:
 
 def replica_configs(spec: DiscoveryConfig, addresses: Sequence[str]) -> list[ReplicaConfig]:
     """One replica per address, named `host:port` like a static replica without a name."""
-    replicas = []
-    for address in sorted(set(addresses)):
-        host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
-        events = None
-        if spec.kv_events_port is not None:
-            replay = f"tcp://{host}:{spec.kv_events_replay_port}" if spec.kv_events_replay_port else None
-            events = KVEventsConfig(f"tcp://{host}:{spec.kv_events_port}", replay)
-        replicas.append(ReplicaConfig(url=f"{spec.scheme}://{host}:{spec.port}", weight=spec.weight, kv_events=events))
-    return replicas
+    return [discovered_replica(spec, address, spec.port) for address in sorted(set(addresses))]
+
+
+def discovered_replica(spec: DiscoveryConfig, address: str, port: int, name: str = "") -> ReplicaConfig:
+    """The replica at `address:port`, with its KV-event feed when the pool's replicas publish one."""
+    host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+    events = None
+    if spec.kv_events_port is not None:
+        replay = f"tcp://{host}:{spec.kv_events_replay_port}" if spec.kv_events_replay_port else None
+        events = KVEventsConfig(f"tcp://{host}:{spec.kv_events_port}", replay)
+    return ReplicaConfig(url=f"{spec.scheme}://{host}:{port}", name=name, weight=spec.weight, kv_events=events)
 
 
 class Discovery:
-    """One resolve loop per pool that has `discovery`; `sync` follows config reloads."""
+    """One resolve (or watch) loop per pool that has `discovery`; `sync` follows config reloads."""
 
     def __init__(self, resolver: Resolver, apply: Apply) -> None:
         self._resolver, self._apply = resolver, apply
@@ -80,7 +84,7 @@ class Discovery:
         for model, spec in specs.items():
             if model not in self._tasks:
                 self._first[model] = asyncio.Event()
-                task = asyncio.create_task(self._run(model, spec), name=f"discovery-{model}")
+                task = asyncio.create_task(self._loop(model, spec), name=f"discovery-{model}")
                 self._tasks[model] = (spec, task)
 
     async def resolved(self, timeout_s: float) -> None:
@@ -100,6 +104,7 @@ class Discovery:
     async def _refresh(self, model: str, spec: DiscoveryConfig) -> None:
         """Resolve once and apply; on a resolver failure apply nothing (the last set stays)."""
         try:
+            assert spec.dns is not None  # validated: a pool without `kubernetes` has `dns`
             addresses = await asyncio.wait_for(self._resolver(spec.dns, spec.port), timeout=max(1.0, spec.interval_s))
             replicas = replica_configs(spec, addresses)
         except NameNotFound:
@@ -107,7 +112,14 @@ class Discovery:
         except (OSError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("discovery_failed", model=model, dns=spec.dns, error=repr(exc))
             return
-        await self._apply(model, replicas)
+        await self._apply(model, replicas, frozenset())
+
+    def _loop(self, model: str, spec: DiscoveryConfig) -> Awaitable[None]:
+        if spec.kubernetes is None:
+            return self._run(model, spec)
+        from gateway.k8s_discovery import watch_slices  # the client library only where it is configured
+
+        return watch_slices(model, spec, self._apply, self._first[model])
 
     async def _run(self, model: str, spec: DiscoveryConfig) -> None:
         while True:

@@ -5,7 +5,8 @@ Requests in flight keep the router they started with (`using`); a replaced route
 Redis clients, subscription and tasks, is closed when the last of them ends. Pools keep their
 replicas' counts and health.
 A pool whose routing section is unchanged keeps its router, and with it its warm-prefix index.
-A pool with `discovery` also holds the replicas its DNS name resolves to (`gateway.discovery`).
+A pool with `discovery` also holds the replicas its DNS name resolves to, or the Service's pods the
+Kubernetes API lists (`gateway.discovery`); an unready pod stays in the pool, taking no traffic.
 A replica with `kv_events` gets a subscriber feeding its router's exact tables; it follows
 the router (a new router starts from a fresh feed) and goes with the replica.
 """
@@ -213,8 +214,9 @@ class GatewayState:
         static = {r.replica_id for r in pool.replicas}
         return [*pool.replicas, *(r for r in self._found.get(model, ()) if r.replica_id not in static)]
 
-    async def _discovered(self, model: str, found: list[ReplicaConfig]) -> None:
-        """DNS answered for `model`: add new replicas, remove gone ones and forget their warm prefixes."""
+    async def _discovered(self, model: str, found: list[ReplicaConfig], unready: frozenset[str]) -> None:
+        """Discovery answered for `model`: add new replicas, remove gone ones and forget their warm
+        prefixes; an unready one stays (its warm prefixes with it) but takes no traffic until ready."""
         route, pool_config = self.routes.get(model), self.config.pools.get(model)
         if route is None or pool_config is None or pool_config.discovery is None:
             return
@@ -222,6 +224,8 @@ class GatewayState:
         wanted = self._members(model, pool_config)
         before = {r.replica_id for r in route.pool}
         route.pool.replace(Replica.from_config(r) for r in wanted)
+        for replica in route.pool:
+            replica.ready = replica.replica_id not in unready
         self.adapters = AdapterMap.build(self.config, self.routes)
         added = {r.replica_id for r in wanted} - before
         removed = before - {r.replica_id for r in wanted}
@@ -229,7 +233,7 @@ class GatewayState:
             await route.router.index.forget(replica_id)
         await self._sync_feeds()
         if added or removed:
-            log.info("discovery_changed", model=model, dns=pool_config.discovery.dns, added=sorted(added),
+            log.info("discovery_changed", model=model, source=pool_config.discovery.source, added=sorted(added),
                      removed=sorted(removed), replicas=len(route.pool))
 
     def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:

@@ -36,6 +36,7 @@ class Replica:
     weight: float = 1.0
     in_flight: int = 0
     healthy: bool = True  # optimistic until the first probe says otherwise
+    ready: bool = True  # Kubernetes readiness (gateway.k8s_discovery): an unready pod takes no traffic
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     probe_passes: int = 0
     probe_failures: int = 0
@@ -49,7 +50,7 @@ class Replica:
         return cls(config.replica_id, config.url.rstrip("/"), config.weight)
 
     def is_available(self, now: float | None = None) -> bool:
-        return self.healthy and self.breaker.allows(now if now is not None else time.monotonic())
+        return self.ready and self.healthy and self.breaker.allows(now if now is not None else time.monotonic())
 
     def probe_result(self, ok: bool, health: HealthConfig, error: str = "") -> None:
         if ok:
@@ -75,7 +76,7 @@ class Replica:
         now = time.monotonic()
         return {
             "id": self.replica_id, "url": self.url, "weight": self.weight,
-            "available": self.is_available(now), "healthy": self.healthy,
+            "available": self.is_available(now), "healthy": self.healthy, "ready": self.ready,
             "breaker": self.breaker.state(now),
             "ejected_for_s": round(max(0.0, self.breaker.open_until - now), 3),
             "in_flight": self.in_flight, "running": self.load.running, "waiting": self.load.waiting,

@@ -127,3 +127,14 @@ def test_gateway_discovers_the_headless_replica_service_and_shares_the_redis_ser
     (redis_spec,) = redis_service["spec"]["ports"]
     (redis,) = selected(redis_service["spec"]["selector"])
     assert redis_spec["port"] == redis_port and port_number(container(redis), redis_spec["targetPort"]) == 6379
+
+
+def test_the_gateway_account_may_watch_endpoint_slices_and_nothing_else() -> None:
+    _, gateway = gateway_config()
+    account = pod(gateway)["serviceAccountName"]
+    assert find(DOCS, "ServiceAccount", account)
+    (binding,) = [d for d in DOCS if d["kind"] == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+    role = find(DOCS, "Role", binding["roleRef"]["name"])
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]

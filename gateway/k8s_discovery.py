@@ -1,0 +1,141 @@
+"""Kubernetes discovery: a pool's replicas are the endpoints of a Service's EndpointSlices, watched
+through the API with lightkube, so a pod joins, leaves or flips readiness as soon as the API says so.
+
+Usage (from `gateway.discovery`, which imports this module only when a pool sets `discovery.kubernetes`):
+    await watch_slices("llama", pool_config.discovery, apply, listed)   # runs until cancelled
+
+Each pod (`targetRef.name`) is replica `<pod name>`, so ids survive restarts that change the pod's IP.
+The loop lists the slices labelled `kubernetes.io/service-name=<service>`, applies the whole set, then
+watches from the list's resourceVersion; every event re-applies the set. A dropped watch resumes from
+the last resourceVersion after a backoff (`retry_s`, doubling to 30s); 410 Gone (that version is
+compacted away) relists after that pause, so a removal missed meanwhile still removes. A failing API keeps
+the last set, like a DNS hiccup. Unready endpoints stay in the pool, marked unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import httpx2
+import structlog
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError, ConfigError as KubeConfigError
+from lightkube.resources.discovery_v1 import EndpointSlice
+
+from gateway.config import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig
+from gateway.discovery import Apply, discovered_replica
+
+log = structlog.get_logger("gateway.k8s_discovery")
+
+SERVICE_LABEL = "kubernetes.io/service-name"
+RETRY_MAX_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodEndpoint:
+    """One endpoint of a slice: the pod it is, where it listens and whether it may take traffic."""
+
+    pod: str
+    address: str
+    port: int
+    ready: bool
+
+
+def endpoints_of(item: EndpointSlice, spec: DiscoveryConfig) -> list[PodEndpoint]:
+    """The slice's pod endpoints on the configured port; endpoints without a pod or that port are skipped.
+    `conditions.ready` unset means ready (the API's own rule)."""
+    assert spec.kubernetes is not None
+    if item.addressType not in ("IPv4", "IPv6"):  # FQDN endpoints name no pod address
+        return []
+    port = spec.port
+    if spec.kubernetes.port_name is not None:
+        named = [p.port for p in item.ports or () if p.name == spec.kubernetes.port_name and p.port]
+        if not named:
+            return []
+        port = named[0]
+    found = []
+    for endpoint in item.endpoints or ():
+        if endpoint.targetRef is None or not endpoint.targetRef.name or not endpoint.addresses:
+            continue
+        ready = endpoint.conditions is None or endpoint.conditions.ready is not False
+        found.append(PodEndpoint(endpoint.targetRef.name, endpoint.addresses[0], port, ready))
+    return found
+
+
+def replica_configs(spec: DiscoveryConfig,
+                    endpoints: Iterable[PodEndpoint]) -> tuple[list[ReplicaConfig], frozenset[str]]:
+    """One replica per pod, named after it, and the pods not ready. A pod in two slices (a rollout
+    moving it) counts once; ready wins."""
+    pods: dict[str, PodEndpoint] = {}
+    for endpoint in endpoints:
+        if endpoint.pod not in pods or endpoint.ready:
+            pods[endpoint.pod] = endpoint
+    replicas = [discovered_replica(spec, pods[pod].address, pods[pod].port, pod) for pod in sorted(pods)]
+    return replicas, frozenset(pod for pod, endpoint in pods.items() if not endpoint.ready)
+
+
+def kube_config(k8s: KubernetesDiscovery) -> KubeConfig:
+    """The kubeconfig file when one is set, else the pod's service account (token and CA)."""
+    if k8s.kubeconfig is not None:
+        return KubeConfig.from_file(k8s.kubeconfig)
+    return KubeConfig.from_service_account()
+
+
+def _gone(exc: Exception) -> bool:
+    """410 Gone: the resourceVersion we resume from is too old; only a fresh list is right."""
+    if isinstance(exc, ApiError) and exc.status is not None and exc.status.code == 410:
+        return True
+    return isinstance(exc, httpx2.HTTPStatusError) and exc.response is not None and exc.response.status_code == 410
+
+
+async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: asyncio.Event) -> None:
+    """List, then watch, the Service's slices until cancelled; `listed` is set after the first attempt."""
+    k8s = spec.kubernetes
+    assert k8s is not None
+    selector = {**k8s.labels, SERVICE_LABEL: k8s.service}
+    slices: dict[str, list[PodEndpoint]] = {}
+    version: str | None = None
+    delay = k8s.retry_s
+    client: AsyncClient | None = None
+
+    async def publish() -> None:
+        replicas, unready = replica_configs(spec, (e for found in slices.values() for e in found))
+        await apply(model, replicas, unready)
+
+    try:
+        while True:
+            try:
+                client = client or AsyncClient(config=kube_config(k8s), namespace=k8s.namespace)
+                if version is None:
+                    listing = client.list(EndpointSlice, labels=selector)
+                    slices = {item.metadata.name: endpoints_of(item, spec) async for item in listing}
+                    version = listing.resourceVersion
+                    await publish()
+                    listed.set()
+                    delay = k8s.retry_s
+                    log.info("k8s_discovery_listed", model=model, source=spec.source, slices=len(slices))
+                async for kind, item in client.watch(EndpointSlice, labels=selector, resource_version=version):
+                    delay = k8s.retry_s
+                    version = item.metadata.resourceVersion or version
+                    if kind == "DELETED":
+                        slices.pop(item.metadata.name, None)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        slices[item.metadata.name] = endpoints_of(item, spec)
+                    await publish()
+            except (httpx2.HTTPError, OSError, KubeConfigError, KeyError) as exc:
+                if _gone(exc):  # relist (after the usual pause: a list right after a list gains nothing)
+                    log.info("k8s_discovery_relist", model=model, source=spec.source, version=version)
+                    version = None
+                else:
+                    log.warning("k8s_discovery_failed", model=model, source=spec.source, error=repr(exc),
+                                retry_in_s=delay)
+            except Exception:  # noqa: BLE001 - a discovery bug must not stop discovery
+                log.exception("k8s_discovery_error", model=model, source=spec.source, retry_in_s=delay)
+            listed.set()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+    finally:
+        if client is not None:
+            await client.close()

@@ -75,10 +75,11 @@ def test_tokenize_and_detokenize_answer_as_vllm_does(keyed_gateway: tuple[Gatewa
 def test_anthropic_messages_through_the_gateway(keyed_gateway: tuple[Gateway, str]) -> None:
     gw, _ = keyed_gateway
     client = anthropic.Anthropic(base_url=gw.url, api_key="client-key", timeout=120, max_retries=0)
-    message = client.messages.create(model=MODEL, max_tokens=8, temperature=0,
+    greedy = {"temperature": 0}  # this SDK's create() has no temperature argument any more; vLLM reads it
+    message = client.messages.create(model=MODEL, max_tokens=8, extra_body=greedy,
                                      messages=[{"role": "user", "content": "Name a colour."}])
     assert message.content and message.content[0].type == "text" and message.content[0].text
-    with client.messages.stream(model=MODEL, max_tokens=8, temperature=0,
+    with client.messages.stream(model=MODEL, max_tokens=8, extra_body=greedy,
                                 messages=[{"role": "user", "content": "Name a colour."}]) as stream:
         streamed = "".join(stream.text_stream)
     assert streamed == message.content[0].text  # greedy: the same answer streamed or not

@@ -159,14 +159,23 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         if spec.engine == "vllm":
             sections = _start_vllm(spec, ports, events, run_dir, children, stopping)
         else:
-            replicas = [_Child(f"replica-{i}", [
-                sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model,
-                "--engine", spec.engine, "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}",
-                "--log-level", spec.log_level, *_engine_flags(spec), *spec.stub_flags,
-                *_replica_flags(spec, events[i] if events else None)]) for i, port in enumerate(ports)]
+            replicas = [_stub(spec, i, port, events[i] if events else None) for i, port in enumerate(ports)]
             children.extend(replicas)
-            for child, port in zip(replicas, ports):
-                _wait_ready(f"http://127.0.0.1:{port}/health", child, stopping)
+            for i in range(len(replicas)):
+                for attempt in range(3):
+                    try:
+                        _wait_ready(f"http://127.0.0.1:{ports[i]}/health", replicas[i], stopping)
+                        break
+                    except RuntimeError:
+                        if replicas[i].popen.poll() is None or attempt == 2 or stopping.is_set():
+                            raise
+                    # A port probed free can be taken (another process's outgoing connection) before the
+                    # stub binds it, and the stub exits at start: start it again on fresh ports.
+                    ports[i] = free_port()
+                    if events:
+                        events[i] = (free_port(), free_port())
+                    replicas[i] = _stub(spec, i, ports[i], events[i] if events else None)
+                    children.append(replicas[i])
         host = "127.0.0.1" if spec.host in ("0.0.0.0", "::") else spec.host
         urls = []
         if spec.peer is not None:
@@ -188,6 +197,13 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
         config_file.close()
         os.unlink(config_file.name)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _stub(spec: ClusterSpec, i: int, port: int, events: tuple[int, int] | None) -> _Child:
+    return _Child(f"replica-{i}", [
+        sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model, "--engine", spec.engine,
+        "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}", "--log-level", spec.log_level,
+        *_engine_flags(spec), *spec.stub_flags, *_replica_flags(spec, events)])
 
 
 def gateway_command(spec: ClusterSpec, config_path: str, index: int) -> list[str]:

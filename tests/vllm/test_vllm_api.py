@@ -35,9 +35,20 @@ def test_completions_streamed_and_not(gateway: Gateway) -> None:
     done = client(gateway).completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6,
                                               temperature=0)
     assert done.choices[0].text
+    before = completion_tokens(gateway)
     chunks = list(client(gateway).completions.create(model=MODEL, prompt="The capital of France is",
                                                      max_tokens=6, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    # the gateway asked vLLM for usage (stream_usage) and dropped vLLM's usage event: none reaches the client,
+    # and the gateway still counted the stream's tokens
+    assert all(c.choices and c.usage is None for c in chunks)
+    assert done.usage is not None and completion_tokens(gateway) - before == done.usage.completion_tokens
+
+
+def completion_tokens(gw: Gateway) -> float:
+    """The gateway's own count of completion tokens (every tenant, this model)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines()
+               if line.startswith("affinity_gateway_tokens_total{") and 'kind="completion"' in line)
 
 
 def test_vllm_errors_pass_through(gateway: Gateway) -> None:

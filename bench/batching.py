@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     base = (f"bench --compare {args.policy} --replicas {args.replicas} --speedup {args.speedup:g} -w varied-output "
             f"{args.params} --concurrency {args.concurrency} --seed {args.seed} --no-plots -q")
-    runs = {}
+    runs: dict[str, dict[str, Any]] = {}
     for mode in BATCHING:
         command = f"{base} --batching {mode} --out {args.out / mode}"
         print(f"`affinity-gateway {command}`", flush=True)

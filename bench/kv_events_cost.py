@@ -31,7 +31,9 @@ BLOCK = 16
 def batches(requests: int, prompt_tokens: int, answer_tokens: int, capacity: int, seed: int) -> list[bytes]:
     """Encoded batches for `requests` requests of random tokens (no sharing: the worst case)."""
     rng = random.Random(seed)
-    out, held, next_hash = [], [], 1
+    out: list[bytes] = []
+    held: list[int] = []
+    next_hash = 1
     for _ in range(requests):
         tokens = [rng.randrange(50_000) for _ in range(prompt_tokens + answer_tokens)]
         parent = None
@@ -40,7 +42,8 @@ def batches(requests: int, prompt_tokens: int, answer_tokens: int, capacity: int
         for start, end in runs:
             hashes = tuple(range(next_hash, next_hash + end - start))
             next_hash += end - start
-            events = [BlockStored(hashes, parent, tuple(tokens[start * BLOCK:end * BLOCK]), BLOCK)]
+            stored = BlockStored(hashes, parent, tuple(tokens[start * BLOCK:end * BLOCK]), BLOCK)
+            events: list[BlockStored | BlockRemoved] = [stored]
             held.extend(hashes)
             if len(held) > capacity:
                 gone, held = held[:len(held) - capacity], held[len(held) - capacity:]

@@ -33,12 +33,12 @@ SHAPE = dict(users=64, **MULTI_TURN)  # the 8-replica matrix's multi-turn cells
 LONG_PREFILL = 1000  # tokens still to prefill that make a request "long" for this breakdown
 
 
-def run(policy: str, rate: float, batched_tokens: int) -> tuple[list[Result], dict[tuple[str, int], Any]]:
+def run(policy: str, rate: float, batched_tokens: int) -> tuple[list[Result], dict[tuple[str | None, int], Any]]:
     """Simulate; also note, per (session, turn), the decision and the chosen replica's unfinished prefills."""
-    sessions = multi_turn(**SHAPE, rate_per_s=rate, seed=0)  # type: ignore[arg-type]
+    sessions = multi_turn(**SHAPE, rate_per_s=rate, seed=0)
     stub = StubConfig(num_gpu_blocks=4096, max_num_batched_tokens=batched_tokens).resolved()
     sim = Simulation(SimSpec(replicas=8, policy=policy, stub=stub))
-    seen: dict[tuple[str, int], Any] = {}
+    seen: dict[tuple[str | None, int], Any] = {}
     route = sim.router.route
 
     async def noting(view: RequestView, candidates: Sequence[Candidate]) -> Decision:
@@ -68,7 +68,8 @@ def main() -> None:
         if policy == "round_robin":
             bar = quantile(ttfts, 0.9) / 3
         slow = [r for r in later if (r.ttft_s or 0.0) > bar]
-        print(f"{policy}: TTFT p90 {quantile(ttfts, 0.9):.2f} s | first turns ({len(first)}) p10 {quantile(first, 0.1):.2f} "
+        print(f"{policy}: TTFT p90 {quantile(ttfts, 0.9):.2f} s | "
+              f"first turns ({len(first)}) p10 {quantile(first, 0.1):.2f} "
               f"p50 {quantile(first, 0.5):.2f} s | later turns ({len(later)}) p50 {quantile(later_ttfts, 0.5):.2f} "
               f"p90 {quantile(later_ttfts, 0.9):.2f} p99 {quantile(later_ttfts, 0.99):.2f} max {later_ttfts[-1]:.2f} s "
               f"| later turns above round_robin's p90 / 3 ({bar:.2f} s): {len(slow)}")

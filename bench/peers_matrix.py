@@ -7,7 +7,8 @@ that busy if every prefix were computed once in the fleet and then always hit (`
 Round robin, which rarely hits, is past its own capacity at the tight load: that is the point.
 
     make peers && .venv/bin/python -m bench.peers_matrix --out bench-results/peers
-    .venv/bin/python -m bench.peers_matrix --families tenant-chat --loads high --contestants prefix_affinity,smg:cache_aware
+    .venv/bin/python -m bench.peers_matrix --families tenant-chat --loads high \
+        --contestants prefix_affinity,smg:cache_aware
 
 Prints the one-screen table of docs/BENCHMARKS.md (TTFT p90, of later turns for session workloads;
 cached share; busiest/mean) and each cell's `affinity-gateway bench` command.
@@ -18,10 +19,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-from statistics import median
 import shlex
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import orjson
@@ -43,7 +44,10 @@ LOADS = {"moderate": 0.5, "high": 0.9}
 REPLICAS, SPEEDUP, BLOCK = 4, 10.0, 16
 
 
-def ideal_busy_s(sessions: list[Session], timing: TimingModel = TimingModel()) -> float:
+DEFAULT_TIMING = TimingModel()  # frozen: one shared default
+
+
+def ideal_busy_s(sessions: list[Session], timing: TimingModel = DEFAULT_TIMING) -> float:
     """Replica-seconds (at speedup 1) the workload needs if each block of text were prefilled once in
     the fleet and every later request hit it: prefill of first-seen blocks, one step per request, and
     each answer token's own share of a batched decode step. Words are tokens (the sim tokenizer)."""

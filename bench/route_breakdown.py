@@ -51,8 +51,10 @@ def main() -> None:
     ids = [f"replica-{i}" for i in range(REPLICAS)]
     for i, replica in enumerate(ids):  # a shared system prompt everywhere, the conversation on one replica
         index.record(replica, keyed.block_hashes if i == 0 else keyed.block_hashes[:60])
-    print(f"  index lookup, {REPLICAS} candidates: {per_call_us(lambda: index.match_now(keyed.block_hashes, ids), 200):.0f} µs")
-    print(f"  index record on the chosen replica: {per_call_us(lambda: index.record(ids[0], keyed.block_hashes), 200):.0f} µs")
+    lookup_us = per_call_us(lambda: index.match_now(keyed.block_hashes, ids), 200)
+    print(f"  index lookup, {REPLICAS} candidates: {lookup_us:.0f} µs")
+    record_us = per_call_us(lambda: index.record(ids[0], keyed.block_hashes), 200)
+    print(f"  index record on the chosen replica: {record_us:.0f} µs")
     rounds = []  # on a replica holding only the system prompt, the conversation's tail is new
     for _ in range(5):
         cold = MemoryIndex(65536)
@@ -96,7 +98,8 @@ def main() -> None:
     encoded = tokenizer.encode("chat", body)
     assert encoded is not None
     timings: list[float] = []
-    print(f"  model tokenizer, {len(encoded.token_ids)}-token chat from scratch: {per_call_us(scratch, 5) / 1000:.1f} ms")
+    scratch_ms = per_call_us(scratch, 5) / 1000
+    print(f"  model tokenizer, {len(encoded.token_ids)}-token chat from scratch: {scratch_ms:.1f} ms")
     for _ in range(20):
         incremental()
     print(f"  model tokenizer, same chat with the previous turn cached: {min(timings) * 1000:.2f} ms")

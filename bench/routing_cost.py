@@ -67,7 +67,7 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
     indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix, mirror=mirror,
                                                     capacity_blocks=args.capacity_blocks)))
                for _ in range(gateways)]
-    routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixParams(), index)  # type: ignore[arg-type]
+    routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixParams(), index)
                for g, index in enumerate(indexes)]
     replicas = [f"replica-{i}" for i in range(args.replicas)]
     # Sized by the gateway's own estimate (characters / 4), the number the Router and policy see.
@@ -101,7 +101,8 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
         await asyncio.sleep(0)  # let the background Redis writer run, as it would between requests
     lookups = sorted(t for index in indexes for t in index.times)
     out = {"p50_ms": quantile(sorted(times), 0.5) * 1000, "p99_ms": quantile(sorted(times), 0.99) * 1000,
-           "cpu_p50_ms": quantile(sorted(cpu_times), 0.5) * 1000, "cpu_p99_ms": quantile(sorted(cpu_times), 0.99) * 1000,
+           "cpu_p50_ms": quantile(sorted(cpu_times), 0.5) * 1000,
+           "cpu_p99_ms": quantile(sorted(cpu_times), 0.99) * 1000,
            "max_ms": max(times) * 1000, "lookup_p50_ms": quantile(lookups, 0.5) * 1000,
            "lookup_p99_ms": quantile(lookups, 0.99) * 1000, "prompt_tokens": sum(tokens) / len(tokens),
            "heap_mb": heap_mb}
@@ -140,7 +141,8 @@ def main() -> None:
         if store != "memory" and args.gateways > 1:
             name += f", ×{args.gateways} gateways"
         print(f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
-              f"{r['cpu_p50_ms']:.3f} | {r['cpu_p99_ms']:.3f} | {r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
+              f"{r['cpu_p50_ms']:.3f} | {r['cpu_p99_ms']:.3f} | "
+              f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
               f"| {r.get('redis_mb', 0):.1f} |")
 
 

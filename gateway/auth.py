@@ -90,7 +90,7 @@ class AuthConfig:
         return tuple(out)
 
     def validate(self, key: str) -> None:
-        self.entries  # the files' digests now, at load, not on the event loop at the first request
+        self.entries  # noqa: B018 - the files' digests now, at load, not on the event loop at the first request
 
     @property
     def enabled(self) -> bool:

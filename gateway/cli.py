@@ -85,8 +85,8 @@ def workers_arg(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.log import setup_logging
     from gateway.lifecycle import serve
+    from gateway.log import setup_logging
     from gateway.server import make_app
 
     # Flags win over env, env over the file; set as env so a reload (SIGHUP) keeps them.

@@ -207,7 +207,7 @@ class PoolConfig:
             raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.discovery.kv_events_port")
         # Build once to validate the policy name and its parameters; the pool builds its own.
         build_policy(self.routing.policy, self.routing.params, f"{key}.routing")
-        self._backend_keys  # read the key files now, at load, not on the event loop at the first request
+        self._backend_keys  # noqa: B018 - read the key files now, at load, not on the event loop at the first request
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
 import structlog
 
@@ -91,7 +92,7 @@ class Discovery:
         """Wait (bounded) until every loop has tried once, so a starting gateway is ready at once."""
         try:
             await asyncio.wait_for(asyncio.gather(*(self._first[m].wait() for m in self._tasks)), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("discovery_slow", detail=f"not every pool resolved within {timeout_s}s; continuing")
 
     async def close(self) -> None:
@@ -109,12 +110,12 @@ class Discovery:
             replicas = replica_configs(spec, addresses)
         except NameNotFound:
             replicas = []
-        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, OSError, ValueError) as exc:
             log.warning("discovery_failed", model=model, dns=spec.dns, error=repr(exc))
             return
         await self._apply(model, replicas, frozenset())
 
-    def _loop(self, model: str, spec: DiscoveryConfig) -> Awaitable[None]:
+    def _loop(self, model: str, spec: DiscoveryConfig) -> Coroutine[Any, Any, None]:
         if spec.kubernetes is None:
             return self._run(model, spec)
         from gateway.k8s_discovery import watch_slices  # the client library only where it is configured

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import httpx2
 import structlog
 from lightkube import AsyncClient, KubeConfig
-from lightkube.core.exceptions import ApiError, ConfigError as KubeConfigError
+from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.resources.discovery_v1 import EndpointSlice
 
 from gateway.config import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig

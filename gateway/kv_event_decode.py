@@ -89,6 +89,7 @@ _ARRAY_FIELDS: dict[str, tuple[str, ...]] = {
 
 def _decode_event(raw: Any) -> Event | None:
     """One event; None for unknown types and non-GPU media."""
+    kind: object
     if isinstance(raw, list) and raw and isinstance(raw[0], str):
         kind, fields = raw[0], dict(zip(_ARRAY_FIELDS.get(raw[0], ()), raw[1:]))
     elif isinstance(raw, dict):

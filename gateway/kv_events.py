@@ -274,7 +274,7 @@ class KVEventSubscriber:
             sock.connect(self.config.replay_endpoint)
             async with asyncio.timeout(self.replay_timeout_s):
                 await sock.send_multipart([b"", start.to_bytes(8, "big")])  # REQ framing, as vLLM expects
-                batches = []
+                batches: list[tuple[int, bytes]] = []
                 while True:
                     frames = await sock.recv_multipart()
                     if len(frames) < 2 or len(frames[-2]) != 8:

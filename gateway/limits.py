@@ -66,5 +66,6 @@ def estimate_prompt(view: RequestView, params: PrefixParams) -> int:
 
 def check_prompt(view: RequestView, params: PrefixParams, limits: LimitsConfig) -> None:
     if limits.max_prompt_tokens and estimate_prompt(view, params) > limits.max_prompt_tokens:
+        param = {"chat": "messages", "embeddings": "input"}.get(view.endpoint, "prompt")
         raise BadRequestError(f"the prompt is about {view.prompt_tokens_estimate} tokens, over the limit of "
-                              f"{limits.max_prompt_tokens}", param={"chat": "messages", "embeddings": "input"}.get(view.endpoint, "prompt"))
+                              f"{limits.max_prompt_tokens}", param=param)

@@ -25,7 +25,8 @@ from gateway.headers import STREAM_CHUNKING as HEADER
 from gateway.view import RequestView
 
 _MAX_EVENT_BYTES = 1 << 20  # an unfinished event longer than this is relayed raw up to the next event's start
-_UNSET = (None, [], {})  # values a choice or delta may carry without carrying anything merging could lose
+# Values a choice or delta may carry without carrying anything merging could lose.
+_UNSET: tuple[object, ...] = (None, [], {})
 _CHOICE_KEYS = frozenset(("index", "delta", "text", "finish_reason", "stop_reason"))
 
 
@@ -54,7 +55,7 @@ def chunking_for(view: RequestView, header: str | None, pool: StreamChunking) ->
         value = header.strip().lower()
         if value not in ("phrase", "none"):
             raise BadRequestError(f"{HEADER} must be phrase or none, got {header[:40]!r}", param=HEADER)
-        pool = dataclasses.replace(pool, mode=value)
+        pool = dataclasses.replace(pool, mode="phrase" if value == "phrase" else "none")
     if pool.mode != "phrase" or not view.stream or view.endpoint not in ("chat", "completions"):
         return None
     return pool
@@ -126,8 +127,8 @@ class PhraseChunker:
         choices = event.get("choices") if isinstance(event, dict) else None
         if not isinstance(choices, list) or not choices:  # usage, errors, [DONE], other fields than data
             return self.flush() + raw + b"\n\n"
-        texts = [_text_of(choice) for choice in choices]
-        if any(text is None for text in texts):  # tool calls, logprobs, ...
+        texts = [text for choice in choices if (text := _text_of(choice)) is not None]
+        if len(texts) != len(choices):  # tool calls, logprobs, ...
             return self.flush() + raw + b"\n\n"
         assert isinstance(event, dict)
         return b"".join(self._merge({**event, "choices": [choice]}, choice, text, now)

@@ -22,8 +22,18 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS,
-                              TRACING)
+from gateway.app_keys import (
+    ADMISSION,
+    CALLER,
+    HOMES,
+    METRICS,
+    PROXY,
+    RATE_LIMITS,
+    REQUEST_ID,
+    STATE,
+    TOKEN_COSTS,
+    TRACING,
+)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body

@@ -260,7 +260,8 @@ class HFPromptTokenizer(PromptTokenizer):
     def tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int, int]]]:
         encoding = self._tok.encode(text, add_special_tokens=False)
         ids, special = encoding.ids, self._special_ids
-        return ids, [(i, *encoding.token_to_chars(i)) for i, t in enumerate(ids) if t in special]
+        return ids, [(i, *span) for i, t in enumerate(ids)
+                     if t in special and (span := encoding.token_to_chars(i)) is not None]
 
 
 def _from_gguf(path: Path, key: str) -> Path:

@@ -7,7 +7,7 @@ plain text for `response_format: text`), so a client and the gateway see the rea
 
 from __future__ import annotations
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from gateway.errors import BadRequestError
 from replica_stub.generation import CONFIG
@@ -21,10 +21,12 @@ def add_routes(app: web.Application) -> None:
         fields: dict[str, str] = {}
         size = None
         async for part in await request.multipart():
-            if getattr(part, "filename", None):
-                size = len(await part.read())  # type: ignore[union-attr]
+            if not isinstance(part, BodyPartReader):  # a nested multipart: no field of this form
+                continue
+            if part.filename:
+                size = len(await part.read())
             elif part.name:
-                fields[part.name] = await part.text()  # type: ignore[union-attr]
+                fields[part.name] = await part.text()
         if size is None:
             raise BadRequestError("`file` is required", param="file")
         check_model(fields, request.app[CONFIG].model)

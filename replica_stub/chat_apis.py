@@ -192,12 +192,13 @@ class _Responses(_Shape):
                  "output_tokens": stream.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": request.num_prompt_tokens + stream.num_output_tokens} if done else None
         return {"id": f"resp_{self.id}", "object": "response", "created_at": self.created, "model": self.model,
-                "status": status, "output": [self._item(text, "completed")] if done else [],
+                "status": status, "output": [self._item(text, "completed")] if text is not None else [],
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": self.body.get("instructions"), "max_output_tokens": self.body.get("max_output_tokens"),
                 "parallel_tool_calls": True, "tool_choice": "auto", "tools": self.body.get("tools") or [],
                 "temperature": self.body.get("temperature", 1.0), "top_p": self.body.get("top_p", 1.0),
-                "previous_response_id": self.body.get("previous_response_id"), "reasoning": None, "text": {"format": {"type": "text"}},
+                "previous_response_id": self.body.get("previous_response_id"), "reasoning": None,
+                "text": {"format": {"type": "text"}},
                 "truncation": "disabled", "error": None, "metadata": {}, "usage": usage}
 
     def whole(self, text: str, stream: RequestStream) -> dict[str, Any]:

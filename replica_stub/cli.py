@@ -20,7 +20,6 @@ import structlog
 from aiohttp import web
 
 from gateway.log import setup_logging
-
 from replica_stub.config import DTYPES, StubConfig, load_config
 from replica_stub.engine.registry import ENGINES
 from replica_stub.engine.timing import TimingModel
@@ -68,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     serve.add_argument("--kv-events-endpoint",
                        help="publish vLLM KV events on this ZMQ PUB endpoint, bound (e.g. tcp://*:5557; default off)")
-    serve.add_argument("--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint answering replay requests (default off)")
+    serve.add_argument("--kv-events-replay-endpoint",
+                       help="ZMQ ROUTER endpoint answering replay requests (default off)")
     serve.add_argument("--kv-events-topic", help="topic frame of every KV event message (default empty)")
     serve.add_argument("--kv-events-encoding", choices=ENCODINGS,
                        help="events as vLLM's tagged arrays (<= 0.11) or tagged maps (newer) (default array)")
@@ -122,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def serve(config: StubConfig) -> None:
-    from replica_stub.server import CONFIG, make_app
+    from replica_stub.generation import CONFIG
+    from replica_stub.server import make_app
 
     app = make_app(config)
     config = app[CONFIG]  # the engine fixes its name and, for the real one, the KV capacity

@@ -8,6 +8,7 @@ the engine's tokens, so `usage` matches `/tokenize`.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,7 +38,7 @@ def add_routes(app: web.Application, read_body: ReadBody) -> None:
     for path, answer in (("/v1/embeddings", _embeddings), ("/pooling", _pooling), ("/classify", _classify),
                          ("/score", _score), ("/v1/score", _score), ("/rerank", _rerank), ("/v1/rerank", _rerank),
                          ("/v2/rerank", _rerank)):
-        app.router.add_post(path, lambda request, answer=answer: handle(request, answer))
+        app.router.add_post(path, functools.partial(handle, answer=answer))
 
 
 def _inputs(body: dict[str, Any], name: str = "input") -> list[str | list[int]]:
@@ -80,7 +81,8 @@ def _embeddings(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     encoded = [_tokens(request, text) for text in _inputs(body)]
     data = [{"index": i, "object": "embedding", "embedding": _vector(t)} for i, t in enumerate(encoded)]
     answer = _listing(request, "embd", data, sum(map(len, encoded)))
-    answer["usage"] = {"prompt_tokens": answer["usage"]["prompt_tokens"], "total_tokens": answer["usage"]["prompt_tokens"]}
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    answer["usage"] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     return answer
 
 
@@ -129,8 +131,8 @@ def _rerank(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
         raise BadRequestError("`top_n` must be a non-negative integer", param="top_n")
     q = _tokens(request, query)
     encoded = [_tokens(request, d) for d in documents]
-    results = sorted(({"index": i, "document": {"text": d}, "relevance_score": _similarity(q, t)}
-                      for i, (d, t) in enumerate(zip(documents, encoded))),
-                     key=lambda r: -r["relevance_score"])[:top_n]
+    ranked = sorted(((_similarity(q, t), i, d) for i, (d, t) in enumerate(zip(documents, encoded))),
+                    key=lambda scored: -scored[0])[:top_n]
+    results = [{"index": i, "document": {"text": d}, "relevance_score": score} for score, i, d in ranked]
     return {"id": f"rerank-{uuid.uuid4().hex}", "model": request.app[CONFIG].model,
             "usage": {"total_tokens": len(q) * len(documents) + sum(map(len, encoded))}, "results": results}

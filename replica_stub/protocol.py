@@ -122,7 +122,7 @@ def _typed(body: Mapping[str, Any], key: str, types: type | tuple[type, ...], de
 
 
 def _max_tokens(body: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
-    value = _typed(body, key, int, default)
+    value: int | None = _typed(body, key, int, default)
     if value is not None and value < 1:
         raise BadRequestError(f"{key} must be at least 1, got {value}.", param=key)
     return value

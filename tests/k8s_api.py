@@ -113,7 +113,7 @@ class FakeSliceAPI:
                 since = version
             async with self._changed:
                 await self._changed.wait_for(
-                    lambda: self._drops != drops or bool(self.events) and self.events[-1][0] > since)
+                    lambda since=since: self._drops != drops or bool(self.events) and self.events[-1][0] > since)
             if self._drops != drops:
                 assert request.transport is not None
                 request.transport.close()

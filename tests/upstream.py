@@ -8,7 +8,8 @@ Usage (a thread with its own loop, e.g. behind a gateway subprocess):
 
 Knobs: `status` (answer code), `chunks` (stream length), `hold` (a threading.Event awaited before
 every chunk after the first: proves the gateway does not buffer), `stall_s` (sleep before headers),
-`partial` (half a body, then stall or close), `die_after` (a stream's connection drops after that many chunks), `chunk_pad` (bigger chunks),
+`partial` (half a body, then stall or close), `die_after` (a stream's connection drops after that many
+chunks), `chunk_pad` (bigger chunks),
 `healthy` (for /health), `metrics_text`. Every request's headers and body are kept in `seen`.
 """
 
@@ -113,7 +114,8 @@ class FakeReplica:
                 await asyncio.get_running_loop().run_in_executor(None, self.hold.wait, 10)
                 self.hold.clear()
             chunk = {"id": "c1", "object": "chat.completion.chunk", "model": body.get("model"),
-                     "choices": [{"index": 0, "delta": {"content": f"tok{i} " + "x" * self.chunk_pad}, "finish_reason": None}], "usage": None}
+                     "choices": [{"index": 0, "delta": {"content": f"tok{i} " + "x" * self.chunk_pad},
+                                  "finish_reason": None}], "usage": None}
             await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         final = _completion(self.replica_id, body, 2)
         final["choices"] = []

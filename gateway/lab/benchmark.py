@@ -83,7 +83,7 @@ def bench_compare(contestants: list[str], sessions: list[Session], cluster: Clus
             name = entry.name if entry.peer is not None else run_name(entry.policy, source)
             spec = dataclasses.replace(cluster, policy=entry.policy, port=free_port(), peer=entry.peer,
                                        kv_events=source == "events" and entry.peer is None,
-                                       policy_params=(policy_params or {}).get(entry.policy, {}) if not entry.peer else {})
+                                       policy_params={} if entry.peer else (policy_params or {}).get(entry.policy, {}))
             with started(spec) as running:
                 runs[name] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
                                        timeout_s=timeout_s, label=name, show=show, replicas=names)

@@ -139,7 +139,8 @@ def _bench(args: argparse.Namespace) -> int:
         meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup, engine=args.engine,
                     num_gpu_blocks=args.num_gpu_blocks, batching=args.batching or "continuous", evidence=evidence,
                     policy_params=policy_params)
-        meta["contestants"] = labels = {}
+        labels: dict[str, dict[str, str]] = {}
+        meta["contestants"] = labels
         runs = benchmark.bench_compare(contestants, sessions, cluster, concurrency=args.concurrency,
                                        timeout_s=args.timeout, show=not args.quiet, evidence=evidence,
                                        policy_params=policy_params, labels=labels)
@@ -162,7 +163,7 @@ def served_model(url: str) -> str:
         listed = orjson.loads(answer.read()).get("data") or []
     if not listed or not isinstance(listed[0], dict) or not isinstance(listed[0].get("id"), str):
         raise ValueError("its /v1/models lists no model")
-    return listed[0]["id"]
+    return str(listed[0]["id"])
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -24,8 +24,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml

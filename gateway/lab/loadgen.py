@@ -104,7 +104,7 @@ class _Client:
                     for line in lines:
                         last = _consume(line, result, parts, start, last)
                 result.ok = True
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             result.error = repr(exc)
         result.e2e_s = time.monotonic() - start
         return result, "".join(parts)

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from gateway.lab.results import Result, Summary  # noqa: E402
 
@@ -52,7 +53,7 @@ def write_plots(out_dir: Path, runs: dict[str, tuple[Summary, list[Result]]], ti
     return paths
 
 
-def _save(fig: plt.Figure, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -40,7 +40,7 @@ from gateway.routing import Router
 from gateway.sim_tokens import IM_END, IM_START
 from gateway.tokenize import TokenizedPrompt
 from gateway.view import RequestView
-from replica_stub.block_pool import BlockPool, BlockStored, KVEvent
+from replica_stub.block_pool import BlockPool, BlockRemoved, BlockStored, KVEvent
 from replica_stub.config import StubConfig
 from replica_stub.engine.simulated import SimEngine
 from replica_stub.kv_cache import KVCacheManager
@@ -155,8 +155,10 @@ class Simulation:
         def deliver(event: KVEvent) -> None:
             if isinstance(event, BlockStored):
                 exact.stored(name, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
-            else:
+            elif isinstance(event, BlockRemoved):
                 exact.removed(name, event.block_hashes)
+            else:  # AllBlocksCleared
+                exact.cleared(name)
         return deliver
 
     def run(self, sessions: list[Session]) -> list[Result]:
@@ -229,7 +231,7 @@ class Simulation:
         view = RequestView(request_id, "chat", spec.model, True, body, b"", session_key=session.session_id)
         if self.exact is not None:  # token keys, as a gateway with the model's tokenizer computes them
             system = len(self._encode_message(active.messages[0], cache=True)) if session.system else 0
-            prefix.attach(view, prefix.from_tokens(view, self.prefix, TokenizedPrompt(prompt_ids, system)))
+            prefix.attach(view, prefix.from_tokens(view, self.prefix, TokenizedPrompt(tuple(prompt_ids), system)))
         candidates = [Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage)
                       for r in self.replicas.values()]
         replica = self.replicas[_sync(self.router.route(view, candidates)).replica_id]
@@ -301,10 +303,10 @@ class Simulation:
         by_request = self._by_request
         sampled = {}
         for s in out.scheduled:
-            request = s.request
-            if request.num_computed_tokens + s.num_new_tokens == len(request.all_token_ids):  # s.samples
-                request_id = request.request_id
-                sampled[request_id] = by_request[request_id].answer_ids[len(request.output_token_ids)]
+            stepped = s.request
+            if stepped.num_computed_tokens + s.num_new_tokens == len(stepped.all_token_ids):  # s.samples
+                request_id = stepped.request_id
+                sampled[request_id] = by_request[request_id].answer_ids[len(stepped.output_token_ids)]
         every, now = self.spec.itl_every, self.now
         for output in replica.scheduler.update_from_output(out, sampled):
             active = by_request[output.request_id]

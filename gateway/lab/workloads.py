@@ -16,8 +16,8 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import Callable, Mapping
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +204,8 @@ def varied_output(
     return sessions
 
 
-def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: int = 512, seed: int = 0) -> list[Session]:
+def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: int = 512,
+          seed: int = 0) -> list[Session]:
     """Replay a Mooncake-format JSONL trace: one request per line with `timestamp` (ms),
     `input_length`, `output_length` and `hash_ids` (one per `block_tokens`-token block).
 

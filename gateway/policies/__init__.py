@@ -27,8 +27,15 @@ def build_policy(type_: str, params: Mapping[str, Any] | None, key: str) -> Poli
 
 def _load_builtin() -> None:
     # Imported here so each policy module can `@register` itself without an import cycle.
-    from gateway.policies import least_loaded, power_of_two, random_choice, round_robin  # noqa: F401
-    from gateway.policies import consistent_hash, prefix_affinity, session_affinity  # noqa: F401
+    from gateway.policies import (  # noqa: F401  # noqa: F401
+        consistent_hash,
+        least_loaded,
+        power_of_two,
+        prefix_affinity,
+        random_choice,
+        round_robin,
+        session_affinity,
+    )
 
 
 __all__ = ["REGISTRY", "Candidate", "Decision", "Outcome", "Policy", "Score", "build_policy", "register"]

@@ -7,6 +7,7 @@ so every decision can be logged and explained.
 
 from __future__ import annotations
 
+import builtins
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -98,13 +99,13 @@ class Policy(ABC):
     type: ClassVar[str]
     needs_prefix: ClassVar[bool] = False  # the Router hashes the prompt into view.block_hashes
     needs_index: ClassVar[bool] = False  # ...and fills Candidate.cached_tokens from the warm index
-    Params: ClassVar[type] = NoParams
+    Params: ClassVar[builtins.type] = NoParams  # the builtin: `type` is the YAML name here
 
     def __init__(self, params: Any) -> None:
         self.params = params
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any] | None, key: str) -> "Policy":
+    def from_config(cls, params: Mapping[str, Any] | None, key: str) -> Policy:
         return cls(schema.build(cls.Params, params or {}, key))
 
     @abstractmethod

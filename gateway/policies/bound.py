@@ -26,8 +26,8 @@ def has_room_loads(loads: Sequence[float], weights: Sequence[float], epsilon: fl
     weighted = [load * weight for load, weight in zip(loads, weights)]
     scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
     if len(set(weights)) == 1:  # alike replicas: one limit
-        limit = max(math.ceil(scaled_mean * weights[0] - 1e-9), min_requests)
-        return [requests + 1 <= limit for requests in weighted]
+        shared = max(math.ceil(scaled_mean * weights[0] - 1e-9), min_requests)
+        return [requests + 1 <= shared for requests in weighted]
     limits: dict[float, int] = {}
     room = []
     for requests, weight in zip(weighted, weights):

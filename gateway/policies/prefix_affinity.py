@@ -227,7 +227,7 @@ class PrefixAffinityPolicy(Policy):
         share = seen / max(seen, _decayed(self._preambles, 0, now, window))
         wanted = math.ceil(len(cached) * share * self.params.preamble_spread - 1e-9)
         holders = sum(1 for n in cached if n >= view.preamble_tokens)
-        return holders < wanted
+        return bool(holders < wanted)
 
     def _delays(self, view: RequestView, ids: list[str], cached: list[int], waits: list[float],
                 per_token: list[float], prompt: int, now: float, discount: float) -> list[float]:
@@ -267,7 +267,7 @@ class PrefixAffinityPolicy(Policy):
         turns too; for single requests (a hot system prompt, prefix groups) the load decides alone."""
         window = self.params.balance_window_s
         continuing = _decay(self._continuing, now, window)
-        return continuing > self.params.conversation_share * _decayed(self._preambles, 0, now, window)
+        return bool(continuing > self.params.conversation_share * _decayed(self._preambles, 0, now, window))
 
     def on_dispatched(self, view: RequestView, replica_id: str) -> None:
         now = self.cost.clock()

@@ -46,7 +46,7 @@ class Replica:
     model_card: dict[str, Any] = field(default_factory=dict)  # its own entry there: max_model_len, root
 
     @classmethod
-    def from_config(cls, config: ReplicaConfig) -> "Replica":
+    def from_config(cls, config: ReplicaConfig) -> Replica:
         return cls(config.replica_id, config.url.rstrip("/"), config.weight)
 
     def is_available(self, now: float | None = None) -> bool:

@@ -29,7 +29,7 @@ class Stub:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *flags: str) -> "Stub":
+    def start(self, *flags: str) -> Stub:
         self.proc = Proc(python_module("replica_stub", "--port", str(self.port), "--model", self.model,
                                        "--engine", "sim", "--speedup", str(self.speedup),
                                        "--replica-id", self.replica_id, "--log-level", "warning", *flags))

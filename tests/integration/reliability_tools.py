@@ -143,7 +143,7 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: Proc | None = None
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         self.proc = Proc([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                           "--appendonly", "no"])
         client = redis.Redis(port=self.port)

@@ -38,8 +38,9 @@ def test_transcription_and_translation_reach_the_named_pool(tmp_path: Path) -> N
                                                                     file=("a.wav", audio, "audio/wav"))
         assert done.headers["X-Replica-Id"] == "whisper-0"
         assert done.parse().text == f"transcriptions of {len(audio)} bytes of audio"  # the upload, untouched
+        # Plain HTTP: the SDK's translations call is deprecated.
         text = httpx.post(f"{gateway.url}/v1/audio/translations", files={"file": ("a.wav", audio, "audio/wav")},
-                          data={"model": "whisper-sim", "response_format": "text"}, timeout=10)  # the SDK's is deprecated
+                          data={"model": "whisper-sim", "response_format": "text"}, timeout=10)
         assert text.status_code == 200 and text.text == f"translations of {len(audio)} bytes of audio"
         with pytest.raises(openai.NotFoundError):
             client.audio.transcriptions.create(model="nobody", file=("a.wav", audio, "audio/wav"))

@@ -100,8 +100,9 @@ def test_error_statuses_over_real_processes(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("slow", speedup=1))
         dead = f"http://127.0.0.1:{free_port()}"
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("slow", stub.url)), "dead-model": pool(("dead", dead))},
-                                      limits={"max_body_bytes": 2000}, timeouts={"connect_s": 1.0, "first_byte_s": 0.3}))
+        pools = {MODEL: pool(("slow", stub.url)), "dead-model": pool(("dead", dead))}
+        gateway = track(start_gateway(tmp_path, pools, limits={"max_body_bytes": 2000},
+                                      timeouts={"connect_s": 1.0, "first_byte_s": 0.3}))
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
             too_big = http.post("/v1/completions", json={**COMPLETION, "prompt": "x" * 3000})
             assert too_big.status_code == 413 and too_big.json()["error"]["code"] == 413

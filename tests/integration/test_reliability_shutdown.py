@@ -19,8 +19,17 @@ import httpx
 import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import (Load, Outcome, chat, eventually, metric, post_until, replica_running,
-                                                 report, restart_gateway)
+from tests.integration.reliability_tools import (
+    Load,
+    Outcome,
+    chat,
+    eventually,
+    metric,
+    post_until,
+    replica_running,
+    report,
+    restart_gateway,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,7 +127,7 @@ def test_rolling_restart_of_two_gateways_loses_no_request(tmp_path: Path, ready_
             time.sleep(1.0)
             for back in backs:
                 restart_gateway(back)
-                eventually(lambda: front.replicas()[f"back-{backs.index(back)}"]["available"], timeout_s=10)
+                eventually(lambda back=back: front.replicas()[f"back-{backs.index(back)}"]["available"], timeout_s=10)
                 time.sleep(0.5)
         finally:
             stop.set()

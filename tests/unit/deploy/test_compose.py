@@ -6,7 +6,6 @@ environment, and every name and port in it must be a compose service that listen
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
@@ -15,8 +14,18 @@ import yaml
 from gateway.config import ENV_PREFIX, Config, apply_env, load_config
 from replica_stub.config import load_config as load_stub_config
 from tests.helpers import ROOT
-from tests.unit.deploy.deployfiles import (DEPLOY, REAL_ENGINE, compose, dockerfile, exec_form, flag, host_port,
-                                          last, nginx_directives, stub_args)
+from tests.unit.deploy.deployfiles import (
+    DEPLOY,
+    REAL_ENGINE,
+    compose,
+    dockerfile,
+    exec_form,
+    flag,
+    host_port,
+    last,
+    nginx_directives,
+    stub_args,
+)
 
 SERVICES = compose()["services"]
 GATEWAYS = [name for name, s in SERVICES.items() if s.get("build", {}).get("target") == "gateway"]
@@ -121,7 +130,8 @@ def test_every_environment_value_is_one_the_gateway_reads(name: str) -> None:
     base = load_config(DEPLOY / mounts(SERVICES[name])[CONFIG_PATH], env={})
     for key, value in environment.items():
         assert key.startswith(ENV_PREFIX)
-        probe = "1" if key.endswith("PORT") else "2" if key.endswith("WORKERS") else "warning" if "LEVEL" in key else "h"
+        probe = ("1" if key.endswith("PORT") else "2" if key.endswith("WORKERS")
+                 else "warning" if "LEVEL" in key else "h")
         changed = apply_env(base, {key: probe})
         assert changed != base, f"{key} is not read by the gateway"
         apply_env(base, {key: value})  # and the value itself is valid (ConfigError otherwise)

@@ -21,7 +21,8 @@ import yaml
 from gateway.config import parse_config
 from tests.unit.deploy.deployfiles import DEPLOY, flag, stub_args
 
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's engine) is not installed: pip install -e '.[dev]'")
+helm = pytest.importorskip("helm_python",
+                           reason="helm-python-sdk (Helm's engine) is not installed: pip install -e '.[dev]'")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,7 +87,7 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(name: str) -> N
 @pytest.mark.parametrize("name", VALUES_FILES)
 def test_the_gateway_config_loads_and_finds_the_replicas_and_their_kv_events(name: str, tmp_path: Path) -> None:
     data = gateway_yaml(name)
-    if url_file := data.get("state", {}).get("redis_url_file"):  # the mounted Secret, stood in for here
+    if data.get("state", {}).get("redis_url_file"):  # the mounted Secret, stood in for here
         (tmp_path / "url").write_text("redis://:secret@redis.example:6379/0")
         data["state"]["redis_url_file"] = str(tmp_path / "url")
     config = parse_config(data)

@@ -92,7 +92,8 @@ def test_learning_can_be_disabled() -> None:
 
 @pytest.mark.parametrize("data,key", [({"prefill_s_per_token": 0}, "c.prefill_s_per_token"),
                                       ({"learn_alpha": 2}, "c.learn_alpha"),
-                                      ({"per_request_tokens": -1}, "c.per_request_tokens")], ids=["prefill", "alpha", "req"])
+                                      ({"per_request_tokens": -1}, "c.per_request_tokens")],
+                         ids=["prefill", "alpha", "req"])
 def test_params_validation(data: dict[str, float], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         schema.build(CostParams, data, "c")

@@ -185,7 +185,8 @@ async def publisher() -> Any:
     ctx.destroy(linger=0)
 
 
-async def subscribe(pub: FakePublisher, *, replay: bool = True, topic: str = "kv") -> tuple[KVEventSubscriber, RecordingSink]:
+async def subscribe(pub: FakePublisher, *, replay: bool = True,
+                    topic: str = "kv") -> tuple[KVEventSubscriber, RecordingSink]:
     """A started subscriber past its start-up sync and (slow joiner) connected for live batches."""
     sink = RecordingSink()
     config = KVEventsConfig(pub.endpoint, pub.replay_endpoint if replay else None, topic)
@@ -196,7 +197,8 @@ async def subscribe(pub: FakePublisher, *, replay: bool = True, topic: str = "kv
     return sub, sink
 
 
-async def test_initial_replay_from_zero_makes_the_table_certain_then_live_batches_follow(publisher: FakePublisher) -> None:
+async def test_initial_replay_from_zero_makes_the_table_certain_then_live_batches_follow(
+        publisher: FakePublisher) -> None:
     await publisher.publish(stored(H1, H2))
     await publisher.publish(removed(H2), stored(D1, parent=H1))
     sub, sink = await subscribe(publisher)

@@ -153,7 +153,8 @@ def test_choices_are_merged_each_on_its_own() -> None:
     chunker = PhraseChunker(PHRASE)
     out = run(chunker, chat("zero", 0), chat("one", 1), chat(" 0.", 0), chat(" 1", 1), chat(" more.", 1))
     assert texts(out, 0) == ["zero 0."] and texts(out, 1) == ["one 1 more."]
-    two = sse({"id": "c1", "choices": [{"index": 0, "delta": {"content": "x"}}, {"index": 1, "delta": {"content": "y,"}}]})
+    two = sse({"id": "c1", "choices": [{"index": 0, "delta": {"content": "x"}},
+                                       {"index": 1, "delta": {"content": "y,"}}]})
     out = run(chunker, two) + chunker.flush()
     assert [e["choices"] for e in events(out)] == [[{"index": 1, "delta": {"content": "y,"}}],
                                                     [{"index": 0, "delta": {"content": "x"}}]]

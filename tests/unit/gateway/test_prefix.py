@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway import prefix
+from gateway import prefix, schema
 from gateway.errors import ConfigError
-from gateway import schema
 from gateway.prefix import PrefixParams
 from gateway.view import RequestView
 
@@ -146,7 +145,8 @@ def test_token_ids_hash_in_token_blocks() -> None:
 
 def test_batch_of_strings_routes_by_the_first() -> None:
     text = SYSTEM
-    assert hashes({"prompt": [text, "other"]}, endpoint="completions") == hashes({"prompt": text}, endpoint="completions")
+    first_of_two = hashes({"prompt": [text, "other"]}, endpoint="completions")
+    assert first_of_two == hashes({"prompt": text}, endpoint="completions")
 
 
 @pytest.mark.parametrize("body", [{}, {"prompt": 5}, {"prompt": []}, {"prompt": None}], ids=str)

@@ -211,8 +211,8 @@ async def test_deep_json_is_a_400_not_a_500(gateway: Gateway, policy: str) -> No
     """orjson reads 1024 levels but writes 254: the prefix rendering must not turn that into a 500."""
     client, _ = await gateway(FakeReplica("r0"), policy=policy)
     deep = b"[" * 300 + b'"x"' + b"]" * 300
-    body = orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "DEEP"}]}).replace(b'"DEEP"',
-                                                                                          b'[{"type":"text","text":"a"},' + deep + b"]")
+    body = orjson.dumps({**CHAT, "messages": [{"role": "user", "content": "DEEP"}]})
+    body = body.replace(b'"DEEP"', b'[{"type":"text","text":"a"},' + deep + b"]")
     resp = await client.post("/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
     assert resp.status == 400 and (await resp.json())["error"]["code"] == 400
     again = await client.post("/v1/chat/completions", json=CHAT)

@@ -19,7 +19,8 @@ from replica_stub.tokenizer import SimTokenizer
 
 def test_message_by_message_encoding_equals_the_stub_template() -> None:
     sim = Simulation(SimSpec(replicas=1))
-    messages = [{"role": "system", "content": "Be brief.  Really"}, {"role": "user", "content": "hello wonderful world"},
+    messages = [{"role": "system", "content": "Be brief.  Really"},
+                {"role": "user", "content": "hello wonderful world"},
                 {"role": "assistant", "content": "the of and "}, {"role": "user", "content": "next?"}]
     ids = [t for m in messages for t in sim._encode_message(m)] + sim._generation_prompt
     assert ids == SimTokenizer().encode(apply_chat_template(messages))

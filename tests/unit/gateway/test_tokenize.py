@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
-import asyncio
 import time
 from pathlib import Path
 from typing import Any

@@ -75,18 +75,10 @@ class CostModel:
         # traffic just because noise made its estimate look faster.
         return replica_id if self.params.calibrate == "replica" else ""
 
-    def wait_s(self, candidate: Candidate, now: float) -> float:
-        return self.predict_many([candidate], [candidate.load], 0, now)[0][0]
-
-    def predict(self, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:
-        """(wait_s, predicted_ttft_s) of sending a `prompt_tokens` prompt to `candidate`."""
-        waits, ttfts, _ = self.predict_many([candidate], [candidate.load], prompt_tokens, now)
-        return waits[0], ttfts[0]
-
     def predict_many(self, candidates: Sequence[Candidate], loads: Sequence[float], prompt_tokens: int,
                      now: float) -> tuple[list[float], list[float], list[float]]:
-        """`predict` for every candidate at once (`loads[i]` is `candidates[i].load`): their wait_s,
-        predicted_ttft_s and prefill_s_per_token. What is the same for every candidate is looked up once."""
+        """(wait_s, predicted_ttft_s, prefill_s_per_token) of sending a `prompt_tokens` prompt to each
+        candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once."""
         params = self.params
         default, per_request_tokens = params.prefill_s_per_token, params.per_request_tokens
         mean_prefill_s, base_s, drain_at = self._mean_prefill_s, self._base_s, self._drain_at

@@ -55,10 +55,6 @@ class SchedulerOutput:
     admitted: list[Request] = field(default_factory=list)
     finished_request_ids: set[str] = field(default_factory=set)  # since the previous step
 
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
 
 @dataclass(slots=True)
 class RequestOutput:  # read-only by contract (one per generated token: not frozen, see ScheduledRequest)

@@ -228,11 +228,6 @@ class ExactTables:
         table = self._tables.get(replica_id)
         return len(table.own_key) if table else 0
 
-    def keys(self, replica_id: str) -> set[int]:
-        """Our keys of every block the replica holds (tests compare this with the replica's cache)."""
-        table = self._tables.get(replica_id)
-        return set(table.held) if table else set()
-
     def _window(self, table: _Table) -> float:
         """How long a dispatched request's events may take: a multiple of the replica's prefill time."""
         return max(self.speculative_ttl_s, PREFILL_MULTIPLE * (table.ttft_s or 0.0))

@@ -10,6 +10,7 @@ from gateway import schema
 from gateway.cost import CostModel, CostParams
 from gateway.errors import ConfigError
 from gateway.policies.base import Candidate
+from tests.unit.gateway.predictions import predict, wait_s
 
 
 class Clock:
@@ -27,7 +28,7 @@ def model(**kw: Any) -> tuple[CostModel, Clock]:
 
 def test_idle_replica_predicts_prefill_of_uncached_tokens() -> None:
     cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
-    wait, ttft = cost.predict(Candidate("a", cached_tokens=300), 1000, clock.now)
+    wait, ttft = predict(cost, Candidate("a", cached_tokens=300), 1000, clock.now)
     assert wait == 0 and ttft == pytest.approx(0.7)
 
 
@@ -35,21 +36,21 @@ def test_dispatch_queues_prefill_that_drains_in_real_time() -> None:
     cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0)
     cost.dispatched("a", 1000)
     cost.dispatched("a", 500)
-    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(1.5)
-    assert cost.wait_s(Candidate("b"), clock.now) == 0
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(1.5)
+    assert wait_s(cost, Candidate("b"), clock.now) == 0
     clock.now += 1.0
-    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(0.5)
     clock.now += 5.0
-    assert cost.wait_s(Candidate("a"), clock.now) == 0
+    assert wait_s(cost, Candidate("a"), clock.now) == 0
     cost.dispatched("a", 100)  # an idle replica starts from now, not from its old drain time
-    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.1)
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(0.1)
 
 
 def test_load_and_scraped_queue_add_wait() -> None:
     cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=10.0, min_learn_tokens=64)
-    assert cost.wait_s(Candidate("a", in_flight=3), clock.now) == pytest.approx(0.03)
+    assert wait_s(cost, Candidate("a", in_flight=3), clock.now) == pytest.approx(0.03)
     # Other clients' queued requests, costed at the mean prefill (starts at min_learn_tokens' worth).
-    assert cost.wait_s(Candidate("a", waiting=10, running=0), clock.now) == pytest.approx(10 * 0.064 + 0.1)
+    assert wait_s(cost, Candidate("a", waiting=10, running=0), clock.now) == pytest.approx(10 * 0.064 + 0.1)
 
 
 def test_own_requests_in_the_scraped_queue_count_once() -> None:
@@ -57,11 +58,11 @@ def test_own_requests_in_the_scraped_queue_count_once() -> None:
     clients' work; ours is in the load term (and the virtual queue) already."""
     cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=10.0, min_learn_tokens=64)
     ours = Candidate("a", in_flight=6, running=2, waiting=4)  # everything there is ours
-    assert cost.wait_s(ours, clock.now) == pytest.approx(6 * 10 * 0.001)
+    assert wait_s(cost, ours, clock.now) == pytest.approx(6 * 10 * 0.001)
     mixed = Candidate("a", in_flight=3, running=2, waiting=4)  # three of the six are someone else's
-    assert cost.wait_s(mixed, clock.now) == pytest.approx(3 * 0.064 + 6 * 10 * 0.001)
+    assert wait_s(cost, mixed, clock.now) == pytest.approx(3 * 0.064 + 6 * 10 * 0.001)
     running_others = Candidate("a", in_flight=1, running=5, waiting=2)  # at most the waiting ones
-    assert cost.wait_s(running_others, clock.now) == pytest.approx(2 * 0.064 + 7 * 10 * 0.001)
+    assert wait_s(cost, running_others, clock.now) == pytest.approx(2 * 0.064 + 7 * 10 * 0.001)
 
 
 @pytest.mark.parametrize("calibrate", ["pool", "replica"])
@@ -106,9 +107,9 @@ def test_prefilled_request_releases_its_queued_prefill() -> None:
     cost.dispatched("a", 500)
     clock.now += 0.2
     cost.prefilled("a", first)  # done 0.8 s sooner than predicted: the second moves up
-    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(0.5)
     cost.prefilled("a", clock.now - 1.0)  # finishing late changes nothing
-    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(0.5)
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(0.5)
 
 
 def test_first_samples_correct_a_far_off_default_at_once() -> None:
@@ -124,7 +125,7 @@ def test_short_prefills_teach_the_fixed_part() -> None:
     assert cost.prefill_s_per_token("a") == 0.001
     cost.observe("a", ttft_s=0.03 + 500 * 0.0001, uncached_tokens=500, predicted_wait_s=0.0)
     assert cost.prefill_s_per_token("a") == pytest.approx(0.0001)  # the fixed 30 ms is not per-token cost
-    wait, ttft = cost.predict(Candidate("a"), 100, clock.now)
+    wait, ttft = predict(cost, Candidate("a"), 100, clock.now)
     assert ttft == pytest.approx(0.03 + 100 * 0.0001)
 
 
@@ -145,10 +146,10 @@ def test_predict_many_is_predict_for_each_candidate(calibrate: str) -> None:
         expected_wait = (max(max(0.0, cost._drain_at.get(c.replica_id, clock.now) - clock.now),
                              foreign * cost._mean_prefill_s)
                          + cost.params.per_request_tokens * cost.prefill_s_per_token(c.replica_id) * c.load)
-        assert wait == expected_wait and wait == cost.wait_s(c, clock.now)
+        assert wait == expected_wait and wait == wait_s(cost, c, clock.now)
         assert s_per_token == cost.prefill_s_per_token(c.replica_id)
         assert ttft == expected_wait + cost._base_s + s_per_token * max(0, 1000 - c.cached_tokens)
-        assert (wait, ttft) == cost.predict(c, 1000, clock.now)
+        assert (wait, ttft) == predict(cost, c, 1000, clock.now)
     assert ttfts[2] == waits[2] + cost._base_s  # more cached than the prompt: nothing to prefill
 
 
@@ -157,6 +158,6 @@ def test_cancelled_prefill_leaves_the_queue() -> None:
     cost.dispatched("a", 1000)
     _, prefill_s = cost.dispatched("a", 500)
     cost.cancelled("a", prefill_s)  # the second never ran there
-    assert cost.wait_s(Candidate("a"), clock.now) == pytest.approx(1.0)
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(1.0)
     cost.cancelled("a", 5.0)  # never below empty
-    assert cost.wait_s(Candidate("a"), clock.now) == 0.0
+    assert wait_s(cost, Candidate("a"), clock.now) == 0.0

@@ -15,6 +15,7 @@ from gateway.policies import Candidate, Outcome, Policy, Score, build_policy
 from gateway.policies.bound import has_room, has_room_loads
 from gateway.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
+from tests.unit.gateway.predictions import predict, wait_s
 
 IDS = ("a", "b", "c", "d")
 _ids = iter(range(10**9))
@@ -155,12 +156,12 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
     has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens + view.tokens_per_block
     discount = 1.0 - p.preamble_weight if not has_home and policy._spread(
         view, [c.cached_tokens for c in candidates], now) else 0.0
-    effective = [policy.cost.predict(c, prompt, now)[1] + discount * min(c.cached_tokens, view.preamble_tokens)
+    effective = [predict(policy.cost, c, prompt, now)[1] + discount * min(c.cached_tokens, view.preamble_tokens)
                  * policy.cost.prefill_s_per_token(c.replica_id)
                  + p.eviction_weight * c.cache_fill * policy.cost.prefill_s_per_token(c.replica_id)
                  * max(0, view.preamble_tokens - c.cached_tokens) for c in candidates]
-    waits = [policy.cost.predict(c, prompt, now)[0] for c in candidates]
-    ttfts = [policy.cost.predict(c, prompt, now)[1] for c in candidates]
+    waits = [predict(policy.cost, c, prompt, now)[0] for c in candidates]
+    ttfts = [predict(policy.cost, c, prompt, now)[1] for c in candidates]
     home = policy._homes.get(view.preamble_key) if view.preamble_tokens else None
     home_held = home in [c.replica_id for c in candidates] and max(
         x.cached_tokens for x in candidates) < view.preamble_tokens
@@ -216,8 +217,8 @@ def test_choice_and_rows_match_the_rule_per_candidate(preamble_weight: float) ->
         expected = reference_choice(policy, view, candidates)
         decision = policy.choose(view, candidates)
         prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
-        assert decision.scores == tuple(Score(c.replica_id, policy.cost.predict(c, prompt, now)[1], c.load,
-                                              c.cached_tokens, policy.cost.predict(c, prompt, now)[0])
+        assert decision.scores == tuple(Score(c.replica_id, predict(policy.cost, c, prompt, now)[1], c.load,
+                                              c.cached_tokens, predict(policy.cost, c, prompt, now)[0])
                                         for c in candidates)
         if expected[0] != "tie":
             assert (decision.replica_id, decision.reason) == expected
@@ -302,12 +303,12 @@ def test_first_token_releases_the_queued_prefill_before_the_answer_ends() -> Non
     policy.cost.clock = lambda: now[0]
     view = make_view(prompt_tokens=2000)
     chosen = dispatch(policy, view, make_candidates(cached_tokens=[0, 0, 0, 0]))
-    assert policy.cost.wait_s(Candidate(chosen), now[0]) == pytest.approx(20.0)  # 2000 tokens queued
+    assert wait_s(policy.cost, Candidate(chosen), now[0]) == pytest.approx(20.0)  # 2000 tokens queued
     now[0] += 1.0
     policy.on_first_token(view, chosen)  # prefilled 19 s sooner than predicted; the answer goes on
-    assert policy.cost.wait_s(Candidate(chosen), now[0]) == 0.0
+    assert wait_s(policy.cost, Candidate(chosen), now[0]) == 0.0
     policy.on_finished(view, chosen, Outcome(ok=True))  # the end releases nothing twice
-    assert policy.cost.wait_s(Candidate(chosen), now[0]) == 0.0
+    assert wait_s(policy.cost, Candidate(chosen), now[0]) == 0.0
 
 
 def test_prefix_params_validation() -> None:

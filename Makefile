@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test install model vllm redis-check promtool-check bench peers nginx-check bench-peers calibrate clean
+.PHONY: run run-sim test lint install model vllm redis-check promtool-check bench peers nginx-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,8 +67,14 @@ promtool-check:
 	  elif command -v brew >/dev/null 2>&1; then brew install prometheus; \
 	  else echo "promtool not found: install it (apt-get install prometheus / brew install prometheus), else the alert-rules check skips" >&2; fi; }
 
+# The gates: ruff (pyflakes, pycodestyle, bugbear, import order, pyupgrade) and mypy --strict over the
+# product, the stub and the benchmarks (pyproject.toml has both configurations).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 # The vLLM tests run unless AFFINITY_SKIP_VLLM=1 is set (then `make vllm` is skipped too).
-test: install model redis-check promtool-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
+test: lint install model redis-check promtool-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.

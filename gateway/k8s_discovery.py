@@ -8,8 +8,8 @@ Each pod (`targetRef.name`) is replica `<pod name>`, so ids survive restarts tha
 A slice's labels (copied from its Service) name its pool (`pool_label`), its pods' adapters
 (`adapter_label_prefix`) and their role (`role_label`), as `gateway.k8s_config` describes.
 The loop lists the slices the selector matches (`kubernetes.io/service-name=<service>`, `labels`, the
-pool label), applies the whole set, then
-watches from the list's resourceVersion; every event re-applies the set. A dropped watch resumes from
+pool label), applies the whole set, then watches from the list's resourceVersion; every event
+re-applies the set. A dropped watch resumes from
 the last resourceVersion after a backoff (`retry_s`, doubling to 30s); 410 Gone (that version is
 compacted away) relists after that pause, so a removal missed meanwhile still removes. A failing API keeps
 the last set, like a DNS hiccup. Unready endpoints stay in the pool, marked unavailable.

@@ -240,6 +240,20 @@ def test_an_existing_account_is_bound_and_rbac_may_be_left_to_the_cluster_admin(
             kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
 
 
+def test_label_mapping_merges_into_the_generated_kubernetes_discovery() -> None:
+    """The chart README's way to map labels to adapters and roles: gateway.config over the generated section."""
+    mapping = {"role_label": "affinity-gateway.io/role", "adapter_label_prefix": "adapters.affinity-gateway.io/"}
+    overrides = {"discovery": {"mode": "kubernetes"},
+                 "gateway": {"config": {"pools": {"stub-model": {"discovery": {"kubernetes": mapping}}}}}}
+    (config_map,) = [d for d in render(overrides) if d["kind"] == "ConfigMap"
+                     and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    (pool,) = parse_config(yaml.safe_load(config_map["data"]["gateway.yaml"])).pools.values()
+    assert pool.discovery is not None and pool.discovery.kubernetes is not None
+    k8s = pool.discovery.kubernetes
+    assert (k8s.service, k8s.port_name, k8s.role_label, k8s.adapter_label_prefix) == (
+        f"{RELEASE}-affinity-gateway-replica", "http", mapping["role_label"], mapping["adapter_label_prefix"])
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"replicas": {"mode": "sglang"}}, "replicas.mode"),
     ({"discovery": {"mode": "consul"}}, "discovery.mode"),

@@ -10,7 +10,8 @@
 vLLM serves an adapter under its own name (`--enable-lora --lora-modules name=path`) next to the
 base model and selects it by the request's `model`, so a request for an adapter keeps that name on
 its way (it is never renamed to the pool's, unlike an alias) and goes only to replicas that have it
-loaded. Those are the declared ones above, plus the discovered ones: each replica's `/v1/models`
+loaded. Those are the declared ones above (or in a discovered pod's Kubernetes labels,
+`gateway.k8s_config`), plus the discovered ones: each replica's `/v1/models`
 lists its adapters with `parent` = the base model (`gateway.replicas.models`, refreshed at the
 health probes' interval; a replica that stops answering keeps its last list). A discovered name that
 is a pool or an exact alias stays theirs; a name two pools serve is the first pool's.
@@ -59,6 +60,9 @@ class AdapterMap:
                     named.setdefault(name, set()).add(replica_config.replica_id)  # type: ignore[union-attr]
             route = routes.get(model)
             for replica in route.pool if route is not None else ():
+                for name in replica.declared_adapters:  # a discovered pod's labels (static ones: above)
+                    if name not in taken:
+                        named.setdefault(name, set()).add(replica.replica_id)  # type: ignore[union-attr]
                 for name, path in replica.adapters.items():
                     if name not in taken:
                         named.setdefault(name, set()).add(replica.replica_id)  # type: ignore[union-attr]

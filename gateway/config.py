@@ -11,9 +11,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -32,6 +30,7 @@ from gateway.config_env import interpolate
 from gateway.errors import ConfigError
 from gateway.headers import HeadersConfig
 from gateway.index.base import IndexParams
+from gateway.k8s_config import KubernetesDiscovery, Role
 from gateway.kv_events import KVEventsConfig
 from gateway.lifecycle import ShutdownConfig
 from gateway.model_names import ModelNames, check_names
@@ -69,6 +68,7 @@ class ReplicaConfig:
     api_key_env: str | None = None  # this replica's own key (vLLM --api-key), over the pool's
     api_key_file: str | None = None
     adapters: tuple[str, ...] = ()  # LoRA adapters this replica serves (gateway.adapters)
+    role: Role = "both"  # for later prefill/decode splits: shown in /admin and metrics, not yet routed on
 
     def validate(self, key: str) -> None:
         read_key(self.api_key_env, self.api_key_file, key)
@@ -89,31 +89,6 @@ class RoutingConfig:
     params: dict[str, Any] = field(default_factory=dict)
     prefix: PrefixParams = field(default_factory=PrefixParams)  # how prompts are hashed, for prefix policies
     explain_header: bool = False  # add X-Gateway-Route (each candidate's score) to every response
-
-
-@dataclass(frozen=True)
-class KubernetesDiscovery:
-    """YAML `pools.<model>.discovery.kubernetes`: the endpoints of a Service's EndpointSlices, watched
-    through the API (`gateway.k8s_discovery`); each pod's name is its replica id."""
-
-    service: str
-    namespace: str | None = None  # default: the service account's (or the kubeconfig context's) namespace
-    port_name: str | None = None  # the slices' port of this name; default: `discovery.port`
-    labels: dict[str, str] = field(default_factory=dict)  # more label terms the slices must carry
-    kubeconfig: str | None = None  # a kubeconfig file (running outside the cluster); default: in-cluster
-    retry_s: float = 1.0  # first reconnect delay after a watch error, doubling up to 30s
-
-    def validate(self, key: str) -> None:
-        for name in ("service", "namespace", "port_name"):
-            value = getattr(self, name)
-            if value is not None and not _DNS_LABEL.fullmatch(value):
-                raise ConfigError(f"expected a Kubernetes name like vllm, got {value!r}", key=f"{key}.{name}")
-        _positive(self, key, "retry_s")
-        if importlib.util.find_spec("lightkube") is None:  # found now, not when the watch task starts
-            raise ConfigError("needs the Kubernetes client: pip install 'affinity-gateway[k8s]'", key=key)
-
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -138,7 +113,9 @@ class DiscoveryConfig:
     def source(self) -> str:
         """Where the replicas come from, for log lines."""
         if self.kubernetes is not None:
-            return f"kubernetes:{self.kubernetes.namespace or '-'}/{self.kubernetes.service}"
+            k8s = self.kubernetes
+            where = k8s.service or ",".join(f"{k}={v}" for k, v in sorted(k8s.labels.items())) or k8s.pool_label
+            return f"kubernetes:{k8s.namespace or '-'}/{where}"
         return f"dns:{self.dns}"
 
     def validate(self, key: str) -> None:
@@ -324,6 +301,9 @@ class Config:
         check_names({name: pool.aliases for name, pool in self.pools.items()}, self.routes.default_pool,
                           "routes")
         check_adapters(self.pools, list(self.model_names.exact))
+        for name, pool in self.pools.items():
+            if pool.discovery is not None and pool.discovery.kubernetes is not None:
+                pool.discovery.kubernetes.check_pool(name, f"pools.{name}.discovery.kubernetes")
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:

@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from gateway.config import DiscoveryConfig, ReplicaConfig
+from gateway.k8s_config import Role
 from gateway.kv_events import KVEventsConfig
 
 log = structlog.get_logger("gateway.discovery")
@@ -58,14 +59,16 @@ def replica_configs(spec: DiscoveryConfig, addresses: Sequence[str]) -> list[Rep
     return [discovered_replica(spec, address, spec.port) for address in sorted(set(addresses))]
 
 
-def discovered_replica(spec: DiscoveryConfig, address: str, port: int, name: str = "") -> ReplicaConfig:
+def discovered_replica(spec: DiscoveryConfig, address: str, port: int, name: str = "",
+                       adapters: tuple[str, ...] = (), role: Role = "both") -> ReplicaConfig:
     """The replica at `address:port`, with its KV-event feed when the pool's replicas publish one."""
     host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
     events = None
     if spec.kv_events_port is not None:
         replay = f"tcp://{host}:{spec.kv_events_replay_port}" if spec.kv_events_replay_port else None
         events = KVEventsConfig(f"tcp://{host}:{spec.kv_events_port}", replay)
-    return ReplicaConfig(url=f"{spec.scheme}://{host}:{port}", name=name, weight=spec.weight, kv_events=events)
+    return ReplicaConfig(url=f"{spec.scheme}://{host}:{port}", name=name, weight=spec.weight, kv_events=events,
+                         adapters=adapters, role=role)
 
 
 class Discovery:

@@ -5,8 +5,11 @@ Usage (from `gateway.discovery`, which imports this module only when a pool sets
     await watch_slices("llama", pool_config.discovery, apply, listed)   # runs until cancelled
 
 Each pod (`targetRef.name`) is replica `<pod name>`, so ids survive restarts that change the pod's IP.
-The loop lists the slices labelled `kubernetes.io/service-name=<service>`, applies the whole set, then
-watches from the list's resourceVersion; every event re-applies the set. A dropped watch resumes from
+A slice's labels (copied from its Service) name its pool (`pool_label`), its pods' adapters
+(`adapter_label_prefix`) and their role (`role_label`), as `gateway.k8s_config` describes.
+The loop lists the slices the selector matches (`kubernetes.io/service-name=<service>`, `labels`, the
+pool label), applies the whole set, then watches from the list's resourceVersion; every event
+re-applies the set. A dropped watch resumes from
 the last resourceVersion after a backoff (`retry_s`, doubling to 30s); 410 Gone (that version is
 compacted away) relists after that pause, so a removal missed meanwhile still removes. A failing API keeps
 the last set, like a DNS hiccup. Unready endpoints stay in the pool, marked unavailable.
@@ -21,16 +24,17 @@ from dataclasses import dataclass
 import httpx2
 import structlog
 from lightkube import AsyncClient, KubeConfig
+from lightkube.core.client import LabelSelector
 from lightkube.core.exceptions import ApiError
 from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.resources.discovery_v1 import EndpointSlice
 
 from gateway.config import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig
 from gateway.discovery import Apply, discovered_replica
+from gateway.k8s_config import ROLES, Role
 
 log = structlog.get_logger("gateway.k8s_discovery")
 
-SERVICE_LABEL = "kubernetes.io/service-name"
 RETRY_MAX_S = 30.0
 
 
@@ -42,14 +46,39 @@ class PodEndpoint:
     address: str
     port: int
     ready: bool
+    adapters: tuple[str, ...] = ()
+    role: Role = "both"
 
 
-def endpoints_of(item: EndpointSlice, spec: DiscoveryConfig) -> list[PodEndpoint]:
-    """The slice's pod endpoints on the configured port; endpoints without a pod or that port are skipped.
-    `conditions.ready` unset means ready (the API's own rule)."""
+def labelled(labels: dict[str, str], k8s: KubernetesDiscovery) -> tuple[tuple[str, ...], Role]:
+    """The adapters and the role a slice's labels give its pods; an unknown role counts as `both`."""
+    adapters: tuple[str, ...] = ()
+    if (prefix := k8s.adapter_label_prefix) is not None:
+        adapters = tuple(sorted(key[len(prefix):] for key, value in labels.items()
+                                if key.startswith(prefix) and value.lower() == "true"))
+    role = labels.get(k8s.role_label, "both") if k8s.role_label is not None else "both"
+    if role not in ROLES:
+        log.warning("k8s_discovery_unknown_role", label=k8s.role_label, value=role, detail="taken as both")
+        role = "both"
+    return adapters, role  # type: ignore[return-value]  # checked against ROLES above
+
+
+def _name(item: EndpointSlice) -> str:
+    """The slice's name: the API always sets it (lightkube types every metadata field optional)."""
+    return (item.metadata.name or "") if item.metadata else ""
+
+
+def endpoints_of(item: EndpointSlice, spec: DiscoveryConfig, selector: dict[str, str] | None = None
+                 ) -> list[PodEndpoint]:
+    """The slice's pod endpoints on the configured port; endpoints without a pod or that port are skipped,
+    and so is a slice the selector does not match. `conditions.ready` unset means ready (the API's own rule)."""
     assert spec.kubernetes is not None
     if item.addressType not in ("IPv4", "IPv6"):  # FQDN endpoints name no pod address
         return []
+    labels = dict(item.metadata.labels or {}) if item.metadata is not None else {}
+    if selector is not None and not selector.items() <= labels.items():
+        return []
+    adapters, role = labelled(labels, spec.kubernetes)
     port = spec.port
     if spec.kubernetes.port_name is not None:
         named = [p.port for p in item.ports or () if p.name == spec.kubernetes.port_name and p.port]
@@ -61,7 +90,7 @@ def endpoints_of(item: EndpointSlice, spec: DiscoveryConfig) -> list[PodEndpoint
         if endpoint.targetRef is None or not endpoint.targetRef.name or not endpoint.addresses:
             continue
         ready = endpoint.conditions is None or endpoint.conditions.ready is not False
-        found.append(PodEndpoint(endpoint.targetRef.name, endpoint.addresses[0], port, ready))
+        found.append(PodEndpoint(endpoint.targetRef.name, endpoint.addresses[0], port, ready, adapters, role))
     return found
 
 
@@ -73,7 +102,8 @@ def replica_configs(spec: DiscoveryConfig,
     for endpoint in endpoints:
         if endpoint.pod not in pods or endpoint.ready:
             pods[endpoint.pod] = endpoint
-    replicas = [discovered_replica(spec, pods[pod].address, pods[pod].port, pod) for pod in sorted(pods)]
+    replicas = [discovered_replica(spec, pods[pod].address, pods[pod].port, pod, pods[pod].adapters, pods[pod].role)
+                for pod in sorted(pods)]
     return replicas, frozenset(pod for pod, endpoint in pods.items() if not endpoint.ready)
 
 
@@ -95,7 +125,8 @@ async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: 
     """List, then watch, the Service's slices until cancelled; `listed` is set after the first attempt."""
     k8s = spec.kubernetes
     assert k8s is not None
-    selector = {**k8s.labels, SERVICE_LABEL: k8s.service}
+    selector = k8s.selector(model)
+    labels: LabelSelector = dict(selector)  # lightkube's wider value type
     slices: dict[str, list[PodEndpoint]] = {}
     version: str | None = None
     delay = k8s.retry_s
@@ -110,20 +141,20 @@ async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: 
             try:
                 client = client or AsyncClient(config=kube_config(k8s), namespace=k8s.namespace)
                 if version is None:
-                    listing = client.list(EndpointSlice, labels=selector)
-                    slices = {item.metadata.name: endpoints_of(item, spec) async for item in listing}
+                    listing = client.list(EndpointSlice, labels=labels)
+                    slices = {_name(item): endpoints_of(item, spec, selector) async for item in listing}
                     version = listing.resourceVersion
                     await publish()
                     listed.set()
                     delay = k8s.retry_s
                     log.info("k8s_discovery_listed", model=model, source=spec.source, slices=len(slices))
-                async for kind, item in client.watch(EndpointSlice, labels=selector, resource_version=version):
+                async for kind, item in client.watch(EndpointSlice, labels=labels, resource_version=version):
                     delay = k8s.retry_s
-                    version = item.metadata.resourceVersion or version
+                    version = (item.metadata.resourceVersion if item.metadata else None) or version
                     if kind == "DELETED":
-                        slices.pop(item.metadata.name, None)
+                        slices.pop(_name(item), None)
                     elif kind in ("ADDED", "MODIFIED"):
-                        slices[item.metadata.name] = endpoints_of(item, spec)
+                        slices[_name(item)] = endpoints_of(item, spec, selector)
                     await publish()
             except (httpx2.HTTPError, OSError, KubeConfigError, KeyError) as exc:
                 if _gone(exc):  # relist (after the usual pause: a list right after a list gains nothing)

@@ -91,10 +91,13 @@ class _PoolCollector(Collector):
             "opened": CounterMetricFamily("affinity_gateway_replica_breaker_opened",
                                           "Times the circuit breaker opened", labels=labels),
         }
+        info = GaugeMetricFamily("affinity_gateway_replica_info", "1 per replica, its role (prefill, decode, both) "
+                                 "as a label: join on it rather than widen every series", labels=[*labels, "role"])
         now = time.monotonic()
         for pool in self._pools():
             for replica in pool:
                 key = [pool.model, replica.replica_id]
+                info.add_metric([*key, replica.role], 1.0)
                 families["in_flight"].add_metric(key, replica.in_flight)
                 families["healthy"].add_metric(key, float(replica.is_available()))
                 families["running"].add_metric(key, replica.load.running)
@@ -103,6 +106,7 @@ class _PoolCollector(Collector):
                 families["breaker"].add_metric(key, STATE_VALUES[replica.breaker.state(now)])
                 families["opened"].add_metric(key, replica.breaker.opened_total)
         yield from families.values()
+        yield info
 
 
 class _FeedCollector(Collector):

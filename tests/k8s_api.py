@@ -3,8 +3,9 @@
 No cluster can run on these machines, so the discovery tests talk to this instead: it answers
 `GET .../endpointslices` (a list with its resourceVersion) and `...?watch=true&resourceVersion=N`
 (newline-delimited JSON events after N, then new ones as the test makes them), the shape the real
-API server uses. `drop_watches` cuts open watch streams mid-response; `compact` makes older versions
-410 Gone, as etcd compaction does.
+API server uses. A `labelSelector` of equality terms filters both, as there: a slice relabelled out
+of a watch's selector reaches that watch as DELETED. `drop_watches` cuts open watch streams
+mid-response; `compact` makes older versions 410 Gone, as etcd compaction does.
 """
 
 from __future__ import annotations
@@ -20,16 +21,25 @@ PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 
 
 def endpoint_slice(name: str, service: str, pods: dict[str, tuple[str, bool]], port: int,
-                   port_name: str = "http") -> dict[str, Any]:
-    """An EndpointSlice as the API serves it: `pods` maps pod name -> (IP, ready)."""
+                   port_name: str = "http", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """An EndpointSlice as the API serves it: `pods` maps pod name -> (IP, ready); `labels` are the
+    Service's, which Kubernetes copies onto its slices."""
     return {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": service}},
+        "metadata": {"name": name, "namespace": "default",
+                     "labels": {**(labels or {}), "kubernetes.io/service-name": service}},
         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": [ip], "conditions": {"ready": ready, "serving": ready, "terminating": False},
                        "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"}}
                       for pod, (ip, ready) in pods.items()],
     }
+
+
+def matches(selector: str, item: dict[str, Any]) -> bool:
+    """Whether the slice carries every `key=value` term of a label selector."""
+    labels = item["metadata"].get("labels") or {}
+    terms = [term.split("=", 1) for term in selector.split(",") if term]
+    return all(labels.get(key) == value for key, value in terms)
 
 
 class FakeSliceAPI:
@@ -92,12 +102,21 @@ class FakeSliceAPI:
             self.events.append((self.version, kind, item))
             self._changed.notify_all()
 
+    @staticmethod
+    def _follow(shown: set[str], kind: str, item: dict[str, Any], selector: str) -> None:
+        name = item["metadata"]["name"]
+        if kind == "DELETED" or not matches(selector, item):
+            shown.discard(name)
+        else:
+            shown.add(name)
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(dict(request.query))
+        selector = request.query.get("labelSelector", "")
         if request.query.get("watch") != "true":
             return web.json_response({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
                                       "metadata": {"resourceVersion": str(self.version)},
-                                      "items": list(self.slices.values())})
+                                      "items": [i for i in self.slices.values() if matches(selector, i)]})
         since = int(request.query.get("resourceVersion") or self.version)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
@@ -107,10 +126,19 @@ class FakeSliceAPI:
             await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
             return response
         drops = self._drops
+        shown: set[str] = set()  # the matching slices as of `since`
+        for version, kind, item in self.events:
+            if version <= since:
+                self._follow(shown, kind, item, selector)
         while True:
             for version, kind, item in [e for e in self.events if e[0] > since]:
+                since, name = version, item["metadata"]["name"]
+                if not matches(selector, item):
+                    if name not in shown:
+                        continue
+                    kind = "DELETED"  # relabelled out of the selector
+                self._follow(shown, kind, item, selector)
                 await response.write(json.dumps({"type": kind, "object": item}).encode() + b"\n")
-                since = version
             async with self._changed:
                 await self._changed.wait_for(
                     lambda since=since: self._drops != drops or bool(self.events) and self.events[-1][0] > since)

@@ -37,12 +37,14 @@ class ReplicaPool:
         return self._replicas.get(replica_id)
 
     def add(self, replica: Replica) -> None:
-        """Add a replica, or update address and weight of a known one (keeping its counts and health)."""
+        """Add a replica, or update address, weight, declared adapters and role of a known one (keeping its
+        counts and health): a relabelled pod keeps its id."""
         known = self._replicas.get(replica.replica_id)
         if known is None:
             self._replicas[replica.replica_id] = replica
         else:
             known.url, known.weight = replica.url, replica.weight
+            known.declared_adapters, known.role = replica.declared_adapters, replica.role
 
     def remove(self, replica_id: str) -> Replica | None:
         """Stop routing to a replica; requests already at it finish normally."""

@@ -44,10 +44,13 @@ class Replica:
     last_error: str = ""
     adapters: dict[str, str | None] = field(default_factory=dict)  # LoRA name -> path, from its /v1/models
     model_card: dict[str, Any] = field(default_factory=dict)  # its own entry there: max_model_len, root
+    declared_adapters: tuple[str, ...] = ()  # from its config or its Kubernetes labels
+    role: str = "both"  # prefill | decode | both: recorded for later disaggregated splits, not routed on
 
     @classmethod
     def from_config(cls, config: ReplicaConfig) -> Replica:
-        return cls(config.replica_id, config.url.rstrip("/"), config.weight)
+        return cls(config.replica_id, config.url.rstrip("/"), config.weight, declared_adapters=config.adapters,
+                   role=config.role)
 
     def is_available(self, now: float | None = None) -> bool:
         return self.ready and self.healthy and self.breaker.allows(now if now is not None else time.monotonic())
@@ -84,5 +87,6 @@ class Replica:
             "block_size": self.load.block_size, "completed": self.load.completed,
             "load_age_s": round(now - self.load.scraped_at, 3) if self.load.scraped_at else None,
             "recent_faults": len(self.breaker.faults), "breaker_opened": self.breaker.opened_total,
-            "last_error": self.last_error, "adapters": sorted(self.adapters),
+            "last_error": self.last_error, "adapters": sorted({*self.adapters, *self.declared_adapters}),
+            "role": self.role,
         }

@@ -16,16 +16,34 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gateway.config import Config, load_config
 from replica_stub.cli import parse_args
 from replica_stub.engine.registry import ENGINES
 from tests.helpers import ROOT
 
 DEPLOY = ROOT / "deploy"
 REAL_ENGINE = "real"
+CONFIG_PATH = "/etc/affinity-gateway/gateway.yaml"  # where the gateway image reads its config
 
 
 def compose() -> dict[str, Any]:
     return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """container path -> host path (relative to deploy/) of the service's bind mounts (not named volumes)."""
+    out = {}
+    for volume in service.get("volumes", ()):
+        source, target, *_ = volume.split(":")
+        if source.startswith((".", "/")):
+            out[target] = source
+    return out
+
+
+def compose_gateway_config(service: dict[str, Any]) -> Config:
+    """The config a compose gateway service runs with: its mounted file, loaded with its environment."""
+    env = {k: str(v) for k, v in service["environment"].items()}
+    return load_config(DEPLOY / mounts(service)[CONFIG_PATH], env=env)
 
 
 def k8s_docs() -> list[dict[str, Any]]:

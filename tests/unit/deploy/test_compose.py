@@ -15,14 +15,17 @@ from gateway.config import ENV_PREFIX, Config, apply_env, load_config
 from replica_stub.config import load_config as load_stub_config
 from tests.helpers import ROOT
 from tests.unit.deploy.deployfiles import (
+    CONFIG_PATH,
     DEPLOY,
     REAL_ENGINE,
     compose,
+    compose_gateway_config,
     dockerfile,
     exec_form,
     flag,
     host_port,
     last,
+    mounts,
     nginx_directives,
     stub_args,
 )
@@ -30,26 +33,15 @@ from tests.unit.deploy.deployfiles import (
 SERVICES = compose()["services"]
 GATEWAYS = [name for name, s in SERVICES.items() if s.get("build", {}).get("target") == "gateway"]
 REPLICAS = [name for name, s in SERVICES.items() if s.get("build", {}).get("target", "").startswith("replica")]
-CONFIG_PATH = "/etc/affinity-gateway/gateway.yaml"
+VLLM = [name for name, s in SERVICES.items() if s.get("image", "").startswith("vllm/")]  # test_compose_vllm
 
 
 def profiles(name: str) -> set[str]:
     return set(SERVICES[name].get("profiles", ()))
 
 
-def mounts(service: dict[str, Any]) -> dict[str, str]:
-    """container path -> host path (relative to deploy/) of the service's bind mounts."""
-    out = {}
-    for volume in service.get("volumes", ()):
-        source, target, *_ = volume.split(":")
-        out[target] = source
-    return out
-
-
 def gateway_config(name: str) -> Config:
-    service = SERVICES[name]
-    env = {k: str(v) for k, v in service["environment"].items()}
-    return load_config(DEPLOY / mounts(service)[CONFIG_PATH], env=env)
+    return compose_gateway_config(SERVICES[name])
 
 
 def replica_listen_port(name: str) -> int:
@@ -66,8 +58,10 @@ def test_the_topology_is_redis_three_replicas_two_gateways_a_front_and_prometheu
     default = {name for name in SERVICES if not profiles(name)}
     assert {"redis", "replica-0", "replica-1", "replica-2", "gateway-a", "gateway-b", "front", "prometheus"} <= default
     assert [g for g in GATEWAYS if not profiles(g)] == ["gateway-a", "gateway-b"]
-    assert {name for name in SERVICES if profiles(name)} == {"real-replica-0", "real-replica-1", "gateway-real"}
+    assert {name for name in SERVICES if profiles(name)} == {"real-replica-0", "real-replica-1", "gateway-real",
+                                                             "vllm-replica-0", "vllm-replica-1", "gateway-vllm"}
     assert all(profiles(name) == {"real"} for name in ("real-replica-0", "real-replica-1", "gateway-real"))
+    assert all(profiles(name) == {"vllm"} for name in ("vllm-replica-0", "vllm-replica-1", "gateway-vllm"))
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -105,7 +99,10 @@ def test_gateway_config_loads_and_names_only_services_that_listen_there(name: st
         assert pool.replicas and pool.discovery is None  # compose has no headless-Service DNS
         for replica in pool.replicas:
             host, port = host_port(replica.url, 80)
-            assert host in SERVICES and host in REPLICAS and host in depends
+            assert host in SERVICES and host in depends
+            if host in VLLM:
+                continue  # vLLM's flags, not the stub's: test_compose_vllm
+            assert host in REPLICAS
             command = SERVICES[host]["command"]
             assert port == replica_listen_port(host)
             assert flag(command, "--model") == model and flag(command, "--replica-id") == replica.name
@@ -120,8 +117,8 @@ def test_gateway_config_loads_and_names_only_services_that_listen_there(name: st
     assert config.state.store.startswith("redis://")
     host, port = host_port(config.state.store, 6379)
     assert host == "redis" and host in depends and "--port" not in SERVICES["redis"]["command"] and port == 6379
-    same_pools = [gateway_config(g) for g in GATEWAYS if set(gateway_config(g).pools) == set(config.pools)]
-    assert len({c.state for c in same_pools}) == 1  # gateways of one pool share one table
+    same_pools = [gateway_config(g) for g in GATEWAYS if _replicas(gateway_config(g)) == _replicas(config)]
+    assert len({c.state for c in same_pools}) == 1  # gateways of one pool (the same replicas) share one table
 
 
 @pytest.mark.parametrize("name", GATEWAYS)
@@ -169,10 +166,15 @@ def test_prometheus_scrapes_every_gateway_and_replica_where_they_listen() -> Non
     targets = {t for job in scrape["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
     expected = {f"{g}:{gateway_config(g).listen.port}" for g in GATEWAYS}
     expected |= {f"{r}:{replica_listen_port(r)}" for r in REPLICAS}
+    expected |= {f"{r}:{flag(SERVICES[r]['command'], '--port')}" for r in VLLM}
     assert targets == expected
     assert all(job["metrics_path"] == "/metrics" for job in scrape["scrape_configs"])
     assert mounts(SERVICES["prometheus"])["/etc/prometheus/prometheus.yml"] == "./prometheus.yml"
     assert [mounts(SERVICES["prometheus"])[path] for path in scrape["rule_files"]] == ["./prometheus/alerts.yaml"]
+
+
+def _replicas(config: Config) -> dict[str, set[str]]:
+    return {model: {r.url for r in pool.replicas} for model, pool in config.pools.items()}
 
 
 def _size(text: str) -> int:

@@ -5,6 +5,7 @@ the gateway's config loader and the replica stub's parser.
 No `helm` binary is packaged for Linux on PyPI or Debian; helm-python-sdk (a dev extra) binds Helm's Go
 SDK, so `Chart.render` is `helm template` and `lint` is `helm lint`. Without it the rendering tests skip.
 The ServiceMonitor is the one object without a schema here (a CRD): its fields are checked by hand.
+values-k8s-discovery.yaml is the Kubernetes-API discovery option: its account, Role and binding.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ helm = pytest.importorskip("helm_python",
 pytestmark = pytest.mark.timeout(60)
 
 CHART = DEPLOY / "helm/affinity-gateway"
-VALUES_FILES = ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml"]
+VALUES_FILES = ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml", "values-k8s-discovery.yaml"]
 KUBE_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 RELEASE = "ag"
 
@@ -94,7 +95,11 @@ def test_the_gateway_config_loads_and_finds_the_replicas_and_their_kv_events(nam
     (pool,) = config.pools.values()
     service = one(name, "Service", "replica")
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    assert service["spec"]["clusterIP"] == "None" and pool.discovery.dns == service["metadata"]["name"]
+    if pool.discovery.kubernetes is not None:  # the API: that Service's slices, the port named http
+        assert pool.discovery.dns is None and pool.discovery.kubernetes.service == service["metadata"]["name"]
+        assert pool.discovery.kubernetes.port_name == "http" and pool.discovery.kubernetes.namespace is None
+    else:
+        assert service["spec"]["clusterIP"] == "None" and pool.discovery.dns == service["metadata"]["name"]
     assert (pool.discovery.port, pool.discovery.kv_events_port, pool.discovery.kv_events_replay_port) == (
         ports["http"], ports["kv-events"], ports["kv-replay"])
     assert pool.routing.prefix.tokenizer is not None  # KV events carry token ids
@@ -190,8 +195,70 @@ def test_a_config_change_rolls_the_gateways() -> None:
     assert checksum({}) != checksum({"gateway": {"config": {"logging": {"level": "debug"}}}})
 
 
+def rbac(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {kind: [d for d in objs if d["kind"] == kind] for kind in ("ServiceAccount", "Role", "RoleBinding")}
+
+
+def pod_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (gateway,) = [d for d in objs if d["kind"] == "Deployment"
+                  and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    return dict(gateway["spec"]["template"]["spec"])
+
+
+def test_api_discovery_runs_the_gateways_as_an_account_that_may_only_list_and_watch_endpointslices() -> None:
+    objs = RENDERED["values-k8s-discovery.yaml"]
+    found = rbac(objs)
+    (account,), (role,), (binding,) = found["ServiceAccount"], found["Role"], found["RoleBinding"]
+    assert pod_spec(objs)["serviceAccountName"] == account["metadata"]["name"]
+    assert account["metadata"]["annotations"] == values_file("values-k8s-discovery.yaml")["serviceAccount"][
+        "annotations"]
+    (rule,) = role["rules"]  # nothing but the slices, and only to read them
+    assert rule["apiGroups"] == ["discovery.k8s.io"] and rule["resources"] == ["endpointslices"]
+    assert {"list", "watch"} <= set(rule["verbs"]) <= {"get", "list", "watch"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "default"}]
+
+
+@pytest.mark.parametrize("name", ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml"])
+def test_dns_discovery_has_no_account_no_role_and_no_api_token(name: str) -> None:
+    assert not any(rbac(RENDERED[name]).values())
+    spec = pod_spec(RENDERED[name])
+    assert "serviceAccountName" not in spec and spec["automountServiceAccountToken"] is False
+
+
+def test_an_existing_account_is_bound_and_rbac_may_be_left_to_the_cluster_admin() -> None:
+    objs = render({"discovery": {"mode": "kubernetes"}, "serviceAccount": {"create": False, "name": "gw"}})
+    found = rbac(objs)
+    assert not found["ServiceAccount"] and pod_spec(objs)["serviceAccountName"] == "gw"
+    (binding,) = found["RoleBinding"]
+    assert binding["subjects"][0]["name"] == "gw"
+    objs = render({"discovery": {"mode": "kubernetes"}, "rbac": {"create": False}})
+    assert [d["kind"] for d in objs if d["kind"] in ("ServiceAccount", "Role", "RoleBinding")] == ["ServiceAccount"]
+    for doc in objs:
+        if doc["apiVersion"] != "monitoring.coreos.com/v1":
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_label_mapping_merges_into_the_generated_kubernetes_discovery() -> None:
+    """The chart README's way to map labels to adapters and roles: gateway.config over the generated section."""
+    mapping = {"role_label": "affinity-gateway.io/role", "adapter_label_prefix": "adapters.affinity-gateway.io/"}
+    overrides = {"discovery": {"mode": "kubernetes"},
+                 "gateway": {"config": {"pools": {"stub-model": {"discovery": {"kubernetes": mapping}}}}}}
+    (config_map,) = [d for d in render(overrides) if d["kind"] == "ConfigMap"
+                     and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    (pool,) = parse_config(yaml.safe_load(config_map["data"]["gateway.yaml"])).pools.values()
+    assert pool.discovery is not None and pool.discovery.kubernetes is not None
+    k8s = pool.discovery.kubernetes
+    assert (k8s.service, k8s.port_name, k8s.role_label, k8s.adapter_label_prefix) == (
+        f"{RELEASE}-affinity-gateway-replica", "http", mapping["role_label"], mapping["adapter_label_prefix"])
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"replicas": {"mode": "sglang"}}, "replicas.mode"),
+    ({"discovery": {"mode": "consul"}}, "discovery.mode"),
+    ({"discovery": {"mode": "kubernetes"}, "serviceAccount": {"create": False}}, "serviceAccount.name"),
     ({"externalRedis": {"existingSecret": "r"}}, "redis.enabled=false"),
 ])
 def test_contradictory_values_fail_the_render(overrides: dict[str, Any], message: str) -> None:

@@ -45,9 +45,20 @@ app.kubernetes.io/part-of: affinity-gateway
 {{- if not (has .Values.replicas.mode (list "stub" "vllm")) }}
 {{- fail (printf "replicas.mode: expected stub or vllm, got %q" .Values.replicas.mode) }}
 {{- end }}
+{{- if not (has .Values.discovery.mode (list "dns" "kubernetes")) }}
+{{- fail (printf "discovery.mode: expected dns or kubernetes, got %q" .Values.discovery.mode) }}
+{{- end }}
+{{- if and (eq .Values.discovery.mode "kubernetes") (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+{{- fail "serviceAccount.name: set the existing account to use when serviceAccount.create is false" }}
+{{- end }}
 {{- if and .Values.redis.enabled .Values.externalRedis.existingSecret }}
 {{- fail "set redis.enabled=false to use externalRedis.existingSecret (one Redis, not two)" }}
 {{- end }}
+{{- end }}
+
+{{/* The gateways' ServiceAccount: only discovery through the Kubernetes API needs one. */}}
+{{- define "affinity-gateway.serviceAccountName" -}}
+{{- default (include "affinity-gateway.fullname" .) .Values.serviceAccount.name }}
 {{- end }}
 
 {{- define "affinity-gateway.redisUrlDir" -}}/var/run/secrets/affinity-gateway{{- end }}
@@ -55,7 +66,13 @@ app.kubernetes.io/part-of: affinity-gateway
 {{/* The gateway's YAML config (config.example.yaml documents every key), then gateway.config over it. */}}
 {{- define "affinity-gateway.config" -}}
 {{- $kv := .Values.replicas.kvEvents }}
-{{- $discovery := dict "dns" (include "affinity-gateway.replicasName" .) "port" 8000 "interval_s" .Values.pool.discoveryIntervalS "kv_events_port" $kv.port "kv_events_replay_port" $kv.replayPort }}
+{{- $discovery := dict "port" 8000 "kv_events_port" $kv.port "kv_events_replay_port" $kv.replayPort }}
+{{- if eq .Values.discovery.mode "kubernetes" }}
+{{- $_ := set $discovery "kubernetes" (dict "service" (include "affinity-gateway.replicasName" .) "port_name" "http") }}
+{{- else }}
+{{- $_ := set $discovery "dns" (include "affinity-gateway.replicasName" .) }}
+{{- $_ := set $discovery "interval_s" .Values.pool.discoveryIntervalS }}
+{{- end }}
 {{- /* KV events carry token ids: the stub's simulator tokenizer, or vLLM's own /tokenize */}}
 {{- $prefix := dict "tokenizer" (ternary "sim" "replica" (eq .Values.replicas.mode "stub")) "block_tokens" .Values.pool.blockTokens }}
 {{- $pool := dict "discovery" $discovery "routing" (dict "policy" .Values.pool.policy "prefix" $prefix) }}

@@ -46,6 +46,7 @@ class Proc:
                 self.popen.kill()
                 self.popen.wait(5)
         self.tethered.release()
+        self.log.close()  # the child had its own descriptor; output() reads the file by name
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

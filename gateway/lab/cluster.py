@@ -68,9 +68,10 @@ class _Child:
 
     def _forward(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            sys.stdout.write(f"[{self.name}] {line}")
-            sys.stdout.flush()
+        with self.popen.stdout:  # closed at the end of the child's output, not left to the collector
+            for line in self.popen.stdout:
+                sys.stdout.write(f"[{self.name}] {line}")
+                sys.stdout.flush()
 
     def stop(self) -> None:
         if self.popen.poll() is None:

@@ -10,6 +10,7 @@ from gateway.auth import Caller
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy
 from gateway.ratelimit import RateLimits
+from gateway.sessions import Sessions
 from gateway.state import GatewayState
 from gateway.stored_responses import ResponseHomes
 from gateway.token_costs import TokenCosts
@@ -22,6 +23,7 @@ ADMISSION = web.AppKey("admission", Admission)
 RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
 HOMES = web.AppKey("response_homes", ResponseHomes)
 TOKEN_COSTS = web.AppKey("token_costs", TokenCosts)
+SESSIONS = web.AppKey("sessions", Sessions)
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)

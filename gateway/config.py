@@ -40,6 +40,7 @@ from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
 from gateway.readiness import ReadinessConfig
 from gateway.routes import RoutesConfig
+from gateway.sessions import SessionsConfig
 from gateway.token_costs import Prices
 from gateway.tracing import TracingConfig
 
@@ -307,6 +308,7 @@ class Config:
     readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
     routes: RoutesConfig = field(default_factory=RoutesConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)  # agent timelines (gateway.sessions)
 
     def backend_key(self, model: str, replica_id: str) -> str | None:
         """The key to send to this replica of this model's pool, if there is one."""

@@ -22,8 +22,8 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS,
-                              TRACING)
+from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE,
+                              TOKEN_COSTS, TRACING)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
@@ -36,7 +36,9 @@ from gateway.policies import Decision, Outcome
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
 from gateway.replicas import Monitor, Replica
+from gateway.request_timing import Timing
 from gateway.routes import add_model_routes
+from gateway.sessions import Sessions
 from gateway.shared_quota import SharedQuota
 from gateway.state import GatewayState, ModelRoute
 from gateway.stored_responses import ResponseHomes, add_by_id_routes
@@ -60,6 +62,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[LIFECYCLE] = Lifecycle()
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
+    app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -118,7 +121,11 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
         return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))
 
     async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
-        return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission, exchange.trace)
+        waiting = time.perf_counter()
+        try:
+            return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission, exchange.trace)
+        finally:
+            exchange.queue_s += time.perf_counter() - waiting
 
     if app[TRACING] is not None:  # from here on every log event of the request carries its trace_id
         exchange.trace = app[TRACING].request(request, view, exchange.started)
@@ -153,19 +160,26 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
             completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
     if usage.response_id is not None and exchange.replica_id is not None:
         app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
-    total_s = time.perf_counter() - exchange.started
+    timing = Timing.of(exchange.queue_s, exchange.ttft_s, time.perf_counter() - exchange.started, exchange.streamed,
+                       usage.completion_tokens)
     m = app[METRICS]
     m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()
     if exchange.replica_id is not None and exchange.status == 200 and view.endpoint in ("chat", "completions"):
         m.cached_tokens_check.observe(view.model, exchange.replica_id, usage)
-    m.latency.labels(view.model).observe(total_s)
+    m.latency.labels(view.model).observe(timing.total_s)
     if exchange.ttft_s is not None:
         m.ttft.labels(view.model).observe(exchange.ttft_s)
+    if timing.tokens_per_s is not None:
+        m.tokens_per_s.labels(view.model).observe(timing.tokens_per_s)
+    if timing.itl_s is not None:
+        m.itl.labels(view.model).observe(timing.itl_s)
     if exchange.first_phrase_s is not None:
         m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
     if exchange.failed_replicas:
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
     app[TOKEN_COSTS].record(caller.tenant, route.model, usage, config.pools.get(route.model))
+    if exchange.replica_id is not None:
+        app[SESSIONS].record(view, route.model, exchange.replica_id, exchange.status, usage, timing)
     if caller.key is not None:
         m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
         for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
@@ -177,8 +191,9 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
                  endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
-                 ttft_s=_round(exchange.ttft_s), first_phrase_s=_round(exchange.first_phrase_s),
-                 total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,
+                 queue_s=_round(timing.queue_s), ttft_s=_round(exchange.ttft_s),
+                 first_phrase_s=_round(exchange.first_phrase_s), total_s=_round(timing.total_s),
+                 tokens_per_s=_round(timing.tokens_per_s), itl_s=_round(timing.itl_s), prompt_tokens=usage.prompt_tokens,
                  completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
                  decision=exchange.decision.explain()["candidates"] if exchange.decision else None,

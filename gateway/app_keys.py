@@ -8,6 +8,7 @@ from aiohttp import web
 from gateway.admission import Admission
 from gateway.auth import Caller
 from gateway.metrics import Metrics
+from gateway.prefix_report import PrefixReport
 from gateway.proxy import Proxy
 from gateway.ratelimit import RateLimits
 from gateway.sessions import Sessions
@@ -24,6 +25,7 @@ RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
 HOMES = web.AppKey("response_homes", ResponseHomes)
 TOKEN_COSTS = web.AppKey("token_costs", TokenCosts)
 SESSIONS = web.AppKey("sessions", Sessions)
+PREFIX_REPORT = web.AppKey("prefix_report", PrefixReport)
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)

@@ -38,6 +38,7 @@ from gateway.model_names import ModelNames, check_names
 from gateway.phrase_chunking import StreamChunking
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
+from gateway.prefix_report import PrefixReportConfig
 from gateway.readiness import ReadinessConfig
 from gateway.routes import RoutesConfig
 from gateway.sessions import SessionsConfig
@@ -309,6 +310,7 @@ class Config:
     routes: RoutesConfig = field(default_factory=RoutesConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     sessions: SessionsConfig = field(default_factory=SessionsConfig)  # agent timelines (gateway.sessions)
+    prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)  # gateway.prefix_report
 
     def backend_key(self, model: str, replica_id: str) -> str | None:
         """The key to send to this replica of this model's pool, if there is one."""

@@ -1,6 +1,6 @@
 """The gateway's own routes, next to the model routes it proxies: the model list, health and
-readiness, Prometheus metrics, and the admin API (replicas, token usage and cost, agent sessions, a
-dry-run route explanation, reload)."""
+readiness, Prometheus metrics, and the admin API (replicas, token usage and cost, agent sessions, the
+prompt-prefix hygiene report, a dry-run route explanation, reload)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 
 from gateway.adapters import named
-from gateway.app_keys import ADMISSION, METRICS, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE, TOKEN_COSTS
+from gateway.app_keys import ADMISSION, METRICS, PREFIX_REPORT, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE, TOKEN_COSTS
 from gateway.errors import BadRequestError, ConfigError, NoReplicaError, NotFoundError, error_body
 from gateway.lifecycle import LIFECYCLE
 from gateway.limits import read_view
@@ -35,6 +35,7 @@ def add_ops_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/usage", admin_usage)
+    app.router.add_get("/admin/prefix-report", admin_prefix_report)
     app.router.add_get("/admin/sessions", admin_sessions)
     app.router.add_get("/admin/sessions/{session_id}", admin_session)
     app.router.add_post("/admin/reload", admin_reload)
@@ -90,6 +91,11 @@ async def admin_usage(request: web.Request) -> web.Response:
     """Tokens, cost and cache savings per tenant and model over a window (`gateway.token_costs`)."""
     query = UsageQuery.parse(request.query, time.time())
     return _json(await request.app[TOKEN_COSTS].report(query))
+
+
+async def admin_prefix_report(request: web.Request) -> web.Response:
+    """Families of prompts that diverge early and match after it: the cache they lose (`gateway.prefix_report`)."""
+    return _json(request.app[PREFIX_REPORT].report())
 
 
 async def admin_sessions(request: web.Request) -> web.Response:

@@ -22,8 +22,8 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PROXY, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE,
-                              TOKEN_COSTS, TRACING)
+from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PREFIX_REPORT, PROXY, RATE_LIMITS, REQUEST_ID,
+                              SESSIONS, STATE, TOKEN_COSTS, TRACING)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
@@ -33,6 +33,7 @@ from gateway.metrics import Metrics
 from gateway.ops_routes import add_ops_routes, reload
 from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
+from gateway.prefix_report import PrefixReport
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
 from gateway.replicas import Monitor, Replica
@@ -63,6 +64,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
     app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
+    app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -177,9 +179,14 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
     if exchange.failed_replicas:
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
-    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, config.pools.get(route.model))
+    pool = config.pools.get(route.model)
+    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
     if exchange.replica_id is not None:
         app[SESSIONS].record(view, route.model, exchange.replica_id, exchange.status, usage, timing)
+        if exchange.status == 200:  # hashed and compared later, off the request path
+            app[PREFIX_REPORT].offer(caller.tenant, route.model, view, route.routing.prefix.chars_per_token,
+                                     route.router.policy.prefill_s_per_token(exchange.replica_id),
+                                     pool.prices if pool is not None else None)
     if caller.key is not None:
         m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
         for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):

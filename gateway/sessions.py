@@ -20,14 +20,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
+from gateway.background import background
 from gateway.errors import ConfigError
 from gateway.request_timing import Timing
 from gateway.usage import Usage
@@ -129,7 +128,7 @@ class Sessions:
     @classmethod
     def attach(cls, app: web.Application, config: SessionsConfig, registry: CollectorRegistry) -> Sessions:
         sessions = cls(config, registry)
-        app.cleanup_ctx.append(sessions._sweeping)
+        app.cleanup_ctx.append(background("sessions-sweep", sessions._sweep_loop))
         return sessions
 
     def record(self, view: RequestView, model: str, replica: str | None, status: int, usage: Usage,
@@ -219,13 +218,6 @@ class Sessions:
         if self._hops is not None and self._ttft is not None:
             self._hops.observe(session.count)
             self._ttft.observe(session.ttft_s)
-
-    async def _sweeping(self, app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().create_task(self._sweep_loop(), name="sessions-sweep")
-        yield
-        task.cancel()
-        with suppress(asyncio.CancelledError):
-            await task
 
     async def _sweep_loop(self) -> None:
         interval = min(max(self.config.idle_s / 4, 0.1), 5.0)

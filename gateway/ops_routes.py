@@ -1,6 +1,6 @@
 """The gateway's own routes, next to the model routes it proxies: the model list, health and
 readiness, Prometheus metrics, and the admin API (replicas, token usage and cost, agent sessions, the
-prompt-prefix hygiene report, a dry-run route explanation, reload)."""
+prompt-prefix hygiene report, the latest routing decisions, a dry-run route explanation, reload)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import structlog
 from aiohttp import web
 
 from gateway.adapters import named
-from gateway.app_keys import ADMISSION, METRICS, PREFIX_REPORT, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE, TOKEN_COSTS
+from gateway.app_keys import (ADMISSION, DECISIONS, METRICS, PREFIX_REPORT, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE,
+                              TOKEN_COSTS)
 from gateway.errors import BadRequestError, ConfigError, NoReplicaError, NotFoundError, error_body
 from gateway.lifecycle import LIFECYCLE
 from gateway.limits import read_view
@@ -35,6 +36,7 @@ def add_ops_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/usage", admin_usage)
+    app.router.add_get("/admin/decisions", admin_decisions)
     app.router.add_get("/admin/prefix-report", admin_prefix_report)
     app.router.add_get("/admin/sessions", admin_sessions)
     app.router.add_get("/admin/sessions/{session_id}", admin_session)
@@ -98,12 +100,21 @@ async def admin_prefix_report(request: web.Request) -> web.Response:
     return _json(request.app[PREFIX_REPORT].report())
 
 
+async def admin_decisions(request: web.Request) -> web.Response:
+    """The latest routing decisions, newest first, each candidate's score (`gateway.decision_log`); `?limit=`."""
+    return _json({"decisions": request.app[DECISIONS].latest(_limit(request))})
+
+
 async def admin_sessions(request: web.Request) -> web.Response:
     """The most recently active agent sessions, their totals (`gateway.sessions`); `?limit=` (default 50)."""
+    return _json({"sessions": request.app[SESSIONS].recent(_limit(request))})
+
+
+def _limit(request: web.Request) -> int:
     text = request.query.get("limit", "50")
     if not text.isdigit() or int(text) < 1:
         raise BadRequestError(f"limit must be an integer >= 1, got {text!r}", param="limit")
-    return _json({"sessions": request.app[SESSIONS].recent(int(text))})
+    return int(text)
 
 
 async def admin_session(request: web.Request) -> web.Response:

@@ -35,3 +35,8 @@ class Timing:
     def prefill_s(self) -> float:
         """From dispatch to the first token: the replica's prefill (and its own queue, and the network)."""
         return max((self.ttft_s or 0.0) - self.queue_s, 0.0)
+
+
+def rounded(value: float | None) -> float | None:
+    """Seconds as logged and answered: to the microsecond, None kept."""
+    return None if value is None else round(value, 6)

@@ -22,10 +22,12 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import (ADMISSION, CALLER, HOMES, METRICS, PREFIX_REPORT, PROXY, RATE_LIMITS, REQUEST_ID,
-                              SESSIONS, STATE, TOKEN_COSTS, TRACING)
+from gateway.app_keys import (ADMISSION, CALLER, DECISIONS, HOMES, METRICS, PREFIX_REPORT, PROXY, RATE_LIMITS,
+                              REQUEST_ID, SESSIONS, STATE, TOKEN_COSTS, TRACING)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
+from gateway.dashboard import add_dashboard_routes
+from gateway.decision_log import DecisionLog
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
@@ -37,7 +39,7 @@ from gateway.prefix_report import PrefixReport
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
 from gateway.replicas import Monitor, Replica
-from gateway.request_timing import Timing
+from gateway.request_timing import Timing, rounded
 from gateway.routes import add_model_routes
 from gateway.sessions import Sessions
 from gateway.shared_quota import SharedQuota
@@ -65,6 +67,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
     app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
     app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
+    app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -72,6 +75,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
     add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
     add_ops_routes(app)  # /v1/models, /health, /ready, /metrics, /admin/*
+    add_dashboard_routes(app)  # /dashboard: one page over the admin routes
     return app
 
 
@@ -181,6 +185,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
     pool = config.pools.get(route.model)
     app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
+    if exchange.decision is not None:
+        app[DECISIONS].record(route.model, view.request_id, exchange.status, exchange.decision, timing, usage)
     if exchange.replica_id is not None:
         app[SESSIONS].record(view, route.model, exchange.replica_id, exchange.status, usage, timing)
         if exchange.status == 200:  # hashed and compared later, off the request path
@@ -198,9 +204,9 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
                  endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
-                 queue_s=_round(timing.queue_s), ttft_s=_round(exchange.ttft_s),
-                 first_phrase_s=_round(exchange.first_phrase_s), total_s=_round(timing.total_s),
-                 tokens_per_s=_round(timing.tokens_per_s), itl_s=_round(timing.itl_s), prompt_tokens=usage.prompt_tokens,
+                 queue_s=rounded(timing.queue_s), ttft_s=rounded(exchange.ttft_s),
+                 first_phrase_s=rounded(exchange.first_phrase_s), total_s=rounded(timing.total_s),
+                 tokens_per_s=rounded(timing.tokens_per_s), itl_s=rounded(timing.itl_s), prompt_tokens=usage.prompt_tokens,
                  completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
                  decision=exchange.decision.explain()["candidates"] if exchange.decision else None,
@@ -289,6 +295,3 @@ async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
     loop.remove_signal_handler(signal.SIGHUP)
     await asyncio.gather(*pending, return_exceptions=True)
 
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from gateway.background import background
 from gateway.errors import ConfigError
-from gateway.request_timing import Timing
+from gateway.request_timing import Timing, rounded
 from gateway.usage import Usage
 from gateway.view import RequestView
 
@@ -72,9 +72,9 @@ class Hop:
         uncached = None if self.prompt_tokens is None else self.prompt_tokens - min(self.cached_tokens or 0,
                                                                                     self.prompt_tokens)
         return {"request_id": self.request_id, "at": round(self.at, 3), "model": self.model, "replica": self.replica,
-                "status": self.status, "queue_s": _r(t.queue_s), "ttft_s": _r(t.ttft_s), "prefill_s": _r(t.prefill_s),
-                "decode_s": _r(t.decode_s), "total_s": _r(t.total_s), "tokens_per_s": _r(t.tokens_per_s),
-                "itl_s": _r(t.itl_s), "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "status": self.status, "queue_s": rounded(t.queue_s), "ttft_s": rounded(t.ttft_s), "prefill_s": rounded(t.prefill_s),
+                "decode_s": rounded(t.decode_s), "total_s": rounded(t.total_s), "tokens_per_s": rounded(t.tokens_per_s),
+                "itl_s": rounded(t.itl_s), "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "uncached_prefill_tokens": uncached, "completion_tokens": self.completion_tokens}
 
 
@@ -106,8 +106,8 @@ class Session:
     def summary(self) -> dict[str, Any]:
         return {"id": self.session_id, "source": self.source, "tenant": self.tenant, "started": round(self.started, 3),
                 "updated": round(self.hops[-1].at, 3) if self.hops else None, "ended": self.ended,
-                "hops": self.count, "ttft_s": _r(self.ttft_s), "queue_s": _r(self.queue_s),
-                "prefill_s": _r(self.prefill_s), "total_s": _r(self.total_s),
+                "hops": self.count, "ttft_s": rounded(self.ttft_s), "queue_s": rounded(self.queue_s),
+                "prefill_s": rounded(self.prefill_s), "total_s": rounded(self.total_s),
                 "prefill_share": round(self.prefill_s / self.total_s, 4) if self.total_s > 0 else None}
 
 
@@ -225,6 +225,3 @@ class Sessions:
             await asyncio.sleep(interval)
             self.sweep(time.monotonic())
 
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)

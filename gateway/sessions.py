@@ -1,8 +1,9 @@
 """Agent-session timelines: an agent making n hops is n requests, each paying its own queue, prefill
 and TTFT; this keeps each session's hops in order so that the sum can be seen.
 
-A request's session is its `view.session_key` (the `headers.session` header, `prompt_cache_key` or
-`user`); without one (and `sessions.infer`), the session whose latest prompt this one extends: its
+A generation request's session is its `view.session_key` (the `headers.session` header,
+`prompt_cache_key` or `user`), within its tenant: with auth on the id is `<tenant>:<key>`, so two
+tenants' "alice" stay apart; without one (and `sessions.infer`), the session whose latest prompt this one extends: its
 chain of prefix hashes holds that prompt's last block (a growing agent transcript does). Only the
 last `_SCAN_BLOCKS` blocks are looked up, and a prompt that ends inside its shared preamble (system
 prompt, tools) starts no chain, so conversations sharing a system prompt are not merged.
@@ -32,6 +33,7 @@ from gateway.request_timing import Timing, rounded
 from gateway.usage import Usage
 from gateway.view import RequestView
 
+GENERATION = frozenset({"chat", "completions", "messages", "responses"})  # an agent's hops; not /tokenize etc.
 _SCAN_BLOCKS = 256  # how far back in a prompt's chain the previous prompt's end is looked for
 _HOPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 _SESSION_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -117,6 +119,7 @@ class Sessions:
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently active first
         self._open: OrderedDict[str, None] = OrderedDict()  # not ended yet, same order
         self._ends: dict[int, str] = {}  # chain end → inferred session id
+        self._serial = 0  # tells apart inferred sessions whose first requests had the same id
         self._hops: Histogram | None = None
         self._ttft: Histogram | None = None
         if registry is not None:
@@ -134,7 +137,7 @@ class Sessions:
     def record(self, view: RequestView, model: str, replica: str | None, status: int, usage: Usage,
                timing: Timing) -> None:
         """One finished request, from `gateway.server._finished`."""
-        if not self.config.enabled:
+        if not self.config.enabled or view.endpoint not in GENERATION:
             return
         session = self._session_of(view)
         if session is None:
@@ -182,18 +185,23 @@ class Sessions:
 
     def _session_of(self, view: RequestView) -> Session | None:
         if view.session_key:
-            session = self._sessions.get(view.session_key)
-            return session if session is not None and not session.ended else self._new(view.session_key, "key",
+            session_id = view.session_key if view.tenant is None else f"{view.tenant}:{view.session_key}"
+            session = self._sessions.get(session_id)
+            return session if session is not None and not session.ended else self._new(session_id, "key",
                                                                                        view.tenant)
         if not self.config.infer or not view.block_hashes:
             return None
         blocks = view.block_hashes
         for i in range(len(blocks) - 1, max(len(blocks) - 1 - _SCAN_BLOCKS, -1), -1):
-            session_id = self._ends.get(blocks[i])
-            if session_id is not None and (session := self._sessions.get(session_id)) is not None \
-                    and not session.ended:
+            ending = self._ends.get(blocks[i])
+            if ending is not None and (session := self._sessions.get(ending)) is not None \
+                    and not session.ended and session.tenant == view.tenant:
                 return session
-        return self._new(f"inferred-{view.request_id}", "inferred", view.tenant)
+        session_id = f"inferred-{view.request_id}"
+        if (same := self._sessions.get(session_id)) is not None and not same.ended:  # a client's repeated id
+            self._serial += 1
+            session_id = f"{session_id}-{self._serial}"
+        return self._new(session_id, "inferred", view.tenant)
 
     def _new(self, session_id: str, source: str, tenant: str | None) -> Session:
         """A new session (one after its namesake's idle end starts over: that one was observed)."""

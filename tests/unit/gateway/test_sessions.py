@@ -13,9 +13,10 @@ from gateway.view import RequestView
 pytestmark = pytest.mark.timeout(10)
 
 
-def view(request_id: str, session: str | None = None, blocks: tuple[int, ...] = (), preamble: int = 0) -> RequestView:
-    return RequestView(request_id, "chat", "m", True, {}, b"", session_key=session, block_hashes=blocks,
-                       tokens_per_block=16.0, preamble_tokens=preamble)
+def view(request_id: str, session: str | None = None, blocks: tuple[int, ...] = (), preamble: int = 0,
+         tenant: str | None = None, endpoint: str = "chat") -> RequestView:
+    return RequestView(request_id, endpoint, "m", True, {}, b"", tenant=tenant, session_key=session,
+                       block_hashes=blocks, tokens_per_block=16.0, preamble_tokens=preamble)
 
 
 def hop(sessions: Sessions, v: RequestView, ttft: float = 0.1) -> None:
@@ -68,3 +69,16 @@ def test_decode_speed_comes_from_the_request_totals() -> None:
     assert t.decode_s == pytest.approx(1.0) and t.tokens_per_s == pytest.approx(11) and t.itl_s == pytest.approx(0.1)
     whole = Timing.of(0.0, 1.0, 1.0, False, 11)
     assert whole.decode_s is None and whole.tokens_per_s is None and whole.itl_s is None
+
+
+def test_sessions_are_per_tenant_and_only_generation_requests_are_hops() -> None:
+    sessions = Sessions(SessionsConfig())
+    hop(sessions, view("a0", "alice", tenant="acme"))
+    hop(sessions, view("b0", "alice", tenant="beta"))
+    hop(sessions, view("t0", "alice", tenant="acme", endpoint="tokenize"))
+    hop(sessions, view("x0", blocks=(1, 2), tenant="acme"))
+    hop(sessions, view("x1", blocks=(1, 2, 3), tenant="beta"))  # extends acme's prompt: not its session
+    hop(sessions, view("x0", blocks=(5, 6)))  # a repeated request id starts its own session
+    assert sessions.get("acme:alice")["hops"] == 1 and sessions.get("beta:alice")["hops"] == 1  # type: ignore[index]
+    assert sessions.get("inferred-x0")["hops"] == 1 and sessions.get("inferred-x1") is not None  # type: ignore[index]
+    assert sessions.get("inferred-x0-1") is not None

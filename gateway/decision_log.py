@@ -49,9 +49,9 @@ class DecisionLog:
                 break
             chosen = entry.decision.chosen()
             out.append({"at": round(entry.at, 3), "model": entry.model, "request_id": entry.request_id,
-                        "status": entry.status, "ttft_s": rounded(entry.timing.ttft_s), "total_s": rounded(entry.timing.total_s),
-                        "prompt_tokens": entry.prompt_tokens, "predicted_cached_tokens":
-                            chosen.cached_tokens if chosen is not None else None,
+                        "status": entry.status, "ttft_s": rounded(entry.timing.ttft_s),
+                        "total_s": rounded(entry.timing.total_s), "prompt_tokens": entry.prompt_tokens,
+                        "predicted_cached_tokens": chosen.cached_tokens if chosen is not None else None,
                         "reported_cached_tokens": entry.cached_tokens, **entry.decision.explain()})
         return out
 

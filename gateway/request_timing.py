@@ -3,7 +3,7 @@
 Decode speed comes from the request's own totals, not from timing every chunk: decode time is the
 stream's time after its first byte, tokens per second is completion tokens over it, and inter-token
 latency is it over the gaps between tokens (completion − 1). A whole (non-streamed) answer's first
-byte comes after its last token, so it has no decode time and no speeds.
+byte comes after its last token, so it has no prefill or decode time of its own and no speeds.
 """
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ class Timing:
                    decode_s / (tokens - 1) if tokens > 1 else None)
 
     @property
-    def prefill_s(self) -> float:
-        """From dispatch to the first token: the replica's prefill (and its own queue, and the network)."""
-        return max((self.ttft_s or 0.0) - self.queue_s, 0.0)
+    def prefill_s(self) -> float | None:
+        """From dispatch to a stream's first token: the replica's prefill (and its own queue, and the network);
+        None for a whole answer, whose first byte comes after its decode too."""
+        if self.decode_s is None or self.ttft_s is None:
+            return None
+        return max(self.ttft_s - self.queue_s, 0.0)
 
 
 def rounded(value: float | None) -> float | None:

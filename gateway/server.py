@@ -206,8 +206,9 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
                  queue_s=rounded(timing.queue_s), ttft_s=rounded(exchange.ttft_s),
                  first_phrase_s=rounded(exchange.first_phrase_s), total_s=rounded(timing.total_s),
-                 tokens_per_s=rounded(timing.tokens_per_s), itl_s=rounded(timing.itl_s), prompt_tokens=usage.prompt_tokens,
-                 completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                 tokens_per_s=rounded(timing.tokens_per_s), itl_s=rounded(timing.itl_s),
+                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                 cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
                  decision=exchange.decision.explain()["candidates"] if exchange.decision else None,
                  tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}

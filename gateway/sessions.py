@@ -74,10 +74,11 @@ class Hop:
         uncached = None if self.prompt_tokens is None else self.prompt_tokens - min(self.cached_tokens or 0,
                                                                                     self.prompt_tokens)
         return {"request_id": self.request_id, "at": round(self.at, 3), "model": self.model, "replica": self.replica,
-                "status": self.status, "queue_s": rounded(t.queue_s), "ttft_s": rounded(t.ttft_s), "prefill_s": rounded(t.prefill_s),
-                "decode_s": rounded(t.decode_s), "total_s": rounded(t.total_s), "tokens_per_s": rounded(t.tokens_per_s),
-                "itl_s": rounded(t.itl_s), "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "uncached_prefill_tokens": uncached, "completion_tokens": self.completion_tokens}
+                "status": self.status, "queue_s": rounded(t.queue_s), "ttft_s": rounded(t.ttft_s),
+                "prefill_s": rounded(t.prefill_s), "decode_s": rounded(t.decode_s), "total_s": rounded(t.total_s),
+                "tokens_per_s": rounded(t.tokens_per_s), "itl_s": rounded(t.itl_s), "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens, "uncached_prefill_tokens": uncached,
+                "completion_tokens": self.completion_tokens}
 
 
 @dataclass(slots=True)
@@ -92,6 +93,7 @@ class Session:
     ttft_s: float = 0.0
     queue_s: float = 0.0
     prefill_s: float = 0.0
+    streamed_s: float = 0.0  # time to complete of the hops whose prefill is known (streams): prefill's share
     total_s: float = 0.0
     chain_end: int | None = None  # the last block hash of its latest prompt (inferred sessions follow it)
     ended: bool = False
@@ -102,7 +104,9 @@ class Session:
         t = hop.timing
         self.ttft_s += t.ttft_s or 0.0
         self.queue_s += t.queue_s
-        self.prefill_s += t.prefill_s
+        if t.prefill_s is not None:
+            self.prefill_s += t.prefill_s
+            self.streamed_s += t.total_s
         self.total_s += t.total_s
 
     def summary(self) -> dict[str, Any]:
@@ -110,7 +114,7 @@ class Session:
                 "updated": round(self.hops[-1].at, 3) if self.hops else None, "ended": self.ended,
                 "hops": self.count, "ttft_s": rounded(self.ttft_s), "queue_s": rounded(self.queue_s),
                 "prefill_s": rounded(self.prefill_s), "total_s": rounded(self.total_s),
-                "prefill_share": round(self.prefill_s / self.total_s, 4) if self.total_s > 0 else None}
+                "prefill_share": round(self.prefill_s / self.streamed_s, 4) if self.streamed_s > 0 else None}
 
 
 class Sessions:
@@ -205,7 +209,8 @@ class Sessions:
 
     def _new(self, session_id: str, source: str, tenant: str | None) -> Session:
         """A new session (one after its namesake's idle end starts over: that one was observed)."""
-        session = self._sessions[session_id] = Session(session_id, source, tenant, deque(maxlen=self.config.max_requests))
+        hops: deque[Hop] = deque(maxlen=self.config.max_requests)
+        session = self._sessions[session_id] = Session(session_id, source, tenant, hops)
         return session
 
     def _follow(self, session: Session, view: RequestView) -> None:

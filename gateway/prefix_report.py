@@ -10,13 +10,16 @@ character offset gives the token offset); the pieces after that point the earlie
 it are the shared text the cache could have served, had the volatile part been at the bottom.
 
 A family is a tenant (its key; "anonymous" without auth) and pool, and within it the text that matches
-after the divergence (named by the hash of its first shared piece: one system prompt). A finding needs
+after the divergence (named by the hash of its first shared piece: one system prompt). A new prompt is
+compared with its tenant's latest and with the kept ones that share one of its anchors (the smallest
+hashes of its longer pieces), so a tenant's interleaved system prompts each meet their own siblings. A finding needs
 at least `prefix_report.min_tokens` shared tokens after the divergence. Lost prefill seconds are those
 tokens at the pool's learned prefill cost per token (prefix_affinity's cost model; the default 0.0002
 without one); lost money is them at the input price less the cached-input price (`pools.<m>.prices`).
 
-No prompt text is stored: per (tenant, pool) the last `prefix_report.samples` prompts' hashes (about 16
-bytes per piece, at most `_MAX_PIECES` pieces each), for at most `prefix_report.families` of them. With
+No prompt text is stored: per (tenant, pool) the hashes of `prefix_report.samples` prompts, one per
+content family (16 bytes per piece, at most `_MAX_PIECES` pieces each: 16 kB), for at most
+`prefix_report.families` of them (at the defaults at most 16 MB, typically far less). With
 `logging.prompts: true` only, a finding keeps a few characters around its latest divergence. The request
 path only appends the finished request to a bounded queue (`prefix_report.queue`; more are skipped and
 counted); a background task hashes and compares, yielding to the event loop between requests.
@@ -25,6 +28,7 @@ counted); a background task hashes and compares, yielding to the event loop betw
 from __future__ import annotations
 
 import asyncio
+import heapq
 import re
 from array import array
 from collections import Counter, OrderedDict, deque
@@ -47,7 +51,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("gateway.prefix_report")
 _PIECE = re.compile(r"[^\n.!?]+[\n.!?]*|[\n.!?]+")  # up to and with a line or sentence end
-_MAX_PIECES = 2048
+_MAX_PIECES = 1024
+_ANCHORS = 4
+_ANCHOR_CHARS = 32  # pieces this long or longer may be anchors (short ones repeat across unrelated prompts)
 _AROUND_CHARS = 24  # before the divergence (and twice that of the piece from it), with logging.prompts only
 _DEFAULT_RATE = CostParams().prefill_s_per_token
 
@@ -58,7 +64,7 @@ class PrefixReportConfig:
 
     enabled: bool = True
     families: int = 128  # (tenant, pool) pairs with samples kept, and findings kept; least recently seen go
-    samples: int = 4  # recent prompts per (tenant, pool) each new one is compared with
+    samples: int = 8  # prompts kept per (tenant, pool), one per content family, to compare new ones with
     queue: int = 64  # finished requests waiting for analysis; more are skipped
     min_tokens: int = 256  # fewer shared tokens after the divergence are no finding
 
@@ -89,6 +95,42 @@ class _Signature:
     hashes: array[int]
     starts: array[int]
     lengths: array[int]
+    anchors: tuple[int, ...]  # the smallest hashes of its longer pieces: found by content, wherever they sit
+    serial: int = 0
+
+
+class _Samples:
+    """One tenant and pool's kept prompts, one per content family: a new prompt is compared with the
+    latest and with those sharing an anchor (so families that interleave still meet their siblings),
+    then takes the place of the one it matched (or of the least recently matched one)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._kept: OrderedDict[int, _Signature] = OrderedDict()  # by serial, least recently matched first
+        self._by_anchor: dict[int, int] = {}
+        self._serial = 0
+
+    def siblings(self, new: _Signature) -> list[_Signature]:
+        serials = {self._by_anchor[a] for a in new.anchors if a in self._by_anchor}
+        if self._kept:
+            serials.add(next(reversed(self._kept)))
+        return [self._kept[s] for s in serials]
+
+    def keep(self, new: _Signature, replacing: _Signature | None) -> None:
+        if replacing is not None:
+            self._drop(replacing.serial)
+        self._serial += 1
+        new.serial = self._serial
+        self._kept[new.serial] = new
+        self._by_anchor.update((a, new.serial) for a in new.anchors)
+        while len(self._kept) > self.size:
+            self._drop(next(iter(self._kept)))
+
+    def _drop(self, serial: int) -> None:
+        old = self._kept.pop(serial)
+        for a in old.anchors:
+            if self._by_anchor.get(a) == serial:
+                del self._by_anchor[a]
 
 
 @dataclass(slots=True)
@@ -121,7 +163,7 @@ class PrefixReport:
         self.show_text = show_text  # logging.prompts now: keep a few characters around a divergence
         self._queue: deque[_Offered] = deque()
         self._ready = asyncio.Event()
-        self._samples: OrderedDict[tuple[str, str], deque[_Signature]] = OrderedDict()
+        self._samples: OrderedDict[tuple[str, str], _Samples] = OrderedDict()
         self._seen: dict[tuple[str, str], int] = {}
         self._findings: OrderedDict[tuple[str, str, str], _Finding] = OrderedDict()
         self.analysed = self.skipped = 0
@@ -162,15 +204,22 @@ class PrefixReport:
         self._seen[key] = self._seen.get(key, 0) + 1
         samples = self._samples.get(key)
         if samples is None:
-            samples = self._samples[key] = deque(maxlen=self.config.samples)
+            samples = self._samples[key] = _Samples(self.config.samples)
             _bound(self._samples, self.config.families)
             _bound(self._seen, self.config.families * 2)
         self._samples.move_to_end(key)
-        best = max((_compare(signature, s) for s in samples), default=None, key=lambda found: found[2])
-        samples.append(signature)
+        best: tuple[int, int, int, int, bool] | None = None
+        matched: _Signature | None = None
+        for old in samples.siblings(signature):
+            found = _compare(signature, old)
+            if best is None or found[2] > best[2]:
+                best, matched = found, old
+        related = best is not None and matched is not None and (
+            best[2] > 0 or best[4] or not set(signature.anchors).isdisjoint(matched.anchors))
+        samples.keep(signature, matched if related else None)  # the newest of a family stands for it
         if best is None:
             return
-        block, piece, shared_chars, first_shared = best
+        block, piece, shared_chars, first_shared, _ = best
         tokens = int(shared_chars / item.chars_per_token)
         if tokens < self.config.min_tokens:
             return
@@ -215,24 +264,25 @@ def _signature(text: str, chain: tuple[int, ...]) -> _Signature:
         hashes.append(xxhash.xxh3_64_intdigest(piece.encode()))
         starts.append(match.start())
         lengths.append(len(piece))
-    return _Signature(chain, hashes, starts, lengths)
+    longer = {h for h, n in zip(hashes, lengths) if n >= _ANCHOR_CHARS}
+    return _Signature(chain, hashes, starts, lengths, tuple(heapq.nsmallest(_ANCHORS, longer)))
 
 
-def _compare(new: _Signature, old: _Signature) -> tuple[int, int, int, int]:
+def _compare(new: _Signature, old: _Signature) -> tuple[int, int, int, int, bool]:
     """(divergence block, first differing piece of `new`, characters of `new` after it that `old` also has
-    after its divergence, the first such piece's hash); no shared characters when one prompt extends the
-    other."""
+    after its divergence, the first such piece's hash, whether one prompt extends the other: then nothing
+    is shared after a divergence)."""
     block = _common(new.chain, old.chain)
     piece = _common(new.hashes, old.hashes)
     if block >= min(len(new.chain), len(old.chain)) or piece >= min(len(new.hashes), len(old.hashes)):
-        return block, piece, 0, 0
+        return block, piece, 0, 0, True
     later = set(old.hashes[piece:])
     shared, first = 0, 0
     for i in range(piece, len(new.hashes)):
         if new.hashes[i] in later:
             shared += new.lengths[i]
             first = first or new.hashes[i]
-    return block, piece, shared, first
+    return block, piece, shared, first, False
 
 
 def _common(a: Any, b: Any) -> int:

@@ -66,3 +66,15 @@ def test_bounds_are_checked_by_key(name: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"pools": {"m": {"replicas": [{"url": "http://h:1"}]}}, "prefix_report": {name: 0}})
     assert err.value.key == f"prefix_report.{name}"
+
+
+def test_interleaved_system_prompts_of_one_tenant_each_meet_their_siblings() -> None:
+    report = PrefixReport(PrefixReportConfig(samples=8))
+    prompts = ["\n".join(f"Desk {d} rule {i}: answer questions about product line {d} only." for i in range(60))
+               for d in range(6)]
+    for second in range(2):
+        for prompt in prompts:  # six families in turn: each one's sibling is five prompts back
+            offer(report, "acme", [{"role": "system", "content": f"Now: 12:00:0{second}\n{prompt}"}])
+    rows = drain(report)["families"]
+    assert len(rows) == 6 and {r["affected_requests"] for r in rows} == {1}
+    assert len({r["family"] for r in rows}) == 6

@@ -4,7 +4,7 @@
 A KV entry depends on every token before it, so the routing chain of prefix hashes (`view.block_hashes`)
 tells where two prompts diverge, but not whether they match again after that. For that each analysed
 prompt also gets position-independent hashes: the text is cut into pieces at content-defined points
-(line and sentence ends), each piece hashed on its own (xxh3), so a piece hashes the same wherever it
+(line, sentence and clause ends: `\n . ! ? : ; ,`), each piece hashed on its own (xxh3), so a piece hashes the same wherever it
 sits. Two prompts of one family diverge at chain block d and at the first piece that differs (its
 character offset gives the token offset); the pieces after that point the earlier prompt also has after
 it are the shared text the cache could have served, had the volatile part been at the bottom.
@@ -50,10 +50,10 @@ if TYPE_CHECKING:
     from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.prefix_report")
-_PIECE = re.compile(r"[^\n.!?]+[\n.!?]*|[\n.!?]+")  # up to and with a line or sentence end
+_PIECE = re.compile(r"[^\n.!?:;,]+[\n.!?:;,]*|[\n.!?:;,]+")  # up to and with a line, sentence or clause end
 _MAX_PIECES = 1024
 _ANCHORS = 4
-_ANCHOR_CHARS = 32  # pieces this long or longer may be anchors (short ones repeat across unrelated prompts)
+_ANCHOR_CHARS = 24  # pieces this long or longer may be anchors (short ones repeat across unrelated prompts)
 _AROUND_CHARS = 24  # before the divergence (and twice that of the piece from it), with logging.prompts only
 _DEFAULT_RATE = CostParams().prefill_s_per_token
 

@@ -21,8 +21,9 @@ No prompt text is stored: per (tenant, pool) the hashes of `prefix_report.sample
 content family (16 bytes per piece, at most `_MAX_PIECES` pieces each: 16 kB), for at most
 `prefix_report.families` of them (at the defaults at most 16 MB, typically far less). With
 `logging.prompts: true` only, a finding keeps a few characters around its latest divergence. The request
-path only appends the finished request to a bounded queue (`prefix_report.queue`; more are skipped and
-counted); a background task hashes and compares, yielding to the event loop between requests.
+path only appends the finished request to a bounded queue (`prefix_report.queue`; more, and bodies over
+1 MiB, are skipped and counted); a background task renders and hashes each prompt in a thread, then
+compares it on the event loop (bounded work: at most `_MAX_PIECES` pieces and a few siblings).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.prefix_report")
 _PIECE = re.compile(r"[^\n.!?:;,]+[\n.!?:;,]*|[\n.!?:;,]+")  # up to and with a line, sentence or clause end
 _MAX_PIECES = 1024
+_MAX_BODY_BYTES = 1 << 20  # a larger request is not analysed (skipped): the queue holds bodies until then
 _ANCHORS = 4
 _ANCHOR_CHARS = 24  # pieces this long or longer may be anchors (short ones repeat across unrelated prompts)
 _AROUND_CHARS = 24  # before the divergence (and twice that of the piece from it), with logging.prompts only
@@ -179,7 +181,7 @@ class PrefixReport:
         """A finished request with a prefix chain (from `gateway.server._finished`): O(1), no hashing here."""
         if not self.config.enabled or not view.block_hashes:
             return
-        if len(self._queue) >= self.config.queue:
+        if len(self._queue) >= self.config.queue or len(view.raw) > _MAX_BODY_BYTES:
             self.skipped += 1
             return
         self._queue.append(_Offered(tenant or ANONYMOUS, model, view.endpoint, view.body, view.block_hashes,
@@ -193,13 +195,10 @@ class PrefixReport:
         return {"families": rows, "analysed_requests": self.analysed, "skipped_requests": self.skipped,
                 "pending_requests": len(self._queue), "min_tokens": self.config.min_tokens}
 
-    def analyse(self, item: _Offered) -> None:
-        """Hash one prompt's pieces, compare it with its family's recent prompts, keep it as a sample."""
-        text, _ = prompt_source(item.endpoint, item.body)
-        if not isinstance(text, str):
-            return
+    def compare(self, item: _Offered, text: str, signature: _Signature) -> None:
+        """Compare a prepared prompt with its tenant's kept ones, keep it, count a finding: bounded work
+        (at most `_MAX_PIECES` pieces, a few siblings), on the event loop with the tables it changes."""
         self.analysed += 1
-        signature = _signature(text, item.chain)
         key = (item.tenant, item.model)
         self._seen[key] = self._seen.get(key, 0) + 1
         samples = self._samples.get(key)
@@ -248,11 +247,19 @@ class PrefixReport:
             await self._ready.wait()
             self._ready.clear()
             while self._queue:
-                try:
-                    self.analyse(self._queue.popleft())
+                item = self._queue.popleft()
+                try:  # rendering and hashing a long prompt in a thread: the loop keeps serving meanwhile
+                    prepared = await asyncio.to_thread(prepare, item)
+                    if prepared is not None:
+                        self.compare(item, *prepared)
                 except Exception:  # one odd prompt must not stop the report
                     log.exception("prefix_report_failed")
-                await asyncio.sleep(0)  # one prompt at a time: requests come first
+
+
+def prepare(item: _Offered) -> tuple[str, _Signature] | None:
+    """The prompt's text and hashes (None for a prompt of token ids): a pure function, run in a thread."""
+    text, _ = prompt_source(item.endpoint, item.body)
+    return (text, _signature(text, item.chain)) if isinstance(text, str) else None
 
 
 def _signature(text: str, chain: tuple[int, ...]) -> _Signature:

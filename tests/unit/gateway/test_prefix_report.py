@@ -10,7 +10,7 @@ from gateway.cli_report import table
 from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.prefix import PrefixParams, attach, compute
-from gateway.prefix_report import PrefixReport, PrefixReportConfig
+from gateway.prefix_report import PrefixReport, PrefixReportConfig, prepare
 from gateway.token_costs import Prices
 from gateway.view import RequestView
 
@@ -25,8 +25,12 @@ def offer(report: PrefixReport, tenant: str, messages: list[dict[str, Any]]) -> 
 
 
 def drain(report: PrefixReport) -> dict[str, Any]:
+    """What the app's background task does: prepare (in a thread there), then compare."""
     while report._queue:
-        report.analyse(report._queue.popleft())
+        item = report._queue.popleft()
+        prepared = prepare(item)
+        assert prepared is not None
+        report.compare(item, *prepared)
     return report.report()
 
 
@@ -59,6 +63,10 @@ def test_the_queue_is_bounded_and_skips_are_counted() -> None:
     for i in range(5):
         offer(report, "t", [{"role": "user", "content": SYSTEM + str(i)}])
     assert report.report()["pending_requests"] == 2 and report.skipped == 3
+    drain(report)
+    view = RequestView("big", "completions", "m", False, {}, b" " * (2 << 20), block_hashes=(1, 2))
+    report.offer("t", "m", view, 4.0, None, None)  # a body over 1 MiB is not held for analysis
+    assert report.report()["pending_requests"] == 0 and report.skipped == 4
 
 
 @pytest.mark.parametrize("name", ["families", "samples", "queue", "min_tokens"])

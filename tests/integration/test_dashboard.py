@@ -67,7 +67,7 @@ async def watch_dashboard(port: int, expected_replicas: set[str], request_id: st
     async with aiohttp.ClientSession() as http, http.ws_connect(await page_ws(port), max_msg_size=0) as ws:
         tools = DevTools(ws)
         shown: dict[str, Any] = {}
-        for _ in range(150):
+        for _ in range(300):  # about 30 s on a loaded machine
             result = await tools.call("Runtime.evaluate", expression=SHOWN, returnByValue=True)
             if "exceptionDetails" not in result:  # else the page is still loading
                 shown = json.loads(result["result"]["value"])

@@ -84,7 +84,7 @@ class Hop:
 @dataclass(slots=True)
 class Session:
     session_id: str
-    source: str  # "key" (header, prompt_cache_key or user) or "inferred" (a growing prefix chain)
+    source: str  # "header", "prompt_cache_key", "user" (its first request's), or "inferred" (a growing prefix chain)
     tenant: str | None
     hops: deque[Hop]
     started: float = field(default_factory=time.time)
@@ -191,8 +191,9 @@ class Sessions:
         if view.session_key:
             session_id = view.session_key if view.tenant is None else f"{view.tenant}:{view.session_key}"
             session = self._sessions.get(session_id)
-            return session if session is not None and not session.ended else self._new(session_id, "key",
-                                                                                       view.tenant)
+            if session is None or session.ended:
+                session = self._new(session_id, view.session_source or "header", view.tenant)
+            return session
         if not self.config.infer or not view.block_hashes:
             return None
         blocks = view.block_hashes

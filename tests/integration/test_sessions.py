@@ -61,11 +61,11 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
         stubs = [track(start_stub(f"s-{i}")) for i in range(2)]
         gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs),
                                                             policy="prefix_affinity")},
-                                      sessions={"idle_s": 1.0, "max_sessions": 10, "max_requests": 16}))
+                                      sessions={"idle_s": 3.0, "max_sessions": 10, "max_requests": 16}))
         with httpx.Client(base_url=gateway.url, timeout=20) as http:
             keyed = agent_loop(http, "keyed", {"X-Session-ID": "agent-1"})
             session = http.get("/admin/sessions/agent-1").json()
-            assert session["source"] == "key"
+            assert session["source"] == "header"
             check_timeline(session, keyed)
 
             inferred = agent_loop(http, "free", {})  # no key: the growing prefix chain names the session
@@ -74,18 +74,24 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
             assert recent[1]["id"] == "agent-1" and len(recent) == 2
             check_timeline(http.get("/admin/sessions/inferred-free-hop-0").json(), inferred)
 
+            for body, source in (({"prompt_cache_key": "pck", "user": "u"}, "prompt_cache_key"),
+                                 ({"user": "u"}, "user")):
+                http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, **body})
+                named = http.get(f"/admin/sessions/{body.get('prompt_cache_key', 'u')}").json()
+                assert named["source"] == source and named["hops"] == 1
+
             missing = http.get("/admin/sessions/nobody")
             assert missing.status_code == 404
             assert missing.json()["error"]["type"] == "NotFoundError"
             assert http.get("/admin/sessions?limit=0").status_code == 400
 
-            def ended() -> bool:  # both idle past sessions.idle_s: observed once each
+            def ended() -> bool:  # all four idle past sessions.idle_s: observed once each
                 text = http.get("/metrics").text
-                return "affinity_gateway_session_hops_count 2.0" in text
+                return "affinity_gateway_session_hops_count 4.0" in text
 
-            eventually(ended, timeout_s=10)
+            eventually(ended, timeout_s=20)
             text = http.get("/metrics").text
-            assert re.search(r"affinity_gateway_session_hops_sum 12\.0", text)
+            assert re.search(r"affinity_gateway_session_hops_sum 14\.0", text)
             assert re.search(r'affinity_gateway_tokens_per_second_count\{model="stub-model"\} 12\.0', text)
             assert re.search(r'affinity_gateway_inter_token_latency_seconds_count\{model="stub-model"\} 12\.0',
                              text)

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test lint install model vllm redis-check promtool-check bench peers nginx-check bench-peers calibrate clean
+.PHONY: run run-sim test lint install model vllm redis-check promtool-check chromium-check bench peers nginx-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,8 +73,16 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# tests/integration/test_dashboard.py opens the dashboard in headless Chromium; install Debian's where we can.
+# Without it that test skips (fails with CI=true).
+chromium-check:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	  else echo "chromium not found: install it (apt-get install chromium), else the dashboard test skips" >&2; fi; }
+
 # The vLLM tests run unless AFFINITY_SKIP_VLLM=1 is set (then `make vllm` is skipped too).
-test: lint install model redis-check promtool-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
+test: lint install model redis-check promtool-check chromium-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.

@@ -10,6 +10,7 @@ configured the gateway is open (local development). Keys never reach a log, and 
 `Authorization` header is not forwarded to the replicas while auth is on.
 
     GET /health, GET /ready, GET /metrics    open (orchestrator probes, Prometheus)
+    GET /dashboard and its assets            open (no data: the page asks /admin/* with an admin key)
     /admin/*                                 an admin key
     everything else                          any configured key
 """
@@ -24,10 +25,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from gateway.dashboard import DASHBOARD_PATHS
 from gateway.errors import AuthenticationError, ConfigError, PermissionDeniedError
 from gateway.secret_files import secret_lines
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", *DASHBOARD_PATHS})
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KEY = "auth"  # AuthConfig is the config's top-level `auth`
 

@@ -3,6 +3,7 @@
     affinity-gateway serve --config config.yaml [--host H] [--port P] [--workers N] [--log-level L]
     affinity-gateway serve --replica URL [--replica URL ...] --model NAME [--policy P] [--port P]
     affinity-gateway check config.yaml   (see gateway/cli_config.py)
+    affinity-gateway prefix-report URL   (see gateway/cli_report.py)
     affinity-gateway up [--replicas 3] [--port 8000] ...   (see gateway/lab/cli_up.py)
     affinity-gateway bench URL | --compare P1,P2 ... / affinity-gateway simulate ...   (see gateway/lab/cli_bench.py)
 
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 from gateway import __version__
 from gateway.cli_config import add_check, add_flag_config, serve_config
+from gateway.cli_report import add_prefix_report
 from gateway.config import ENV_PREFIX
 from gateway.errors import ConfigError
 
@@ -32,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_serve(commands)
     _add_lab(commands, argv[0] if argv else None)
     add_check(commands)
+    add_prefix_report(commands)
     args = parser.parse_args(argv)
     args.argv = argv  # bench re-runs itself in a network namespace
     return int(args.run(args))

@@ -37,8 +37,10 @@ from gateway.model_names import ModelNames, check_names
 from gateway.phrase_chunking import StreamChunking
 from gateway.policies import build_policy
 from gateway.prefix import PrefixParams
+from gateway.prefix_report import PrefixReportConfig
 from gateway.readiness import ReadinessConfig
 from gateway.routes import RoutesConfig
+from gateway.sessions import SessionsConfig
 from gateway.token_costs import Prices
 from gateway.tracing import TracingConfig
 
@@ -284,6 +286,8 @@ class Config:
     readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
     routes: RoutesConfig = field(default_factory=RoutesConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)  # agent timelines (gateway.sessions)
+    prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)  # gateway.prefix_report
 
     def backend_key(self, model: str, replica_id: str) -> str | None:
         """The key to send to this replica of this model's pool, if there is one."""

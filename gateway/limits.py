@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from typing import Any
 
 from aiohttp import web
 
@@ -50,9 +51,19 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise BadRequestError(f"{len(messages)} messages exceed the limit of {limits.max_messages}",
                               param="messages")
-    session = request.headers.get(session_header) or body.get("prompt_cache_key") or body.get("user")
+    session, source = _session(request.headers.get(session_header), body)
     return RequestView(request_id=request_id, endpoint=endpoint, model=model, stream=stream, body=body,
-                       raw=raw, tenant=tenant, session_key=session if isinstance(session, str) else None)
+                       raw=raw, tenant=tenant, session_key=session, session_source=source)
+
+
+def _session(header: str | None, body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The session key and where it came from: the header, else the body's `prompt_cache_key` or `user`
+    (the first one given; not a string: none)."""
+    for source, value in (("header", header), ("prompt_cache_key", body.get("prompt_cache_key")),
+                          ("user", body.get("user"))):
+        if value:
+            return (value, source) if isinstance(value, str) else (None, None)
+    return None, None
 
 
 def estimate_prompt(view: RequestView, params: PrefixParams) -> int:

@@ -21,6 +21,8 @@ from gateway.routing_metrics import RoutingMetrics
 from gateway.usage_checks import CachedTokensCheck
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_TOKENS_PER_S = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2500, 5000)
+_ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -35,6 +37,12 @@ class Metrics:
         self.first_phrase = Histogram("affinity_gateway_first_phrase_seconds", "Time to the first phrase written "
                                       "to the client, streams chunked in phrases only", ["model"],
                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokens_per_s = Histogram("affinity_gateway_tokens_per_second", "A stream's completion tokens over "
+                                      "its decode time (after the first byte)", ["model"], buckets=_TOKENS_PER_S,
+                                      registry=r)
+        self.itl = Histogram("affinity_gateway_inter_token_latency_seconds", "A stream's mean time between "
+                             "tokens: decode time over completion tokens - 1", ["model"], buckets=_ITL_BUCKETS,
+                             registry=r)
         self.latency = Histogram("affinity_gateway_request_duration_seconds", "Whole request, gateway in to out",
                                  ["model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.retries = Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the first byte",

@@ -1,6 +1,6 @@
 """The gateway's own routes, next to the model routes it proxies: the model list, health and
-readiness, Prometheus metrics, and the admin API (replicas, token usage and cost, a dry-run route
-explanation, reload)."""
+readiness, Prometheus metrics, and the admin API (replicas, token usage and cost, agent sessions, the
+prompt-prefix hygiene report, the latest routing decisions, a dry-run route explanation, reload)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import structlog
 from aiohttp import web
 
 from gateway.adapters import named
-from gateway.app_keys import ADMISSION, METRICS, RATE_LIMITS, REQUEST_ID, STATE, TOKEN_COSTS
-from gateway.errors import ConfigError, NoReplicaError, NotFoundError, error_body
+from gateway.app_keys import (ADMISSION, DECISIONS, METRICS, PREFIX_REPORT, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE,
+                              TOKEN_COSTS)
+from gateway.errors import BadRequestError, ConfigError, NoReplicaError, NotFoundError, error_body
 from gateway.lifecycle import LIFECYCLE
 from gateway.limits import read_view
 from gateway.metrics import CONTENT_TYPE
@@ -35,6 +36,10 @@ def add_ops_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/replicas", admin_replicas)
     app.router.add_get("/admin/usage", admin_usage)
+    app.router.add_get("/admin/decisions", admin_decisions)
+    app.router.add_get("/admin/prefix-report", admin_prefix_report)
+    app.router.add_get("/admin/sessions", admin_sessions)
+    app.router.add_get("/admin/sessions/{session_id}", admin_session)
     app.router.add_post("/admin/reload", admin_reload)
     app.router.add_post("/admin/route/explain", admin_explain)
 
@@ -88,6 +93,38 @@ async def admin_usage(request: web.Request) -> web.Response:
     """Tokens, cost and cache savings per tenant and model over a window (`gateway.token_costs`)."""
     query = UsageQuery.parse(request.query, time.time())
     return _json(await request.app[TOKEN_COSTS].report(query))
+
+
+async def admin_prefix_report(request: web.Request) -> web.Response:
+    """Families of prompts that diverge early and match after it: the cache they lose (`gateway.prefix_report`)."""
+    return _json(request.app[PREFIX_REPORT].report())
+
+
+async def admin_decisions(request: web.Request) -> web.Response:
+    """The latest routing decisions, newest first, each candidate's score (`gateway.decision_log`); `?limit=`."""
+    return _json({"decisions": request.app[DECISIONS].latest(_limit(request))})
+
+
+async def admin_sessions(request: web.Request) -> web.Response:
+    """The most recently active agent sessions, their totals (`gateway.sessions`); `?limit=` (default 50)."""
+    return _json({"sessions": request.app[SESSIONS].recent(_limit(request))})
+
+
+def _limit(request: web.Request) -> int:
+    text = request.query.get("limit", "50")
+    if not text.isdigit() or int(text) < 1:
+        raise BadRequestError(f"limit must be an integer >= 1, got {text!r}", param="limit")
+    return int(text)
+
+
+async def admin_session(request: web.Request) -> web.Response:
+    """One session's requests in order, with their queue, TTFT, decode time and replica."""
+    session_id = request.match_info["session_id"]
+    found = request.app[SESSIONS].get(session_id)
+    if found is None:
+        raise NotFoundError(f"no session {session_id!r} (unknown, or no longer among the recent ones)",
+                            param="session_id")
+    return _json(found)
 
 
 async def admin_explain(request: web.Request) -> web.Response:

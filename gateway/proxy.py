@@ -77,6 +77,7 @@ class Exchange:
     failed_replicas: list[str] = field(default_factory=list)
     status: int = 0
     streamed: bool = False
+    queue_s: float = 0.0  # waiting for a slot and deciding, every attempt's (gateway.request_timing)
     ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
     on_first_byte: Callable[[str], None] | None = None  # called with the replica id when ttft_s is taken
     on_attempt_failed: Callable[[str], None] | None = None  # called with the replica id of a retried attempt

@@ -29,7 +29,7 @@ MODEL_ROUTES: dict[str, str] = {
     "/pooling": "pooling", "/classify": "classify",
     "/v1/audio/transcriptions": "audio", "/v1/audio/translations": "audio",  # multipart: the form's `model`
 }
-RESERVED = ("/health", "/ready", "/metrics", "/admin/", "/v1/models")  # the gateway's own
+RESERVED = ("/health", "/ready", "/metrics", "/admin/", "/v1/models", "/dashboard", "/dashboard/")  # the gateway's own
 _PATH = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 

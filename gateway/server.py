@@ -22,20 +22,12 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import (
-    ADMISSION,
-    CALLER,
-    HOMES,
-    METRICS,
-    PROXY,
-    RATE_LIMITS,
-    REQUEST_ID,
-    STATE,
-    TOKEN_COSTS,
-    TRACING,
-)
+from gateway.app_keys import (ADMISSION, CALLER, DECISIONS, HOMES, METRICS, PREFIX_REPORT, PROXY, RATE_LIMITS,
+                              REQUEST_ID, SESSIONS, STATE, TOKEN_COSTS, TRACING)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
+from gateway.dashboard import add_dashboard_routes
+from gateway.decision_log import DecisionLog
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
@@ -43,10 +35,13 @@ from gateway.metrics import Metrics
 from gateway.ops_routes import add_ops_routes, reload
 from gateway.phrase_chunking import StreamChunking, chunking_for
 from gateway.policies import Decision, Outcome
+from gateway.prefix_report import PrefixReport
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
 from gateway.replicas import Monitor, Replica
+from gateway.request_timing import Timing, rounded
 from gateway.routes import add_model_routes
+from gateway.sessions import Sessions
 from gateway.shared_quota import SharedQuota
 from gateway.state import GatewayState, ModelRoute
 from gateway.stored_responses import ResponseHomes, add_by_id_routes
@@ -70,6 +65,9 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[LIFECYCLE] = Lifecycle()
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
+    app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
+    app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
+    app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
@@ -77,6 +75,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
     add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
     add_ops_routes(app)  # /v1/models, /health, /ready, /metrics, /admin/*
+    add_dashboard_routes(app)  # /dashboard: one page over the admin routes
     return app
 
 
@@ -128,7 +127,11 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
         return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))
 
     async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
-        return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission, exchange.trace)
+        waiting = time.perf_counter()
+        try:
+            return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission, exchange.trace)
+        finally:
+            exchange.queue_s += time.perf_counter() - waiting
 
     if app[TRACING] is not None:  # from here on every log event of the request carries its trace_id
         exchange.trace = app[TRACING].request(request, view, exchange.started)
@@ -163,19 +166,33 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
             completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
     if usage.response_id is not None and exchange.replica_id is not None:
         app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
-    total_s = time.perf_counter() - exchange.started
+    timing = Timing.of(exchange.queue_s, exchange.ttft_s, time.perf_counter() - exchange.started, exchange.streamed,
+                       usage.completion_tokens)
     m = app[METRICS]
     m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()
     if exchange.replica_id is not None and exchange.status == 200 and view.endpoint in ("chat", "completions"):
         m.cached_tokens_check.observe(view.model, exchange.replica_id, usage)
-    m.latency.labels(view.model).observe(total_s)
+    m.latency.labels(view.model).observe(timing.total_s)
     if exchange.ttft_s is not None:
         m.ttft.labels(view.model).observe(exchange.ttft_s)
+    if timing.tokens_per_s is not None:
+        m.tokens_per_s.labels(view.model).observe(timing.tokens_per_s)
+    if timing.itl_s is not None:
+        m.itl.labels(view.model).observe(timing.itl_s)
     if exchange.first_phrase_s is not None:
         m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
     if exchange.failed_replicas:
         m.retries.labels(view.model).inc(len(exchange.failed_replicas))
-    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, config.pools.get(route.model))
+    pool = config.pools.get(route.model)
+    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
+    if exchange.decision is not None:
+        app[DECISIONS].record(route.model, view.request_id, exchange.status, exchange.decision, timing, usage)
+    if exchange.replica_id is not None:
+        app[SESSIONS].record(view, route.model, exchange.replica_id, exchange.status, usage, timing)
+        if exchange.status == 200:  # hashed and compared later, off the request path
+            app[PREFIX_REPORT].offer(caller.tenant, route.model, view, route.routing.prefix.chars_per_token,
+                                     route.router.policy.prefill_s_per_token(exchange.replica_id),
+                                     pool.prices if pool is not None else None)
     if caller.key is not None:
         m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
         for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
@@ -187,9 +204,11 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
                  endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
-                 ttft_s=_round(exchange.ttft_s), first_phrase_s=_round(exchange.first_phrase_s),
-                 total_s=_round(total_s), prompt_tokens=usage.prompt_tokens,
-                 completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
+                 queue_s=rounded(timing.queue_s), ttft_s=rounded(exchange.ttft_s),
+                 first_phrase_s=rounded(exchange.first_phrase_s), total_s=rounded(timing.total_s),
+                 tokens_per_s=rounded(timing.tokens_per_s), itl_s=rounded(timing.itl_s),
+                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                 cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
                  decision=exchange.decision.explain()["candidates"] if exchange.decision else None,
                  tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}
@@ -277,6 +296,3 @@ async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
     loop.remove_signal_handler(signal.SIGHUP)
     await asyncio.gather(*pending, return_exceptions=True)
 
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)

@@ -20,6 +20,7 @@ class RequestView:
     tenant: str | None = None  # from the API key; salts the prefix hash chain when enabled
     adapter: str | None = None  # the LoRA adapter `model` named (then `model` is its pool's): gateway.adapters
     session_key: str | None = None  # X-Session-ID header, `prompt_cache_key` or `user`
+    session_source: str | None = None  # which of them: "header", "prompt_cache_key" or "user" (gateway.sessions)
     prompt_tokens_estimate: int = 0
     block_hashes: tuple[int, ...] = field(default=())  # filled only for policies that need the prefix
     preamble_tokens: int = 0  # tokens of the blocks wholly inside the leading tools + system prompt

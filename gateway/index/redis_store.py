@@ -52,18 +52,9 @@ from redis.exceptions import NoScriptError, RedisError
 from gateway.config_env import mask_url_password
 from gateway.index.base import IndexParams
 from gateway.index.memory import MemoryIndex
-from gateway.index.redis_wire import (
-    MARKER,
-    MATCH_LUA,
-    MAX_HINT,
-    RECORD_LUA,
-    WRITES,
-    Op,
-    decode_ops,
-    encode_ops,
-    pack,
-    unpack,
-)
+
+from gateway.index.redis_wire import (MARKER, MATCH_LUA, MAX_HINT, RECORD_LUA, WRITES, Op, decode_ops,
+                                      encode_ops, pack, unpack)
 
 log = structlog.get_logger("gateway.index")
 

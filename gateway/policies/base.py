@@ -124,6 +124,10 @@ class Policy(ABC):
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         """Called when the request ended, successfully or not."""
 
+    def prefill_s_per_token(self, replica_id: str) -> float | None:
+        """The prefill cost per token the policy has learned, if it models one (gateway.prefix_report)."""
+        return None
+
 
 @dataclass(frozen=True)
 class SeedParams:

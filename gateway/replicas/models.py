@@ -10,6 +10,7 @@ import aiohttp
 
 from gateway.replicas.replica import Replica
 
+
 CARD_FIELDS = ("max_model_len", "root")  # taken from a replica's own entry for its pool's model
 
 

@@ -278,7 +278,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    state: IndexParams = field(default_factory=IndexParams)  # the warm-prefix index store
+    index: IndexParams = field(default_factory=IndexParams)  # the warm-prefix index store
     auth: AuthConfig = field(default_factory=AuthConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
@@ -328,6 +328,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
 
 
 def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
+    if isinstance(data, dict) and "state" in data:  # the section's name until the store was called what it is
+        raise ConfigError("renamed: the warm-prefix store is configured under `index` now, with the same keys",
+                          key="state")
     config = schema.build(Config, data)
     return apply_env(config, env or {})
 

@@ -239,20 +239,20 @@ class GatewayState:
     def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:
         """Keep the running router when its routing section and store are unchanged, else build one."""
         current = self.routes.get(model)
-        same_store = config.state.for_pool(model) == self.config.state.for_pool(model)  # resolved: sees a rotated file
+        same_store = config.index.for_pool(model) == self.config.index.for_pool(model)  # resolved: sees a rotated file
         if current is not None and current.routing == pool.routing and same_store:
             return current.router
         key = f"pools.{model}.routing"
         policy = build_policy(pool.routing.policy, pool.routing.params, key)
         params = pool.routing.prefix
-        index = build_index(config.state.for_pool(model))
+        index = build_index(config.index.for_pool(model))
         keys = exact = None
         if params.tokenizer is not None:
             tokenizer = (ReplicaTokenizer(model, lambda: self._urls(model)) if params.tokenizer == "replica"
                          else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"))
             keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
             if pool.has_kv_events:
-                shared = config.state.resolved_store != "memory"  # other gateways read what the events say
+                shared = config.index.resolved_store != "memory"  # other gateways read what the events say
                 exact = ExactTables(prefix.model_seed(model), params.block, params.speculative_ttl_s,
                                     share=index.record if shared else None)
         return Router(policy, params, index, self._routing_metrics, pool=model, keys=keys, exact=exact)

@@ -148,8 +148,8 @@ class TokenCosts:
     def attach(cls, app: web.Application, config: Config, registry: CollectorRegistry) -> TokenCosts:
         """One per app: shared through Redis where the index is (a store change needs a restart),
         exported on `registry`, its flush task running with the app."""
-        store = config.state.resolved_store
-        costs = cls(SharedUsage(store, config.state.key_prefix, RETENTION_S + 3600) if store != "memory" else None)
+        store = config.index.resolved_store
+        costs = cls(SharedUsage(store, config.index.key_prefix, RETENTION_S + 3600) if store != "memory" else None)
         registry.register(_CostCollector(costs))
         app.cleanup_ctx.append(costs._running)
         return costs

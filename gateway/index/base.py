@@ -19,12 +19,12 @@ from gateway.errors import ConfigError
 from gateway.secret_files import read_secret_file
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
-_URL_FILE_KEY = "state.redis_url_file"  # IndexParams is the config's top-level `state`
+_URL_FILE_KEY = "index.redis_url_file"  # IndexParams is the config's top-level `index`
 
 
 @dataclass(frozen=True)
 class IndexParams:
-    """YAML top-level `state`: where the warm-prefix tables live."""
+    """YAML top-level `index`: where the warm-prefix tables live."""
 
     store: str = "memory"  # "memory" (one gateway) or redis://host:port/db (shared by many)
     key_prefix: str = "affinity:"  # Redis key namespace

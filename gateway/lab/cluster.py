@@ -112,7 +112,7 @@ def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memo
         "health": {"interval_s": 1.0},
         "load": {"interval_s": 0.25},
         "logging": {"level": spec.log_level},
-        "state": {"store": store},
+        "index": {"store": store},
     }
 
 

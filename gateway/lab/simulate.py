@@ -380,7 +380,7 @@ def _sync(coro: Coroutine[Any, Any, Any]) -> Any:
     except StopIteration as done:
         return done.value
     coro.close()
-    raise RuntimeError("the simulation needs an index that never waits (state.store: memory)")
+    raise RuntimeError("the simulation needs an index that never waits (index.store: memory)")
 
 
 def simulate(sessions: list[Session], spec: SimSpec, on_result: OnResult | None = None) -> list[Result]:

@@ -227,8 +227,8 @@ def test_with_redis_what_the_events_say_reaches_gateways_without_a_feed(tmp_path
     with running() as track:
         replica = start_replica()
         track(replica.stub)
-        subscribed = track(gateway_for(tmp_path, replica, state=state))
-        unsubscribed = track(gateway_for(tmp_path, replica, subscribe=False, state=state))
+        subscribed = track(gateway_for(tmp_path, replica, index=state))
+        unsubscribed = track(gateway_for(tmp_path, replica, subscribe=False, index=state))
         eventually(lambda: feed(subscribed, replica)["certain"], timeout_s=10)
         messages = prompt("direct")
         chat(replica.stub.url, messages)  # straight to the replica: no gateway routed it

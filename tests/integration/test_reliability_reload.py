@@ -72,7 +72,7 @@ def test_twenty_reloads_under_load_release_every_redis_client_and_subscription(t
             stubs = [track(start_stub(f"replica-{i}", speedup=40)) for i in range(2)]
             pools = {MODEL: {**pool(*((s.replica_id, s.url) for s in stubs)),
                              "routing": {"policy": "prefix_affinity"}}}
-            gateway = track(start_gateway(tmp_path, pools, state={"store": redis_server.url},
+            gateway = track(start_gateway(tmp_path, pools, index={"store": redis_server.url},
                                           logging={"requests": False}))
             threads = [threading.Thread(target=_load, args=(gateway.url, stop, outcomes, n)) for n in range(CLIENTS)]
             for t in threads:

@@ -102,7 +102,7 @@ def test_two_gateways_sharing_redis_add_up(tmp_path: Path, redis_url: str) -> No
     state = {"store": redis_url, "key_prefix": f"costs-{tmp_path.name[-12:]}:"}
     with running() as track:
         stub = track(start_stub("only"))
-        gateways = [track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS}, state=state))
+        gateways = [track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS}, index=state))
                     for _ in range(2)]
         first = [ask(gateways[0], ACME, stream=False, turn=t) for t in range(3)]
         second = [ask(gateways[1], ACME, stream=True, turn=t) for t in range(2)] + [ask(gateways[1], BETA, False, 7)]
@@ -129,7 +129,7 @@ def test_with_redis_down_a_gateway_answers_its_own_counts_and_catches_up(tmp_pat
     with running() as track:
         stub = track(start_stub("only"))
         gateway = track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS},
-                                      state={"store": redis_server.url}))
+                                      index={"store": redis_server.url}))
         try:
             before = [ask(gateway, ACME, stream=False, turn=t) for t in range(2)]
             assert usage_of(gateway)["source"] == "redis"

@@ -24,7 +24,7 @@ def write(tmp_path: Path, data: Any) -> Path:
 def test_example_config_loads() -> None:
     config = load_config(ROOT / "config.example.yaml")
     assert config.pools["stub-model"].replicas[2].weight == 2.0
-    assert config.state.store == "memory"
+    assert config.index.store == "memory"
 
 
 def test_defaults_and_replica_id(tmp_path: Path) -> None:
@@ -54,7 +54,8 @@ def pool(**changes: Any) -> dict[str, Any]:
     (pool(routing={"policy": "random", "params": {"seed": 1.5}}), "pools.m.routing.params.seed", "integer"),
     ({**MINIMAL, "health": {"interval_s": 0}}, "health.interval_s", "> 0"),
     ({**MINIMAL, "logging": {"level": "loud"}}, "logging.level", "one of"),
-    ({**MINIMAL, "state": {"store": "mysql://x"}}, "state.store", "redis"),
+    ({**MINIMAL, "index": {"store": "mysql://x"}}, "index.store", "redis"),
+    ({**MINIMAL, "state": {"store": "memory"}}, "state", "under `index` now"),  # the old name of the section
     ({**MINIMAL, "limits": {"max_retries": -1}}, "limits.max_retries", ">= 0"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_errors_name_file_and_key(tmp_path: Path, data: Any, key: str, words: str) -> None:

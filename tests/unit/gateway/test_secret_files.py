@@ -1,6 +1,6 @@
 """`*_file:` secrets and `${VAR}`: they load, name the key when wrong, and never show in a log or an answer.
 
-A Kubernetes Secret mounts as a file (`state.redis_url_file`, `auth.keys[].sha256_file`,
+A Kubernetes Secret mounts as a file (`index.redis_url_file`, `auth.keys[].sha256_file`,
 `pools.<m>.api_key_file`) or an environment variable (`${REDIS_URL}`); either way the value must
 reach Redis, the replica and the key check, and nothing else.
 """
@@ -50,15 +50,15 @@ def config_file(tmp_path: Path, data: dict[str, Any]) -> Path:
 
 def test_redis_url_file_is_the_store_and_each_pool_gets_it_resolved(tmp_path: Path) -> None:
     url = "redis://:pw@redis:6379/0"
-    data = {**MINIMAL, "state": {"redis_url_file": write(tmp_path, "redis-url", f"{url}\n")}}
+    data = {**MINIMAL, "index": {"redis_url_file": write(tmp_path, "redis-url", f"{url}\n")}}
     config = load_config(config_file(tmp_path, data), env={})
-    assert config.state.resolved_store == url
-    assert config.state.for_pool(MODEL).store == url and config.state.for_pool(MODEL).redis_url_file is None
+    assert config.index.resolved_store == url
+    assert config.index.for_pool(MODEL).store == url and config.index.for_pool(MODEL).redis_url_file is None
 
 
 async def test_a_reload_reads_a_rotated_redis_url_file_and_rebuilds_the_index(tmp_path: Path) -> None:
     url_file = write(tmp_path, "redis-url", "redis://:old@127.0.0.1:1/0")
-    path = config_file(tmp_path, {**MINIMAL, "state": {"redis_url_file": url_file}})
+    path = config_file(tmp_path, {**MINIMAL, "index": {"redis_url_file": url_file}})
     state = GatewayState(load_config(path, env={}), path, RoutingMetrics(CollectorRegistry()))
     await state.start()
     try:
@@ -84,8 +84,8 @@ def test_a_bad_redis_url_file_is_an_error_naming_the_key_not_the_content(tmp_pat
     files = {"EMPTY": write(tmp_path, "empty", "\n"), "NOT_A_URL": write(tmp_path, "bad", "mysql://:pw-123@db\n")}
     state = {k: files.get(v, v) for k, v in state.items()}
     with pytest.raises(ConfigError) as err:
-        load_config(config_file(tmp_path, {**MINIMAL, "state": state}), env={})
-    assert err.value.key == "state.redis_url_file" and words in str(err.value) and "pw-123" not in str(err.value)
+        load_config(config_file(tmp_path, {**MINIMAL, "index": state}), env={})
+    assert err.value.key == "index.redis_url_file" and words in str(err.value) and "pw-123" not in str(err.value)
 
 
 def test_a_sha256_file_holds_one_key_a_line_each_of_the_entrys_tenant(tmp_path: Path) -> None:
@@ -155,14 +155,14 @@ async def test_secrets_reach_redis_replica_and_key_check_but_no_log_line_or_answ
              else {"redis_url_file": write(tmp_path, "redis-url", redis_url)})
     data = {"pools": {MODEL: {"replicas": [{"url": url, "name": "r0"}], "routing": {"policy": "prefix_affinity"},
                               "api_key_file": write(tmp_path, "backend-key", f"{backend_key}\n")}},
-            "state": {**state, "mirror": False},
+            "index": {**state, "mirror": False},
             "auth": {"keys": [{"sha256_file": write(tmp_path, "hashes", f"{hash_key(client_key)}\n"), "tenant": "acme"},
                               {"sha256": hash_key(admin_key), "tenant": "ops", "admin": True}]},
             "health": {"interval_s": 0.05}, "load": {"interval_s": 0.05}, "logging": {"requests": True}}
     path = config_file(tmp_path, data)
     setup_logging("debug", "json")
     config = load_config(path)
-    assert config.state.resolved_store == redis_url
+    assert config.index.resolved_store == redis_url
     client = TestClient(TestServer(make_app(config, path)))
     await client.start_server()
     try:

@@ -126,6 +126,11 @@ class Router:
         if tracked is not None and tracked[0].replica_id == replica_id:
             del self._predicted[view.request_id]
 
+    async def removed(self, replica_id: str) -> None:
+        """The replica left the pool: its warm prefixes go, and what the policy learned of it."""
+        await self.index.forget(replica_id)
+        self.policy.on_removed(replica_id)
+
     def set_capacity(self, replica_id: str, kv_tokens: int) -> None:
         """The replica's KV cache holds `kv_tokens`: bound its warm-prefix table to as many blocks."""
         self._kv_tokens[replica_id] = kv_tokens

@@ -184,7 +184,7 @@ class GatewayState:
         retired, removed = self._install(config)
         for route in self.routes.values():
             for replica_id in removed.get(route.model, ()):
-                await route.router.index.forget(replica_id)
+                await route.router.removed(replica_id)
         await asyncio.gather(*(self._retire(router) for router in retired))
         await self._sync_feeds()
         if self._discovery is not None:
@@ -230,7 +230,7 @@ class GatewayState:
         added = {r.replica_id for r in wanted} - before
         removed = before - {r.replica_id for r in wanted}
         for replica_id in removed:
-            await route.router.index.forget(replica_id)
+            await route.router.removed(replica_id)
         await self._sync_feeds()
         if added or removed:
             log.info("discovery_changed", model=model, source=pool_config.discovery.source, added=sorted(added),

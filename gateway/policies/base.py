@@ -124,6 +124,10 @@ class Policy(ABC):
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         """Called when the request ended, successfully or not."""
 
+    def on_removed(self, replica_id: str) -> None:
+        """The replica left the pool (reload, discovery): drop what is kept about it. With Kubernetes
+        discovery every restarted pod is a new id, so per-replica state would otherwise only grow."""
+
     def prefill_s_per_token(self, replica_id: str) -> float | None:
         """The prefill cost per token the policy has learned, if it models one (gateway.prefix_report)."""
         return None

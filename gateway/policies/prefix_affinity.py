@@ -312,6 +312,9 @@ class PrefixAffinityPolicy(Policy):
     def prefill_s_per_token(self, replica_id: str) -> float | None:
         return self.cost.prefill_s_per_token(replica_id)
 
+    def on_removed(self, replica_id: str) -> None:
+        self.cost.forget(replica_id)
+
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
         if self._idle.get(view.request_id) != replica_id:

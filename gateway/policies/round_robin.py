@@ -23,6 +23,9 @@ class RoundRobinPolicy(Policy):
         # on a retry) keeps its value, which is at most one cycle out of step when it returns.
         self._current: dict[str, float] = {}
 
+    def on_removed(self, replica_id: str) -> None:
+        self._current.pop(replica_id, None)
+
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         total = 0.0
         best: Candidate | None = None

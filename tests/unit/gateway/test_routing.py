@@ -17,6 +17,7 @@ from gateway.routing import Router
 from gateway.routing_metrics import RoutingMetrics
 from gateway.view import RequestView
 from tests.helpers import free_port
+from tests.unit.gateway.predictions import predict
 
 IDS = ("a", "b", "c", "d")
 SYSTEM = "You are a helpful assistant for the ACME support desk. Be brief. " * 10
@@ -314,3 +315,14 @@ async def test_a_prompt_stays_warm_where_a_request_of_it_runs_though_history_tri
     rows = {s.replica_id: s for s in (await router.decide(later, candidates())).scores}
     assert rows[home].cached_tokens == 0
     await router.close()
+
+
+async def test_a_removed_replica_leaves_no_warm_prefix_nor_queued_prefill_behind() -> None:
+    index = MemoryIndex(10_000)
+    router = make_router(index=index)
+    view = chat_view(conversation(2, "gone"))
+    chosen = (await router.route(view, candidates())).replica_id
+    cost = router.policy.cost  # type: ignore[attr-defined]
+    assert index.size(chosen) > 0 and predict(cost, Candidate(chosen), 0, cost.clock())[0] > 0  # queued there
+    await router.removed(chosen)
+    assert index.size(chosen) == 0 and predict(cost, Candidate(chosen), 0, cost.clock())[0] == 0

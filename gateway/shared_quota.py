@@ -118,6 +118,8 @@ class SharedQuota:
     async def _add(self, key: str, amount: int) -> None:
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                await pipe.incrby(key, amount).expire(key, 120).execute()
+                pipe.incrby(key, amount)
+                pipe.expire(key, 120)
+                await pipe.execute()
         except _ERRORS:
             self._retry_at, self.degraded = time.monotonic() + RETRY_S, True

@@ -35,6 +35,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 from dataclasses import dataclass
 
 import structlog
@@ -63,7 +64,7 @@ class SupervisorPolicy:
     backoff_max_s: float = 10.0
 
     def delay(self, recent_exits: int) -> float:
-        return min(self.backoff_s * 2 ** max(recent_exits - 1, 0), self.backoff_max_s)
+        return min(self.backoff_s * 2.0 ** max(recent_exits - 1, 0), self.backoff_max_s)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ class _Supervisor:
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         log.info("workers_starting", workers=self.workers, supervisor_pid=os.getpid())
         keepers = [asyncio.create_task(self._keep(i)) for i in range(self.workers)]
-        waits = [asyncio.create_task(self.stop.wait()), asyncio.create_task(self.crash_loop.wait())]
+        waits: list[asyncio.Task[Any]] = [asyncio.create_task(self.stop.wait()),
+                                          asyncio.create_task(self.crash_loop.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for task in waits:
             task.cancel()
@@ -258,7 +260,7 @@ def merge(bodies: Mapping[int, bytes | None]) -> bytes:
                                                              family.unit))
             merged.samples.extend(s._replace(labels={WORKER_LABEL: str(index), **s.labels}) for s in family.samples)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families([up, *families.values()]))  # type: ignore[arg-type]
+    registry.register(_Families([up, *families.values()]))
     return generate_latest(registry)
 
 

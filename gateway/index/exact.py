@@ -71,7 +71,7 @@ class ExactTables:
 
     def __init__(self, root_seed: int, block_tokens: int, speculative_ttl_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
-                 share: Callable[[str, Sequence[int]], None] | None = None) -> None:
+                 share: Callable[[str, Sequence[int]], object] | None = None) -> None:
         """`root_seed`: the chain seed of a request's first block (`prefix.model_seed`);
         `clock`: what speculative entries expire by (the simulator's virtual time there);
         `share`: called with each replica's newly stored keys (a shared index's `record`)."""

@@ -41,6 +41,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import structlog
 from redis.asyncio import Redis
@@ -322,13 +323,13 @@ class RedisIndex:
         try:
             # Pages by rank: a table written meanwhile can shift a member across a page edge
             # (a duplicate is dropped, a miss comes back with that chain's next use).
-            tables: dict[str, tuple[int, ...]] = {}
+            tables: dict[str, Sequence[int]] = {}
             name_start = len(self.key(""))
             async for key in self._writer.scan_iter(match=_glob_escape(self.key("")) + "*", count=1000):
                 members: list[bytes] = []
                 while True:
                     page = await self._writer.zrange(key, len(members), len(members) + _SNAPSHOT_PAGE - 1)
-                    members += page
+                    members += cast(list[bytes], page)  # a sorted set's members, no scores asked for
                     if len(page) < _SNAPSHOT_PAGE:
                         break
                 tables[key[name_start:].decode()] = unpack(b"".join(members))

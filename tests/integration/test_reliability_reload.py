@@ -4,6 +4,8 @@ own view (CLIENT LIST, PUBSUB NUMSUB/CHANNELS) and the gateway's RSS are back wh
 Each reload changes the pool's routing section, so each builds a new router with a new Redis
 index while streams on the old one are still running; the old index must be closed once the last
 of them ends, and must not come back to life when one of them records its answer afterwards.
+Redis is sampled 0.25 s after every reload too (old indexes must be gone by then, not at the next
+garbage collection), and a last reload with nothing in flight must leave no index connection at all.
 """
 
 from __future__ import annotations
@@ -81,17 +83,26 @@ def test_twenty_reloads_under_load_release_every_redis_client_and_subscription(t
             _reload(gateway, 65)  # warm-up: the first reload's allocations are not a leak
             before, settle_s = _settled(client, timeout_s=10)
             before_rss = rss_kb(gateway)
+            during: list[tuple[int, int]] = []  # (subscribers, index owners) 0.25 s after each reload
             for i in range(RELOADS):
                 _reload(gateway, 64 + (i % 2) * 2)  # 64 / 66: a different routing section each time
                 time.sleep(0.25)  # streams started on this router are in flight at the next reload
+                names, subscribers, _ = _redis_view(client)
+                during.append((subscribers, len(_owners([n for n in names if not n.startswith("affinity-gateway-")]))))
             stop.set()
             for t in threads:
                 t.join(30)
             after, released_s = _settled(client, timeout_s=10)
+            after_rss = rss_kb(gateway)
+            _reload(gateway, 70)  # nothing in flight: the last router goes at once, and nothing starts again
+            idle = _redis_view(client)
             report("reloads_redis", outcomes, reloads=RELOADS, clients_before=len(before[0]),
                    clients_after=len(after[0]), owners_after=sorted(_owners(after[0])), subscribers_before=before[1],
                    subscribers_after=after[1], released_s=released_s, rss_before_kb=before_rss,
-                   rss_after_kb=rss_kb(gateway), warmup_settle_s=settle_s)
+                   rss_after_kb=after_rss, warmup_settle_s=settle_s, most_during=list(map(max, zip(*during))),
+                   idle_reload=idle[0])
+            # A router's streams last ~30 ms: 0.25 s after a reload only it and the one it replaced may be left.
+            assert all(subscribers <= 2 and owners <= 2 for subscribers, owners in during), during
             assert after[1] == 1, f"{after[1]} subscribers on {CHANNEL}: old indexes still follow it"
             own = [n for n in after[0] if n.startswith("affinity-gateway-")]  # the app's usage counters: no reload's
             index = [n for n in after[0] if not n.startswith("affinity-gateway-")]
@@ -100,7 +111,9 @@ def test_twenty_reloads_under_load_release_every_redis_client_and_subscription(t
             # one index: a reader per concurrent lookup, the writer's flush, snapshot and marker, the subscription
             assert len(index) <= CLIENTS + 4, after[0]
             assert after[2] == before[2] == [CHANNEL.encode()]
-            assert rss_kb(gateway) - before_rss < MAX_RSS_GROWTH_KB
+            assert after_rss - before_rss < MAX_RSS_GROWTH_KB
+            assert idle[1] == 0 and idle[2] == [], idle  # no subscription left, no index connection left:
+            assert all(n.startswith("affinity-gateway-") for n in idle[0]), idle[0]  # only the app's own
             assert outcomes and all(o.clean for o in outcomes), [o for o in outcomes if not o.clean][:3]
     finally:
         stop.set()

@@ -43,11 +43,11 @@ def _nest(depth: int, leaf: bytes, as_dict: bool) -> bytes:
     return opening * depth + leaf + closing * depth
 
 
-@st.composite
-def deep_body(draw: st.DrawFn) -> bytes:
-    """A chat body with one field nested 1..1100 levels (orjson reads 1024, writes 254)."""
-    nested = _nest(draw(st.integers(1, 1100)), draw(st.sampled_from([b'"x"', b"1", b"null"])), draw(st.booleans()))
-    where = draw(st.sampled_from(["content", "tools", "tool_calls", "content_part"]))
+WHERE = ["content", "tools", "tool_calls", "content_part"]
+
+
+def nested_body(where: str, nested: bytes) -> bytes:
+    """A chat body with `nested` (JSON text) in one of WHERE's places."""
     message: dict[str, Any] = {"role": "user", "content": "hi"}
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "messages": [message]}
     if where == "content":
@@ -60,6 +60,13 @@ def deep_body(draw: st.DrawFn) -> bytes:
         body["messages"].append({"role": "assistant", "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": PLACEHOLDER}}]})
     return json.dumps(body).encode().replace(f'"{PLACEHOLDER}"'.encode(), nested)
+
+
+@st.composite
+def deep_body(draw: st.DrawFn) -> bytes:
+    """A chat body with one field nested 1..1100 levels (orjson reads 1024, writes 254)."""
+    nested = _nest(draw(st.integers(1, 1100)), draw(st.sampled_from([b'"x"', b"1", b"null"])), draw(st.booleans()))
+    return nested_body(draw(st.sampled_from(WHERE)), nested)
 
 
 @st.composite
@@ -169,6 +176,31 @@ def _openai_error(body: bytes) -> bool:
     return isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
 
 
+def _exchange(port: int, kind: str, target: bytes, content: bytes, sent: dict[bytes, bytes]) -> int:
+    """One request on a fresh connection: below 500, a 4xx in the OpenAI shape, and the connection
+    serves GET /health next unless the answer said Connection: close. Returns the status."""
+    conn = Conn(port)
+    try:
+        conn.sock.sendall(_request(target, content, sent))
+        try:
+            status, answer_headers, answer = conn.response()
+        except (EOFError, ConnectionResetError):
+            pytest.fail(f"connection dropped without an answer: {kind} {target!r} {sent} {content[:200]!r}")
+        assert status < 500, (kind, status, answer[:300], sent, content[:200])
+        if 400 <= status < 500:
+            assert _openai_error(answer), (kind, status, answer[:300])
+        if answer_headers.get(b"connection", b"").lower() != b"close":
+            conn.sock.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+            try:
+                again, _, _ = conn.response()
+            except (EOFError, ConnectionResetError):
+                pytest.fail(f"keep-alive dropped without Connection: close after {kind} {status}")
+            assert again == 200
+        return status
+    finally:
+        conn.close()
+
+
 @WIRE
 @given(case)
 def test_wire_fuzz_no_5xx_openai_errors_and_keepalive_kept(gateway: Gateway,  # noqa: F811
@@ -177,27 +209,17 @@ def test_wire_fuzz_no_5xx_openai_errors_and_keepalive_kept(gateway: Gateway,  # 
     if sum(STATUSES.values()) == WARMUP:
         RSS_KB.append(rss_kb(gateway))
     sent = {**extra, **({b"Content-Encoding": coding} if coding else {})}
-    conn = Conn(gateway.port)
-    try:
-        conn.sock.sendall(_request(target, content, sent))
-        try:
-            status, answer_headers, answer = conn.response()
-        except (EOFError, ConnectionResetError):
-            pytest.fail(f"connection dropped without an answer: {kind} {target!r} {sent} {content[:200]!r}")
-        STATUSES[f"{kind}:{status}"] += 1
-        assert status < 500, (kind, status, answer[:300], sent, content[:200])
-        if 400 <= status < 500:
-            assert _openai_error(answer), (kind, status, answer[:300])
-        if answer_headers.get(b"connection", b"").lower() == b"close":
-            return
-        conn.sock.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
-        try:
-            again, _, _ = conn.response()
-        except (EOFError, ConnectionResetError):
-            pytest.fail(f"keep-alive dropped without Connection: close after {kind} {status}")
-        assert again == 200
-    finally:
-        conn.close()
+    STATUSES[f"{kind}:{_exchange(gateway.port, kind, target, content, sent)}"] += 1
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("depth", [255, 1100])
+def test_bodies_past_orjson_depths_get_400_on_a_kept_connection(gateway: Gateway, where: str,  # noqa: F811
+                                                                 depth: int) -> None:
+    """Past orjson's write depth (the prefix rendering of prefix_affinity) and past its read depth."""
+    for as_dict in (False, True):
+        body = nested_body(where, _nest(depth, b'"x"', as_dict))
+        assert _exchange(gateway.port, "depth", b"/v1/chat/completions", body, {}) == 400
 
 
 def test_wire_fuzz_report(gateway: Gateway) -> None:  # noqa: F811

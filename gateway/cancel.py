@@ -15,3 +15,11 @@ async def cancel_until_done(task: asyncio.Task[None], timeout_s: float = 1.0) ->
     while not task.done() and loop.time() < deadline:
         task.cancel()
         await asyncio.wait([task], timeout=0.05)
+
+
+def raise_lost_cancel() -> None:
+    """Raise the cancel an await dropped (the task's cancel count stays up when one is swallowed),
+    so a request whose client left during a Redis lookup stops here, not at a replica."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -1,4 +1,4 @@
-"""Cancelling a background task so that it really ends, on every Python the gateway supports."""
+"""Cancels that take effect on Python 3.11 too, whose asyncio.wait_for can drop one (bpo-42130)."""
 
 from __future__ import annotations
 

@@ -100,10 +100,10 @@ class Discovery:
 
     async def close(self) -> None:
         tasks = [task for _, task in self._tasks.values()]
+        self._tasks.clear()  # first: a loop that loses its cancel then ends by itself (_current)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
 
     async def _refresh(self, model: str, spec: DiscoveryConfig) -> None:
         """Resolve once and apply; on a resolver failure apply nothing (the last set stays)."""
@@ -116,7 +116,14 @@ class Discovery:
         except (TimeoutError, OSError, ValueError) as exc:
             log.warning("discovery_failed", model=model, dns=spec.dns, error=repr(exc))
             return
-        await self._apply(model, replicas, frozenset())
+        if self._current(model):
+            await self._apply(model, replicas, frozenset())
+
+    def _current(self, model: str) -> bool:
+        """This task is still `model`'s loop. A replaced loop checks for itself: on Python 3.11 the
+        wait_for around a resolve can drop the cancel that replaced it (bpo-42130, gateway.cancel)."""
+        entry = self._tasks.get(model)
+        return entry is not None and entry[1] is asyncio.current_task()
 
     def _loop(self, model: str, spec: DiscoveryConfig) -> Coroutine[Any, Any, None]:
         if spec.kubernetes is None:
@@ -131,5 +138,7 @@ class Discovery:
                 await self._refresh(model, spec)
             except Exception:  # noqa: BLE001 - a discovery bug must not stop discovery
                 log.exception("discovery_error", model=model, dns=spec.dns)
+            if not self._current(model):
+                return
             self._first[model].set()
             await asyncio.sleep(spec.interval_s)

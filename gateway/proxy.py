@@ -43,6 +43,7 @@ from multidict import CIMultiDict
 
 from gateway import headers as h
 from gateway.backend_auth import set_upstream_auth
+from gateway.cancel import raise_lost_cancel
 from gateway.config import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
@@ -168,7 +169,8 @@ class Proxy:
                 if chosen is None:
                     break
                 replica, exchange.decision = chosen
-                exchange.replica_id = replica.replica_id
+                exchange.replica_id = replica.replica_id  # from here on router.finished takes the decision back
+                raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
                 last = attempt == config.limits.max_retries or not pool.candidates(narrow({*exchange.failed_replicas,
                                                                                             replica.replica_id}))
                 with pool.track(replica):

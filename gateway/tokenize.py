@@ -345,7 +345,9 @@ class PromptKeys:
         else:
             work = asyncio.get_running_loop().run_in_executor(self._executor, self.tokenizer.encode, endpoint, body)
         try:
-            return await asyncio.wait_for(work, timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can drop the client's cancel (bpo-42130)
+                prompt: TokenizedPrompt | None = await work
+                return prompt
         except TimeoutError:
             self.over_budget += 1
             return None

@@ -50,6 +50,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from gateway.cancel import cancel_until_done
 from gateway.config_env import mask_url_password
 from gateway.index.base import IndexParams
 from gateway.index.memory import MemoryIndex
@@ -167,12 +168,10 @@ class RedisIndex:
             if self._pending and not self._degraded:
                 with contextlib.suppress(*_ERRORS):
                     await asyncio.wait_for(self._flush_all(), timeout=1.0)
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=1.0)
+            await cancel_until_done(self._task)
             self._task = None
         if self._follower is not None:
-            self._follower.cancel()
-            await asyncio.wait([self._follower], timeout=1.0)
+            await cancel_until_done(self._follower)
             self._follower = None
         for client in (self._reader, self._writer, self._subscriber):
             with contextlib.suppress(*_ERRORS):
@@ -311,7 +310,7 @@ class RedisIndex:
                 backoff = min(backoff * 2, self.params.reconnect_max_s)
             finally:
                 if reader is not None:
-                    reader.cancel()
+                    reader.cancel()  # its reads have no asyncio.wait_for (socket_timeout=None): once is enough
                 with contextlib.suppress(*_ERRORS):
                     await asyncio.wait_for(pubsub.aclose(), timeout=1.0)
 

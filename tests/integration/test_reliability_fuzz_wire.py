@@ -1,5 +1,6 @@
-"""Fuzzing what httpx cannot send: deep JSON, encoded bodies and raw header bytes, each followed by
-a second request on the same keep-alive connection.
+"""Fuzzing what httpx cannot send: deep JSON, encoded bodies and raw header bytes, and
+test_reliability_fuzz's bodies and headers (Expect, Transfer-Encoding, Connection among them) on
+every API path, each followed by a second request on the same keep-alive connection.
 
 A raw socket speaks HTTP/1.1, so header values may hold any byte but CR/LF. For every case: an
 answer below 500 within the socket timeout (no hang), the OpenAI error shape on every 4xx, and
@@ -23,12 +24,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.integration.gateway_procs import MODEL, Gateway
-from tests.integration.test_reliability_fuzz import FUZZ, gateway, rss_kb  # noqa: F401 (the module's gateway)
+from tests.integration.test_reliability_fuzz import FUZZ, _dump, gateway, rss_kb  # noqa: F401 (the module's gateway)
+from tests.integration.test_reliability_fuzz import body as json_body, headers as http_headers, path as api_path
 
 pytestmark = pytest.mark.timeout(3600)  # FUZZ_EXAMPLES=10000 runs long; the default 300 takes seconds
 WIRE = settings(FUZZ, max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")))
 STATUSES: Counter[str] = Counter()
-RSS_KB: list[int] = []  # the gateway's RSS at the first case (the report adds the last)
+RSS_KB: list[int] = []  # the gateway's RSS after the warm-up cases (the report adds the last)
 MAX_RSS_GROWTH_KB = 16 * 1024
 
 
@@ -41,11 +43,11 @@ def _nest(depth: int, leaf: bytes, as_dict: bool) -> bytes:
     return opening * depth + leaf + closing * depth
 
 
-@st.composite
-def deep_body(draw: st.DrawFn) -> bytes:
-    """A chat body with one field nested 1..1100 levels (orjson reads 1024, writes 254)."""
-    nested = _nest(draw(st.integers(1, 1100)), draw(st.sampled_from([b'"x"', b"1", b"null"])), draw(st.booleans()))
-    where = draw(st.sampled_from(["content", "tools", "tool_calls", "content_part"]))
+WHERE = ["content", "tools", "tool_calls", "content_part"]
+
+
+def nested_body(where: str, nested: bytes) -> bytes:
+    """A chat body with `nested` (JSON text) in one of WHERE's places."""
     message: dict[str, Any] = {"role": "user", "content": "hi"}
     body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "messages": [message]}
     if where == "content":
@@ -58,6 +60,13 @@ def deep_body(draw: st.DrawFn) -> bytes:
         body["messages"].append({"role": "assistant", "tool_calls": [
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": PLACEHOLDER}}]})
     return json.dumps(body).encode().replace(f'"{PLACEHOLDER}"'.encode(), nested)
+
+
+@st.composite
+def deep_body(draw: st.DrawFn) -> bytes:
+    """A chat body with one field nested 1..1100 levels (orjson reads 1024, writes 254)."""
+    nested = _nest(draw(st.integers(1, 1100)), draw(st.sampled_from([b'"x"', b"1", b"null"])), draw(st.booleans()))
+    return nested_body(draw(st.sampled_from(WHERE)), nested)
 
 
 @st.composite
@@ -89,12 +98,17 @@ header_bytes = st.binary(max_size=80).map(lambda b: b.replace(b"\r", b"\x01").re
 header_name = st.sampled_from([b"X-Request-Id", b"X-Session-ID", b"User-Agent", b"Content-Type", b"Accept",
                                b"X-Custom", b"Authorization", b"Cookie"])
 case = st.one_of(
-    st.tuples(st.just("depth"), deep_body(), st.just(b""), st.just({})),
+    st.tuples(st.just("depth"), deep_body(), st.just(b""), st.just({}), st.just(b"/v1/chat/completions")),
     st.tuples(st.just("encoding"), encoded_body().map(lambda e: e[0]), encoded_body().map(lambda e: e[1]),
-              st.just({})),
+              st.just({}), st.just(b"/v1/chat/completions")),
     st.tuples(st.just("header"), deep_body().filter(lambda b: len(b) < 3000) | st.just(b'{"model":"x"}'),
-              st.just(b""), st.dictionaries(header_name, header_bytes, min_size=1, max_size=3)),
+              st.just(b""), st.dictionaries(header_name, header_bytes, min_size=1, max_size=3),
+              st.just(b"/v1/chat/completions")),
+    # test_reliability_fuzz's bodies and headers (Expect, Transfer-Encoding, Connection...) on this socket
+    st.tuples(st.just("body"), json_body.map(_dump), st.just(b""),
+              http_headers.map(lambda h: {k.encode(): v.encode() for k, v in h.items()}), api_path.map(str.encode)),
 )
+WARMUP = min(100, WIRE.max_examples // 5)  # cases before the RSS baseline: allocator and caches warm
 
 
 def _request(target: bytes, body: bytes, headers: dict[bytes, bytes]) -> bytes:
@@ -132,11 +146,13 @@ class Conn:
         return line
 
     def response(self) -> tuple[int, dict[bytes, bytes], bytes]:
-        while b"\r\n\r\n" not in self.buf:
-            self._more()
-        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
+        status = 100
+        while status < 200:  # an interim 100 Continue comes before the answer
+            while b"\r\n\r\n" not in self.buf:
+                self._more()
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            lines = head.split(b"\r\n")
+            status = int(lines[0].split()[1])
         headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines[1:])}
         if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
             body = b""
@@ -160,35 +176,50 @@ def _openai_error(body: bytes) -> bool:
     return isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
 
 
-@WIRE
-@given(case)
-def test_wire_fuzz_no_5xx_openai_errors_and_keepalive_kept(gateway: Gateway,  # noqa: F811
-                                                            one: tuple[str, bytes, bytes, dict[bytes, bytes]]) -> None:
-    kind, body, coding, extra = one
-    if not RSS_KB:
-        RSS_KB.append(rss_kb(gateway))
-    headers = {**extra, **({b"Content-Encoding": coding} if coding else {})}
-    conn = Conn(gateway.port)
+def _exchange(port: int, kind: str, target: bytes, content: bytes, sent: dict[bytes, bytes]) -> int:
+    """One request on a fresh connection: below 500, a 4xx in the OpenAI shape, and the connection
+    serves GET /health next unless the answer said Connection: close. Returns the status."""
+    conn = Conn(port)
     try:
-        conn.sock.sendall(_request(b"/v1/chat/completions", body, headers))
+        conn.sock.sendall(_request(target, content, sent))
         try:
             status, answer_headers, answer = conn.response()
         except (EOFError, ConnectionResetError):
-            pytest.fail(f"connection dropped without an answer: {kind} {headers} {body[:200]!r}")
-        STATUSES[f"{kind}:{status}"] += 1
-        assert status < 500, (kind, status, answer[:300], headers, body[:200])
+            pytest.fail(f"connection dropped without an answer: {kind} {target!r} {sent} {content[:200]!r}")
+        assert status < 500, (kind, status, answer[:300], sent, content[:200])
         if 400 <= status < 500:
             assert _openai_error(answer), (kind, status, answer[:300])
-        if answer_headers.get(b"connection", b"").lower() == b"close":
-            return
-        conn.sock.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
-        try:
-            again, _, _ = conn.response()
-        except (EOFError, ConnectionResetError):
-            pytest.fail(f"keep-alive dropped without Connection: close after {kind} {status}")
-        assert again == 200
+        if answer_headers.get(b"connection", b"").lower() != b"close":
+            conn.sock.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+            try:
+                again, _, _ = conn.response()
+            except (EOFError, ConnectionResetError):
+                pytest.fail(f"keep-alive dropped without Connection: close after {kind} {status}")
+            assert again == 200
+        return status
     finally:
         conn.close()
+
+
+@WIRE
+@given(case)
+def test_wire_fuzz_no_5xx_openai_errors_and_keepalive_kept(
+        gateway: Gateway, one: tuple[str, bytes, bytes, dict[bytes, bytes], bytes]) -> None:  # noqa: F811
+    kind, content, coding, extra, target = one
+    if sum(STATUSES.values()) == WARMUP:
+        RSS_KB.append(rss_kb(gateway))
+    sent = {**extra, **({b"Content-Encoding": coding} if coding else {})}
+    STATUSES[f"{kind}:{_exchange(gateway.port, kind, target, content, sent)}"] += 1
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("depth", [255, 1100])
+def test_bodies_past_orjson_depths_get_400_on_a_kept_connection(gateway: Gateway, where: str,  # noqa: F811
+                                                                 depth: int) -> None:
+    """Past orjson's write depth (the prefix rendering of prefix_affinity) and past its read depth."""
+    for as_dict in (False, True):
+        body = nested_body(where, _nest(depth, b'"x"', as_dict))
+        assert _exchange(gateway.port, "depth", b"/v1/chat/completions", body, {}) == 400
 
 
 def test_wire_fuzz_report(gateway: Gateway) -> None:  # noqa: F811
@@ -196,5 +227,5 @@ def test_wire_fuzz_report(gateway: Gateway) -> None:  # noqa: F811
     assert gateway.proc.alive()
     after = rss_kb(gateway)
     print(f"\nRELIABILITY fuzz_wire: cases={sum(STATUSES.values())} statuses={dict(sorted(STATUSES.items()))} "
-          f"rss_first_kb={RSS_KB[:1]} rss_after_kb={after}")
+          f"rss_after_warmup_kb={RSS_KB[:1]} rss_after_kb={after}")
     assert not RSS_KB or after - RSS_KB[0] < MAX_RSS_GROWTH_KB

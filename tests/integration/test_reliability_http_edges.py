@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
+from tests.integration.test_reliability_fuzz_wire import Conn as WireConn  # reads chunked answers
 from tests.upstream import FakeReplica, ThreadServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,12 +115,18 @@ def test_aiohttp_level_errors_are_openai_shaped(gateway: Gateway, name: str) -> 
     assert gateway.proc.alive()
 
 
-def test_non_utf8_request_id_is_replaced_and_logged(gateway: Gateway) -> None:
-    conn = Conn(gateway.port)
-    status, headers, _ = conn.send(post(BODY, "X-Request-Id: id-\xff", "X-Session-ID: s"), BODY)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_non_utf8_request_id_is_replaced_and_logged(gateway: Gateway, stream: bool) -> None:
+    """A stream too ends with [DONE] (it was cut unterminated) and its request log line is written."""
+    body = orjson.dumps({**orjson.loads(BODY), "stream": stream})
+    conn = WireConn(gateway.port)
+    conn.sock.sendall(post(body, "X-Request-Id: id-\xff", "X-Session-ID: s") + body)
+    status, headers, answer = conn.response()
     assert status == 200
-    assert f'"request_id": "{headers["x-request-id"]}"' in gateway.proc.output() or \
-        f'"request_id":"{headers["x-request-id"]}"' in gateway.proc.output()
+    assert answer.endswith(b"data: [DONE]\n\n") if stream else answer.startswith(b'{"id"'), answer[-200:]
+    rid = headers[b"x-request-id"].decode()
+    assert rid.isascii() and rid.isprintable()
+    assert f'"request_id": "{rid}"' in gateway.proc.output() or f'"request_id":"{rid}"' in gateway.proc.output()
 
 
 def _assert_json(status: int, headers: dict[str, str], answer: bytes) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.config import DiscoveryConfig, load_config, parse_config
-from gateway.discovery import NameNotFound, replica_configs, resolve_dns
+from gateway.config import DiscoveryConfig, ReplicaConfig, load_config, parse_config
+from gateway.discovery import Discovery, NameNotFound, replica_configs, resolve_dns
 from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
 from gateway.routing_metrics import RoutingMetrics
@@ -146,3 +147,24 @@ async def test_reload_keeps_discovered_replicas_and_follows_the_discovery_sectio
         assert ids(state) == ["static-a"]
     finally:
         await state.close()
+
+
+async def test_a_loop_a_reload_replaces_ends_even_if_it_loses_a_cancel() -> None:
+    """On Python 3.11 wait_for (around each resolve) can drop a cancel that lands as the resolve
+    completes: the replaced loop must end anyway, not go on resolving the old name beside the new."""
+    applied: list[str] = []
+    dns = FakeDNS(old=["10.0.0.1"], new=["10.0.0.2"])
+
+    async def apply(model: str, found: list[ReplicaConfig], unready: frozenset[str]) -> None:
+        applied.append(found[0].url)
+        if len(applied) == 1:
+            with contextlib.suppress(asyncio.CancelledError):  # the lost cancel
+                await asyncio.sleep(10)
+
+    discovery = Discovery(dns.resolve, apply)
+    discovery.sync({"m": DiscoveryConfig(dns="old", interval_s=0.01)})
+    await until(lambda: len(applied) == 1)
+    discovery.sync({"m": DiscoveryConfig(dns="new", interval_s=0.01)})  # a reload changed the section
+    await until(lambda: len(applied) >= 10)
+    await discovery.close()
+    assert applied[1:] == ["http://10.0.0.2:8000"] * (len(applied) - 1)

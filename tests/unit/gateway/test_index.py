@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 
@@ -370,3 +371,22 @@ async def test_a_closed_index_stays_closed(redis_url: str) -> None:
     assert await index.match([3, 4], ["r"]) == {"r": 2}  # answered from the local table
     await index.flush()
     assert index._task is None and index._follower is None
+
+
+@pytest.mark.redis
+async def test_close_ends_a_flusher_that_lost_its_cancel(redis_url: str) -> None:
+    """Python 3.11's wait_for (around redis-py's socket writes) can drop a cancel that lands as the
+    write completes; close() must end the flusher anyway, or it waits forever holding the index."""
+    index = redis_index(redis_url)
+
+    async def send_that_swallows_a_cancel(batch: object) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+
+    index._send = send_that_swallows_a_cancel  # type: ignore[method-assign]
+    index.record("r", [1, 2])
+    await asyncio.sleep(0.05)  # the flusher is in its send
+    flusher = index._task
+    assert flusher is not None and not flusher.done()
+    await index.close()
+    assert flusher.done()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import orjson
@@ -13,7 +15,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.config import parse_config
+from gateway.policies.base import Decision
 from gateway.replicas import Replica
+from gateway.routing import Router
 from gateway.server import STATE, make_app
 from tests.upstream import FakeReplica, until
 
@@ -99,3 +103,26 @@ async def test_client_that_stops_reading_is_dropped_and_upstream_closed(chunk_pa
         sock.close()
         await gateway.close()
         await upstream.close()
+
+
+async def test_a_client_gone_while_a_library_dropped_its_cancel_is_not_forwarded(
+        fake: FakeReplica, served: tuple[str, Replica], monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-py's socket writes run in Python 3.11's wait_for, which can drop the cancel of a client
+    that disconnected as a lookup completed (bpo-42130): routing then returns as if nothing happened.
+    The request must still stop before any replica sees it."""
+    url, replica = served
+    decide, entered = Router.decide, asyncio.Event()
+
+    async def decide_dropping_a_cancel(self: Router, *args: Any) -> Decision:
+        entered.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+        return await decide(self, *args)
+
+    monkeypatch.setattr(Router, "decide", decide_dropping_a_cancel)
+    async with aiohttp.ClientSession() as session:
+        task = asyncio.create_task(session.post(url + "/v1/chat/completions", json=CHAT))
+        await entered.wait()
+        task.cancel()
+        await asyncio.sleep(0.2)
+    assert fake.seen == [] and replica.in_flight == 0

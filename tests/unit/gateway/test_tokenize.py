@@ -332,3 +332,22 @@ async def test_background_encodes_never_queue_more_than_one_job_ahead_of_a_reque
     assert await keys.encode("chat", body) is not None  # waited for that one job only, not six
     assert all(r is not None for r in await asyncio.gather(*later))
     await keys.close()
+
+
+async def test_a_client_gone_as_its_prompt_is_encoded_is_not_routed() -> None:
+    """The handler's cancel (the client disconnected) lands in the loop turn where the encode
+    completes: Python 3.11's wait_for returned the result and dropped the cancel (bpo-42130), so
+    the request went on to a replica for a client that was gone."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    class Remote:  # the replica's /tokenize: any awaitable
+        def encode(self, endpoint: str, body: dict[str, Any]) -> asyncio.Future[None]:
+            return done
+
+    keys = PromptKeys(Remote(), budget_s=5.0)  # type: ignore[arg-type]
+    request = asyncio.create_task(keys.encode("chat", {}))
+    await asyncio.sleep(0.01)
+    done.set_result(None)
+    request.cancel()
+    await asyncio.gather(request, return_exceptions=True)
+    assert request.cancelled()

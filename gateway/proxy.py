@@ -158,8 +158,7 @@ class Proxy:
 
     async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
                       exchange: Exchange, config: Config, narrow: Narrow = set) -> web.StreamResponse:
-        failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
-                                               retry_after_s=1)
+        failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
         deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
         try:
             for attempt in range(config.limits.max_retries + 1):
@@ -188,7 +187,8 @@ class Proxy:
                             exchange.on_attempt_failed(replica.replica_id)
                         log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
                                  kind=exc.kind, error=exc.error.message)
-            raise failure
+            raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
+                                            retry_after_s=1)
         finally:
             if not exchange.poison:
                 for replica, kind, message in deferred:

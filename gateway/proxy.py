@@ -271,7 +271,7 @@ class Proxy:
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
                             replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """Each chunk is written as it arrives; usage is scanned after the write, never delaying it. A stream
+        """Each chunk is written as it arrives; usage is scanned after the writes, never delaying one. A stream
         the request asked to be chunked in phrases goes through `relay_phrases` instead."""
         exchange.streamed = True
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
@@ -321,6 +321,8 @@ class Proxy:
                 self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
             await self._end_stream_with_error(request, response, exchange.error,
                                               ended_on_event if phrases is None else phrases.framed)
+        finally:
+            scanner.close()  # the usage of what was relayed, however the stream ended
         return response
 
     async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,

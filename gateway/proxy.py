@@ -123,6 +123,14 @@ async def _write(request: web.Request, response: web.StreamResponse, chunk: byte
         raise _SlowClient from None
 
 
+class _Relayed(web.StreamResponse):
+    """A stream relayed chunk by chunk: its headers leave with its first chunk, one send instead of two (as
+    aiohttp's own web.Response does for a whole body). A stream chunked in phrases sends its headers at the
+    first upstream byte instead, its first phrase may come later."""
+
+    _send_headers_immediately = False
+
+
 def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
     return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
 
@@ -274,14 +282,15 @@ class Proxy:
         """Each chunk is written as it arrives; usage is scanned after the writes, never delaying one. A stream
         the request asked to be chunked in phrases goes through `relay_phrases` instead."""
         exchange.streamed = True
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
+        phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
+        response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
+                                                                             reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
         ended_on_event = True
         write = partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s)
         stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
         if stripper is not None:
             write = stripper.write
-        phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         try:
             if phrases is None:
                 async for chunk in upstream.content.iter_any():

@@ -3,6 +3,7 @@ our gateway and through the other routers, in one run.
 
     python -m bench.gateway_overhead [--requests 1000] [--concurrency 32] [--speedup 1000]
                                      [--routers affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx]
+                                     # affinity-gateway@2: `serve --workers 2` (any policy: a:prefix_affinity@2)
 
 Starts one replica stub (simulated engine, very fast) and each router in front of it, all as child
 processes on loopback, then in one run:
@@ -11,7 +12,8 @@ processes on loopback, then in one run:
   2. throughput: the same requests at a fixed concurrency, one target at a time, with the CPU
      time the router's processes spent (user + system, from /proc) divided by the requests.
 Our gateway runs its shipped defaults (request log on, load scrape every 0.5 s, probes every 2 s)
-with the policy named after the colon (round_robin when none). sglang-router and SMG come from
+with the policy named after the colon (round_robin when none), and as many worker processes as named
+after an `@` (one when none; CPU then counts the supervisor and every worker). sglang-router and SMG come from
 `make peers` (round_robin), nginx from the system (`proxy_buffering off`, upstream keep-alive). A
 router named but not installed is printed as such, never left out. As root the whole run moves
 into a loopback-only network namespace (the peers stay offline). Client, replica and routers share
@@ -168,9 +170,12 @@ async def _run(targets: dict[str, str], pids: dict[str, int], args: argparse.Nam
 def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workdir: Path) -> tuple[str, int] | str:
     """Start one router in front of the replica: (its URL, its pid), or why it cannot run here."""
     port = free_port()
-    name, _, policy = router.partition(":")
+    spec, _, workers = router.partition("@")
+    name, _, policy = spec.partition(":")
+    if workers and (name != "affinity-gateway" or not workers.isdigit() or int(workers) < 1):
+        return f"@{workers}: only affinity-gateway[:policy]@N, N >= 1, has worker processes"
     if name == "affinity-gateway":
-        config = {"listen": {"host": "127.0.0.1", "port": port},
+        config = {"listen": {"host": "127.0.0.1", "port": port, "workers": int(workers or 1)},
                   "pools": {MODEL: {"replicas": [{"url": replica, "name": "r0"}],
                                     "routing": {"policy": policy or "round_robin"}}}}
         path = workdir / f"gateway-{port}.yaml"

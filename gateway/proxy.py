@@ -331,7 +331,7 @@ class Proxy:
             await self._end_stream_with_error(request, response, exchange.error,
                                               ended_on_event if phrases is None else phrases.framed)
         finally:
-            scanner.close()  # the usage of what was relayed, however the stream ended
+            scanner.flush()  # the usage of what was relayed, however the stream ended
         return response
 
     async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,

@@ -102,8 +102,8 @@ class Usage:
 
 
 class SSEUsageScanner:
-    """Feed it every relayed chunk, `close()` it once the stream is over. Chunks are read in batches (of
-    `_BATCH_BYTES`, and the rest at `close()`): a short stream is split into events and parsed once, at its
+    """Feed it every relayed chunk, `flush()` it once the stream is over. Chunks are read in batches (of
+    `_BATCH_BYTES`, and the rest at `flush()`): a short stream is split into events and parsed once, at its
     end, where a scan per chunk cost more than the relay itself. Between batches it keeps only the
     unfinished last event."""
 
@@ -120,9 +120,9 @@ class SSEUsageScanner:
         self._chunks.append(chunk)
         self._size += len(chunk)
         if self._size >= _BATCH_BYTES:
-            self.close()
+            self.flush()
 
-    def close(self) -> None:
+    def flush(self) -> None:
         """Read what was fed since the last batch (an unfinished last event waits for more, or stays unread)."""
         if not self._chunks:
             return

@@ -30,7 +30,7 @@ def test_stream_usage_found_across_any_split(split: int) -> None:
     scanner = SSEUsageScanner(usage)
     for i in range(0, len(stream), split):
         scanner.feed(stream[i:i + split])
-    scanner.close()
+    scanner.flush()
     assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
 
 
@@ -38,7 +38,7 @@ def test_stream_without_usage_leaves_none() -> None:
     usage = Usage()
     scanner = SSEUsageScanner(usage)
     scanner.feed(sse({"choices": [], "usage": None}))
-    scanner.close()
+    scanner.flush()
     assert usage.prompt_tokens is None
 
 
@@ -51,7 +51,7 @@ def test_answer_text_collected_from_stream_only_when_asked(split: int) -> None:
         scanner = SSEUsageScanner(usage)
         for i in range(0, len(stream), split):
             scanner.feed(stream[i:i + split])
-        scanner.close()
+        scanner.flush()
     assert "".join(asked.answer or []) == "Hello" and asked.cached_tokens == 32
     assert not_asked.answer is None and not_asked.cached_tokens == 32
 
@@ -70,7 +70,7 @@ def test_one_broken_event_costs_only_itself() -> None:
     usage = Usage(answer=[])
     scanner = SSEUsageScanner(usage)
     scanner.feed(stream)
-    scanner.close()
+    scanner.flush()
     assert "".join(usage.answer or []) == "Hello" and usage.prompt_tokens == 40
 
 
@@ -82,6 +82,6 @@ def test_a_long_stream_is_read_in_batches_to_the_same_counts(collect: bool) -> N
     scanner = SSEUsageScanner(usage)
     for i in range(0, len(stream), 333):
         scanner.feed(stream[i:i + 333])
-    scanner.close()
+    scanner.flush()
     assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
     assert "".join(usage.answer or []) == ("".join(f"w{i} " for i in range(5000)) if collect else "")

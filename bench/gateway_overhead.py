@@ -1,8 +1,10 @@
 """What a router adds: latency (p50/p99), requests per second and CPU per request, direct vs through
 our gateway and through the other routers, in one run.
 
-    python -m bench.gateway_overhead [--requests 1000] [--concurrency 32] [--speedup 1000]
-                                     [--routers affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx]
+    python -m bench.gateway_overhead [--requests 1000] [--concurrency 64] [--speedup 1000]
+                                     [--routers affinity-gateway,affinity-gateway:prefix_affinity,
+                                                affinity-gateway@2,sglang,smg,nginx]
+                                     # affinity-gateway@2: `serve --workers 2` (any policy: …:prefix_affinity@2)
 
 Starts one replica stub (simulated engine, very fast) and each router in front of it, all as child
 processes on loopback, then in one run:
@@ -11,8 +13,10 @@ processes on loopback, then in one run:
   2. throughput: the same requests at a fixed concurrency, one target at a time, with the CPU
      time the router's processes spent (user + system, from /proc) divided by the requests.
 Our gateway runs its shipped defaults (request log on, load scrape every 0.5 s, probes every 2 s)
-with the policy named after the colon (round_robin when none). sglang-router and SMG come from
-`make peers` (round_robin), nginx from the system (`proxy_buffering off`, upstream keep-alive). A
+with the policy named after the colon (round_robin when none), and as many worker processes as
+named after an `@` (one when none; its CPU then counts the supervisor and every worker).
+sglang-router and SMG come from `make peers` (round_robin), nginx from the system
+(`proxy_buffering off`, upstream keep-alive). A
 router named but not installed is printed as such, never left out. As root the whole run moves
 into a loopback-only network namespace (the peers stay offline). Client, replica and routers share
 the machine's cores, so requests per second are lower bounds; compare ratios within one run.
@@ -42,7 +46,7 @@ from gateway.lab import peers
 from gateway.lab.cluster import free_port
 
 MODEL = "bench-model"
-ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,sglang,smg,nginx"
+ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,affinity-gateway@2,sglang,smg,nginx"
 NGINX_CONF = """daemon off; worker_processes 1; pid {dir}/nginx.pid; error_log {dir}/error.log error;
 events {{ worker_connections 4096; }}
 http {{ access_log off; upstream replica {{ server 127.0.0.1:{replica}; keepalive 64; }}
@@ -168,9 +172,12 @@ async def _run(targets: dict[str, str], pids: dict[str, int], args: argparse.Nam
 def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workdir: Path) -> tuple[str, int] | str:
     """Start one router in front of the replica: (its URL, its pid), or why it cannot run here."""
     port = free_port()
-    name, _, policy = router.partition(":")
+    spec, _, workers = router.partition("@")
+    name, _, policy = spec.partition(":")
+    if workers and (name != "affinity-gateway" or not workers.isdigit() or int(workers) < 1):
+        return f"@{workers}: only affinity-gateway[:policy]@N, N >= 1, has worker processes"
     if name == "affinity-gateway":
-        config = {"listen": {"host": "127.0.0.1", "port": port},
+        config = {"listen": {"host": "127.0.0.1", "port": port, "workers": int(workers or 1)},
                   "pools": {MODEL: {"replicas": [{"url": replica, "name": "r0"}],
                                     "routing": {"policy": policy or "round_robin"}}}}
         path = workdir / f"gateway-{port}.yaml"
@@ -197,7 +204,7 @@ def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workd
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gateway_overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=1000, help="requests per measurement")
-    parser.add_argument("--concurrency", type=int, default=32, help="in-flight requests in the throughput phase")
+    parser.add_argument("--concurrency", type=int, default=64, help="in-flight requests in the throughput phase")
     parser.add_argument("--speedup", type=float, default=1000.0, help="replica stub speed factor")
     parser.add_argument("--routers", default=ROUTERS, help=f"comma-separated (default {ROUTERS})")
     args = parser.parse_args(argv)

@@ -20,6 +20,8 @@ _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate":
 
 def decode_body(content_encoding: str | None, raw: bytes, limit: int) -> bytes:
     """The body with every listed coding undone (the last applied first), or the error for the client."""
+    if not content_encoding:
+        return raw
     codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
     codings = [c for c in codings if c and c != "identity"]
     for coding in codings:

@@ -30,16 +30,13 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
     limit = limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLargeError(f"request body of {request.content_length} bytes exceeds the limit of {limit}")
-    received = bytearray()
-    try:
-        async with asyncio.timeout(limits.client_body_timeout_s):
-            async for chunk in request.content.iter_any():
-                received += chunk
-                if len(received) > limit:
-                    raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-    except TimeoutError:
-        raise RequestTimeoutError(f"request body not received within {limits.client_body_timeout_s:g}s") from None
-    raw = decode_body(request.headers.get("Content-Encoding"), bytes(received), limit)
+    if request.content.is_eof():  # the whole body came with the headers (most do): no wait, no copy
+        received = request.content.read_nowait()
+        if len(received) > limit:
+            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+    else:
+        received = await _read_body(request, limits)
+    raw = decode_body(request.headers.get("Content-Encoding"), received, limit)
     body = form_fields(raw, request.headers.get("Content-Type")) if endpoint == "audio" else json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -64,6 +61,20 @@ def _session(header: str | None, body: dict[str, Any]) -> tuple[str | None, str 
         if value:
             return (value, source) if isinstance(value, str) else (None, None)
     return None, None
+
+
+async def _read_body(request: web.Request, limits: LimitsConfig) -> bytes:
+    """The body as it arrives, within `limits.client_body_timeout_s` and `limits.max_body_bytes`."""
+    limit, received = limits.max_body_bytes, bytearray()
+    try:
+        async with asyncio.timeout(limits.client_body_timeout_s):
+            async for chunk in request.content.iter_any():
+                received += chunk
+                if len(received) > limit:
+                    raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+    except TimeoutError:
+        raise RequestTimeoutError(f"request body not received within {limits.client_body_timeout_s:g}s") from None
+    return bytes(received)
 
 
 def estimate_prompt(view: RequestView, params: PrefixParams) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import orjson
 import structlog
@@ -32,3 +33,23 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(_LEVELS[level], logging.WARNING), stream=sys.stderr)
+
+
+class HotLogger:
+    """For an event written on every request: its logger is bound once per structlog configuration. Through
+    structlog's lazy proxy every call binds a fresh logger first (a fifth of the call); caching on first use
+    would miss a reload's new level, and tests' `capture_logs`."""
+
+    __slots__ = ("_name", "_config", "_bound")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._config: tuple[Any, ...] = ()
+        self._bound: Any = None
+
+    def info(self, event: str, **fields: Any) -> None:
+        config = structlog.get_config()
+        key = (config["processors"], config["wrapper_class"], config["logger_factory"])
+        if key != self._config:
+            self._bound, self._config = structlog.get_logger(self._name).bind(), key
+        self._bound.info(event, **fields)

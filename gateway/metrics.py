@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from gateway.index.exact import ExactTables
 from gateway.kv_events import KVEventSubscriber
+from gateway.metric_children import Children
 from gateway.replicas import ReplicaPool
 from gateway.replicas.breaker import STATE_VALUES
 from gateway.routing_metrics import RoutingMetrics
@@ -30,38 +31,39 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("affinity_gateway_requests", "Requests answered, by final replica and status",
-                                ["model", "replica", "status"], registry=r)
-        self.ttft = Histogram("affinity_gateway_ttft_seconds", "Time to the first upstream body byte",
-                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.first_phrase = Histogram("affinity_gateway_first_phrase_seconds", "Time to the first phrase written "
-                                      "to the client, streams chunked in phrases only", ["model"],
-                                      buckets=_LATENCY_BUCKETS, registry=r)
-        self.tokens_per_s = Histogram("affinity_gateway_tokens_per_second", "A stream's completion tokens over "
-                                      "its decode time (after the first byte)", ["model"], buckets=_TOKENS_PER_S,
-                                      registry=r)
-        self.itl = Histogram("affinity_gateway_inter_token_latency_seconds", "A stream's mean time between "
-                             "tokens: decode time over completion tokens - 1", ["model"], buckets=_ITL_BUCKETS,
-                             registry=r)
-        self.latency = Histogram("affinity_gateway_request_duration_seconds", "Whole request, gateway in to out",
-                                 ["model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.retries = Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the first byte",
-                               ["model"], registry=r)
-        self.upstream_errors = Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
-                                       ["replica", "kind"], registry=r)
+        self.requests = Children(Counter("affinity_gateway_requests", "Requests answered, by final replica and status",
+                                         ["model", "replica", "status"], registry=r))
+        self.ttft = Children(Histogram("affinity_gateway_ttft_seconds", "Time to the first upstream body byte",
+                                       ["model"], buckets=_LATENCY_BUCKETS, registry=r))
+        self.first_phrase = Children(Histogram("affinity_gateway_first_phrase_seconds", "Time to the first phrase "
+                                               "written to the client, streams chunked in phrases only", ["model"],
+                                               buckets=_LATENCY_BUCKETS, registry=r))
+        self.tokens_per_s = Children(Histogram("affinity_gateway_tokens_per_second", "A stream's completion tokens "
+                                               "over its decode time (after the first byte)", ["model"],
+                                               buckets=_TOKENS_PER_S, registry=r))
+        self.itl = Children(Histogram("affinity_gateway_inter_token_latency_seconds", "A stream's mean time between "
+                                      "tokens: decode time over completion tokens - 1", ["model"],
+                                      buckets=_ITL_BUCKETS, registry=r))
+        self.latency = Children(Histogram("affinity_gateway_request_duration_seconds",
+                                          "Whole request, gateway in to out", ["model"], buckets=_LATENCY_BUCKETS,
+                                          registry=r))
+        self.retries = Children(Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the "
+                                        "first byte", ["model"], registry=r))
+        self.upstream_errors = Children(Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
+                                                ["replica", "kind"], registry=r))
         self.poison_requests = Counter("affinity_gateway_poison_requests", "Requests answered 5xx by two replicas: "
                                        "the input's fault, charged to no breaker", registry=r)
         self.reloads = Counter("affinity_gateway_config_reloads", "Config reloads by result", ["result"], registry=r)
-        self.rejected = Counter("affinity_gateway_rejected", "Requests refused before routing, by reason "
-                                "(auth, limit, rate_limit, queue)", ["model", "reason"], registry=r)
-        self.queue_wait = Histogram("affinity_gateway_queue_wait_seconds", "Time spent in the admission queue",
-                                    ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.rejected = Children(Counter("affinity_gateway_rejected", "Requests refused before routing, by reason "
+                                         "(auth, limit, rate_limit, queue)", ["model", "reason"], registry=r))
+        self.queue_wait = Children(Histogram("affinity_gateway_queue_wait_seconds", "Time spent in the admission queue",
+                                             ["model"], buckets=_LATENCY_BUCKETS, registry=r))
         self.queue_waiting = Gauge("affinity_gateway_queue_waiting", "Requests waiting for a replica slot now",
                                    ["model"], registry=r)
-        self.tenant_requests = Counter("affinity_gateway_tenant_requests", "Requests by API-key tenant and status",
-                                       ["tenant", "status"], registry=r)
-        self.tenant_tokens = Counter("affinity_gateway_tenant_tokens", "Tokens by tenant, as the replicas reported",
-                                     ["tenant", "kind"], registry=r)
+        self.tenant_requests = Children(Counter("affinity_gateway_tenant_requests", "Requests by API-key tenant and "
+                                                "status", ["tenant", "status"], registry=r))
+        self.tenant_tokens = Children(Counter("affinity_gateway_tenant_tokens", "Tokens by tenant, as the replicas "
+                                              "reported", ["tenant", "kind"], registry=r))
         self.draining = Gauge("affinity_gateway_draining", "1 after SIGTERM while accepted requests finish",
                               registry=r)
         self.routing = RoutingMetrics(r)  # decisions by policy and reason, routing time, prediction error

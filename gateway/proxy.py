@@ -125,6 +125,14 @@ async def _write(request: web.Request, response: web.StreamResponse, chunk: byte
         raise _SlowClient from None
 
 
+class _Relayed(web.StreamResponse):
+    """A stream relayed chunk by chunk: its headers leave with its first chunk, one send instead of two (as
+    aiohttp's own web.Response does for a whole body). A stream chunked in phrases sends its headers at the
+    first upstream byte instead, its first phrase may come later."""
+
+    _send_headers_immediately = False
+
+
 def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
     return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
 
@@ -160,8 +168,7 @@ class Proxy:
 
     async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
                       exchange: Exchange, config: Config, narrow: Narrow = set) -> web.StreamResponse:
-        failure: GatewayError = NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
-                                               retry_after_s=1)
+        failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
         deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
         try:
             for attempt in range(config.limits.max_retries + 1):
@@ -191,7 +198,8 @@ class Proxy:
                             exchange.on_attempt_failed(replica.replica_id)
                         log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
                                  kind=exc.kind, error=exc.error.message)
-            raise failure
+            raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
+                                            retry_after_s=1)
         finally:
             if not exchange.poison:
                 for replica, kind, message in deferred:
@@ -274,17 +282,18 @@ class Proxy:
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
                             replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """Each chunk is written as it arrives; usage is scanned after the write, never delaying it. A stream
+        """Each chunk is written as it arrives; usage is scanned after the writes, never delaying one. A stream
         the request asked to be chunked in phrases goes through `relay_phrases` instead."""
         exchange.streamed = True
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
+        phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
+        response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
+                                                                             reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
         ended_on_event = True
         write = partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s)
         stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
         if stripper is not None:
             write = stripper.write
-        phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         try:
             if phrases is None:
                 async for chunk in upstream.content.iter_any():
@@ -324,6 +333,8 @@ class Proxy:
                 self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
             await self._end_stream_with_error(request, response, exchange.error,
                                               ended_on_event if phrases is None else phrases.framed)
+        finally:
+            scanner.flush()  # the usage of what was relayed, however the stream ended
         return response
 
     async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,

@@ -31,6 +31,7 @@ from gateway.decision_log import DecisionLog
 from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
 from gateway.lifecycle import LIFECYCLE, Lifecycle
 from gateway.limits import check_prompt, estimate_prompt, read_view
+from gateway.log import HotLogger
 from gateway.metrics import Metrics
 from gateway.ops_routes import add_ops_routes, reload
 from gateway.phrase_chunking import StreamChunking, chunking_for
@@ -51,6 +52,7 @@ from gateway.tracing import Tracing
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.server")
+request_log = HotLogger("gateway.server")  # one event per request
 
 
 
@@ -201,7 +203,7 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         if usage.completion_tokens:
             app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
     if config.logging.requests:
-        log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
+        request_log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
                  endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
                  reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
                  queue_s=rounded(timing.queue_s), ttft_s=rounded(exchange.ttft_s),
@@ -210,7 +212,7 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
                  prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                  cached_tokens=usage.cached_tokens,
                  retried_from=exchange.failed_replicas or None, error=exchange.error,
-                 decision=exchange.decision.explain()["candidates"] if exchange.decision else None,
+                 decision=exchange.decision.candidates() if exchange.decision else None,
                  tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}
                                         if config.logging.prompts else {}))
     if exchange.trace is not None:

@@ -46,8 +46,8 @@ class UsageStripper:
         self._raw = False  # framing it cannot follow: pass everything on
 
     async def write(self, chunk: bytes) -> None:
-        if self._raw:
-            await self._write(chunk)
+        if self._raw or (not self._tail and chunk.endswith(b"\n\n") and b'"choices":[]' not in chunk):
+            await self._write(chunk)  # whole events, no usage-only one among them (or framing it cannot follow)
             return
         data = self._tail + chunk if self._tail else chunk
         end = data.rfind(b"\n\n") + 2

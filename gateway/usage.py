@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 _MAX_TAIL_BYTES = 1 << 20  # an SSE event larger than this is not scanned
+_BATCH_BYTES = 1 << 16  # streamed bytes scanned together
 _MAX_ANSWER_CHARS = 1 << 18  # answer text kept for the warm-prefix index; the rest is not needed
 
 
@@ -42,23 +43,50 @@ class Usage:
 
     def read_body(self, body: bytes) -> None:
         """A whole JSON answer, or one SSE event's data."""
-        if b'"usage"' not in body and self.answer is None:
+        has_usage = b'"usage"' in body
+        if not has_usage and self.answer is None:
             return
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
             return
-        if isinstance(data, dict):
+        self._read(data, has_usage)
+
+    def read_events(self, bodies: list[bytes]) -> None:
+        """Several SSE events' data, as `read_body` each, parsed in one orjson.loads of a JSON array where
+        they are all JSON objects (one call, not one per event: with the answer collected, every event is read)."""
+        if self.answer is None:
+            bodies = [body for body in bodies if b'"usage"' in body]
+        objects = [body for body in bodies if body.startswith(b"{")]  # [DONE] and the like: no object to read
+        if len(objects) < 2:  # nothing to batch
+            for body in objects:
+                self.read_body(body)
+            return
+        try:
+            parsed = orjson.loads(b"[" + b",".join(objects) + b"]")
+        except orjson.JSONDecodeError:
+            parsed = None
+        if parsed is None or len(parsed) != len(objects):  # some event is not JSON: each on its own
+            for body in objects:
+                self.read_body(body)
+            return
+        for body, data in zip(objects, parsed):
+            self._read(data, b'"usage"' in body)
+
+    def _read(self, data: Any, has_usage: bool) -> None:
+        """Usage is looked for only in bodies that name it (as the stream scan does)."""
+        if not isinstance(data, dict):
+            return
+        if has_usage:
             self.update(data.get("usage"))
             for envelope in ("message", "response"):  # Anthropic message_start, Responses response.completed
                 if isinstance(inner := data.get(envelope), dict):
                     self.update(inner.get("usage"))
-            response = data.get("response", data)  # streamed: response.completed's; whole: the body itself
-            if isinstance(response, dict) and response.get("object") == "response" \
-                    and isinstance(response.get("id"), str):
-                self.response_id = response["id"]
-            if self.answer is not None:
-                self._collect(data.get("choices"))
+        response = data.get("response", data)  # streamed: response.completed's; whole: the body itself
+        if isinstance(response, dict) and response.get("object") == "response" and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        if self.answer is not None:
+            self._collect(data.get("choices"))
 
     def _collect(self, choices: Any) -> None:
         """Chat `message.content` / `delta.content`, or completions `text`, of choice 0."""
@@ -74,14 +102,33 @@ class Usage:
 
 
 class SSEUsageScanner:
-    """Feed it every relayed chunk; it keeps only the unfinished last event between chunks."""
+    """Feed it every relayed chunk, `flush()` it once the stream is over. Chunks are read in batches (of
+    `_BATCH_BYTES`, and the rest at `flush()`): a short stream is split into events and parsed once, at its
+    end, where a scan per chunk cost more than the relay itself. Between batches it keeps only the
+    unfinished last event."""
 
     def __init__(self, usage: Usage) -> None:
         self.usage = usage
         self._tail = b""
+        self._chunks: list[bytes] = []
+        self._size = 0
 
     def feed(self, chunk: bytes) -> None:
-        data = self._tail + chunk if self._tail else chunk
+        if self.usage.answer is None and not self._chunks and not self._tail and chunk.endswith(b"\n\n") \
+                and chunk.count(b'"usage"') == chunk.count(b'"usage":null'):
+            return  # whole events, none with a usage to read (vLLM's every event but the last): nothing to keep
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        if self._size >= _BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read what was fed since the last batch (an unfinished last event waits for more, or stays unread)."""
+        if not self._chunks:
+            return
+        data = self._tail + b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
         end = data.rfind(b"\n\n")
         if end < 0:
             self._tail = data if len(data) <= _MAX_TAIL_BYTES else b""
@@ -89,13 +136,11 @@ class SSEUsageScanner:
         self._tail = data[end + 2:]
         complete = data[:end]
         collect = self.usage.answer is not None
-        if b'"usage"' not in complete and not collect:
-            return
-        for event in complete.split(b"\n\n"):
-            if collect or (b'"usage"' in event and b'"usage":null' not in event):
-                for line in event.split(b"\n"):
-                    if line.startswith(b"data:"):
-                        self.usage.read_body(line[5:].strip())
+        if not collect and complete.count(b'"usage"') == complete.count(b'"usage":null'):
+            return  # no event with a usage to read: each one says null (vLLM's every event but the last)
+        self.usage.read_events([line[5:].strip() for event in complete.split(b"\n\n")
+                                if collect or (b'"usage"' in event and b'"usage":null' not in event)
+                                for line in event.split(b"\n") if line.startswith(b"data:")])
 
 
 def _int(value: Any, default: int | None) -> int | None:

@@ -31,7 +31,7 @@ class Watch:
         self.last: float | None = None  # loop time of the latest upstream byte; None before the first
         self._request: asyncio.Timeout | None = None
         self._upstream: aiohttp.ClientResponse | None = None
-        self._handle = self._loop.call_later(first_byte_s, self._check, f"no first byte in {first_byte_s:g}s")
+        self._handle = self._loop.call_later(first_byte_s, self._check, first_byte_s)
 
     def sending(self) -> asyncio.Timeout:
         """The timeout to wrap the wait for response headers in (fired by a cut)."""
@@ -47,14 +47,15 @@ class Watch:
         """A byte came: from now on the idle limit applies (the timer re-arms itself lazily)."""
         if self.last is None and self.kind is None:
             self._handle.cancel()
-            self._handle = self._loop.call_later(self._idle_s, self._check, "")
+            self._handle = self._loop.call_later(self._idle_s, self._check, 0.0)
         self.last = self._loop.time()
 
-    def _check(self, first_byte_message: str) -> None:
+    def _check(self, first_byte_s: float) -> None:
+        """The timer fired: cut the attempt, or re-arm (the message is formatted only for a cut)."""
         if self.last is None:
-            self.cut("first_byte", first_byte_message)
+            self.cut("first_byte", f"no first byte in {first_byte_s:g}s")
         elif (due := self.last + self._idle_s) > self._loop.time():
-            self._handle = self._loop.call_at(due, self._check, first_byte_message)
+            self._handle = self._loop.call_at(due, self._check, first_byte_s)
         else:
             self.cut("idle", f"no byte from the replica for {self._idle_s:g}s")
 

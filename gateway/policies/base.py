@@ -53,15 +53,12 @@ class Decision:
     scores: tuple[Score, ...] = ()
 
     def explain(self) -> dict[str, Any]:
-        return {
-            "replica": self.replica_id,
-            "reason": self.reason,
-            "candidates": [
-                {"replica": s.replica_id, "score": round(s.score, 6), "load": s.load,
-                 "cached_tokens": s.cached_tokens, "wait_s": round(s.wait_s, 6)}
-                for s in self.scores
-            ],
-        }
+        return {"replica": self.replica_id, "reason": self.reason, "candidates": self.candidates()}
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """Every scored row, as `explain` and the request log show them."""
+        return [{"replica": s.replica_id, "score": round(s.score, 6), "load": s.load,
+                 "cached_tokens": s.cached_tokens, "wait_s": round(s.wait_s, 6)} for s in self.scores]
 
     def chosen(self) -> Score | None:
         """The chosen replica's row (its last, should an id repeat), if the policy scored it."""

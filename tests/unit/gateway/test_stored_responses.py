@@ -34,9 +34,11 @@ def test_usage_reads_the_response_id_whole_and_streamed() -> None:
     scanner = SSEUsageScanner(streamed)
     scanner.feed(b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2",'
                  b'"object":"response","usage":null}}\n\n')
+    scanner.flush()
     assert streamed.response_id is None  # not parsed: no usage in it
     scanner.feed(b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_2",'
                  b'"object":"response","usage":{"input_tokens":5,"output_tokens":1}}}\n\n')
+    scanner.flush()
     assert streamed.response_id == "resp_2" and streamed.completion_tokens == 1
     chat = Usage()
     chat.read_body(b'{"id":"chatcmpl-1","object":"chat.completion","usage":{"prompt_tokens":1}}')

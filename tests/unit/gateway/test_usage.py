@@ -30,12 +30,15 @@ def test_stream_usage_found_across_any_split(split: int) -> None:
     scanner = SSEUsageScanner(usage)
     for i in range(0, len(stream), split):
         scanner.feed(stream[i:i + split])
+    scanner.flush()
     assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
 
 
 def test_stream_without_usage_leaves_none() -> None:
     usage = Usage()
-    SSEUsageScanner(usage).feed(sse({"choices": [], "usage": None}))
+    scanner = SSEUsageScanner(usage)
+    scanner.feed(sse({"choices": [], "usage": None}))
+    scanner.flush()
     assert usage.prompt_tokens is None
 
 
@@ -48,6 +51,7 @@ def test_answer_text_collected_from_stream_only_when_asked(split: int) -> None:
         scanner = SSEUsageScanner(usage)
         for i in range(0, len(stream), split):
             scanner.feed(stream[i:i + split])
+        scanner.flush()
     assert "".join(asked.answer or []) == "Hello" and asked.cached_tokens == 32
     assert not_asked.answer is None and not_asked.cached_tokens == 32
 
@@ -57,3 +61,27 @@ def test_answer_text_from_whole_bodies() -> None:
     chat.read_body(orjson.dumps({"choices": [{"message": {"content": "Paris."}}], "usage": USAGE}))
     completion.read_body(orjson.dumps({"choices": [{"text": " upon a time"}]}))
     assert chat.answer == ["Paris."] and completion.answer == [" upon a time"]
+
+
+def test_one_broken_event_costs_only_itself() -> None:
+    """The events of a batch are parsed together; one that is not JSON is skipped, the others still count."""
+    stream = sse({"choices": [{"delta": {"content": "Hel"}}]}) + b'data: {"choices": [broken\n\n' + \
+        sse({"choices": [{"delta": {"content": "lo"}}]}, {"choices": [], "usage": USAGE})
+    usage = Usage(answer=[])
+    scanner = SSEUsageScanner(usage)
+    scanner.feed(stream)
+    scanner.flush()
+    assert "".join(usage.answer or []) == "Hello" and usage.prompt_tokens == 40
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_a_long_stream_is_read_in_batches_to_the_same_counts(collect: bool) -> None:
+    words = [{"choices": [{"delta": {"content": f"w{i} "}}], "usage": None} for i in range(5000)]
+    stream = sse(*words, {"choices": [], "usage": USAGE})
+    usage = Usage(answer=[] if collect else None)
+    scanner = SSEUsageScanner(usage)
+    for i in range(0, len(stream), 333):
+        scanner.feed(stream[i:i + 333])
+    scanner.flush()
+    assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
+    assert "".join(usage.answer or []) == ("".join(f"w{i} " for i in range(5000)) if collect else "")

@@ -290,7 +290,8 @@ class Proxy:
                                                                              reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
         ended_on_event = True
-        write = partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s)
+        write: Callable[[bytes], Awaitable[None]] = partial(_write, request, response,
+                                                            timeout_s=config.limits.client_write_timeout_s)
         stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
         if stripper is not None:
             write = stripper.write

@@ -135,8 +135,8 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
         finally:
             exchange.queue_s += time.perf_counter() - waiting
 
-    if app[TRACING] is not None:  # from here on every log event of the request carries its trace_id
-        exchange.trace = app[TRACING].request(request, view, exchange.started)
+    if (tracing := app[TRACING]) is not None:  # from here on every log event of the request carries its trace_id
+        exchange.trace = tracing.request(request, view, exchange.started)
     try:
         return await app[PROXY].forward(request, view, route.pool, pick, exchange, config, narrow)
     except RateLimitError as exc:
@@ -278,10 +278,10 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     await monitor.stop()
     await state.close()
     await session.close()
-    if app[TRACING] is not None:
-        await asyncio.to_thread(app[TRACING].shutdown)  # flushing to a slow collector must not stall the loop
-    if app[RATE_LIMITS].shared is not None:
-        await app[RATE_LIMITS].shared.close()
+    if (tracing := app[TRACING]) is not None:
+        await asyncio.to_thread(tracing.shutdown)  # flushing to a slow collector must not stall the loop
+    if (shared := app[RATE_LIMITS].shared) is not None:
+        await shared.close()
 
 
 async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:

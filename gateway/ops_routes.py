@@ -13,8 +13,17 @@ import structlog
 from aiohttp import web
 
 from gateway.adapters import named
-from gateway.app_keys import (ADMISSION, DECISIONS, METRICS, PREFIX_REPORT, RATE_LIMITS, REQUEST_ID, SESSIONS, STATE,
-                              TOKEN_COSTS)
+from gateway.app_keys import (
+    ADMISSION,
+    DECISIONS,
+    METRICS,
+    PREFIX_REPORT,
+    RATE_LIMITS,
+    REQUEST_ID,
+    SESSIONS,
+    STATE,
+    TOKEN_COSTS,
+)
 from gateway.errors import BadRequestError, ConfigError, NoReplicaError, NotFoundError, error_body
 from gateway.lifecycle import LIFECYCLE
 from gateway.limits import read_view

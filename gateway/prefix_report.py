@@ -42,8 +42,8 @@ import structlog
 import xxhash
 from aiohttp import web
 
-from gateway.cost import CostParams
 from gateway.background import background
+from gateway.cost import CostParams
 from gateway.errors import ConfigError
 from gateway.prefix import prompt_source
 from gateway.token_costs import ANONYMOUS, Prices

@@ -22,8 +22,21 @@ from aiohttp import web
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
-from gateway.app_keys import (ADMISSION, CALLER, DECISIONS, HOMES, METRICS, PREFIX_REPORT, PROXY, RATE_LIMITS,
-                              REQUEST_ID, SESSIONS, STATE, TOKEN_COSTS, TRACING)
+from gateway.app_keys import (
+    ADMISSION,
+    CALLER,
+    DECISIONS,
+    HOMES,
+    METRICS,
+    PREFIX_REPORT,
+    PROXY,
+    RATE_LIMITS,
+    REQUEST_ID,
+    SESSIONS,
+    STATE,
+    TOKEN_COSTS,
+    TRACING,
+)
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.dashboard import add_dashboard_routes

@@ -33,10 +33,10 @@ from gateway.index.exact import ExactTables
 from gateway.kv_events import KVEventsConfig, KVEventSubscriber
 from gateway.log import setup_logging
 from gateway.policies import build_policy
+from gateway.replica_tokenizer import ReplicaTokenizer
 from gateway.replicas import Replica, ReplicaPool
 from gateway.routing import Router
 from gateway.routing_metrics import RoutingMetrics
-from gateway.replica_tokenizer import ReplicaTokenizer
 from gateway.tokenize import PromptKeys, build_prompt_tokenizer
 
 log = structlog.get_logger("gateway.state")

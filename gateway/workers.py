@@ -35,8 +35,8 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from aiohttp import web

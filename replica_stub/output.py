@@ -13,9 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from replica_stub.request import Request
 from replica_stub.engine.base import Tokenizer
-
+from replica_stub.request import Request
 
 MAX_CHAR_TOKENS = 4  # UTF-8 characters are at most 4 bytes, so at most 4 byte-level tokens
 

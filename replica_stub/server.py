@@ -30,8 +30,15 @@ from replica_stub.kv_events import KVEventPublisher
 from replica_stub.loop import EngineLoop, probe_loop_lag
 from replica_stub.metrics import StubMetrics
 from replica_stub.output import RequestStream
-from replica_stub.protocol import (SSE_DONE, GenerateRequest, Kind, ResponseFormatter, check_model,
-                                   parse_chat, parse_completion)
+from replica_stub.protocol import (
+    SSE_DONE,
+    GenerateRequest,
+    Kind,
+    ResponseFormatter,
+    check_model,
+    parse_chat,
+    parse_completion,
+)
 from replica_stub.scheduler import Scheduler
 
 log = structlog.get_logger("replica_stub.server")

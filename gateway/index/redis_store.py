@@ -45,7 +45,6 @@ from typing import cast
 
 import structlog
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
@@ -54,9 +53,20 @@ from gateway.cancel import cancel_until_done
 from gateway.config_env import mask_url_password
 from gateway.index.base import IndexParams
 from gateway.index.memory import MemoryIndex
-
-from gateway.index.redis_wire import (MARKER, MATCH_LUA, MAX_HINT, RECORD_LUA, WRITES, Op, decode_ops,
-                                      encode_ops, pack, unpack)
+from gateway.index.redis_wire import (
+    MARKER,
+    MATCH_LUA,
+    MAX_HINT,
+    RECORD_LUA,
+    WRITES,
+    Op,
+    decode_ops,
+    encode_ops,
+    glob_escape,
+    pack,
+    read_messages,
+    unpack,
+)
 
 log = structlog.get_logger("gateway.index")
 
@@ -289,7 +299,8 @@ class RedisIndex:
             reader: asyncio.Task[None] | None = None
             try:
                 await pubsub.subscribe(self._channel)  # from here on every write reaches us
-                reader = asyncio.get_running_loop().create_task(_read(pubsub, queue), name="redis-index-read")
+                reader = asyncio.get_running_loop().create_task(read_messages(pubsub, queue, _ERRORS),
+                                                                name="redis-index-read")
                 marker = await self._load_snapshot()
                 while True:
                     data = await queue.get()
@@ -324,7 +335,7 @@ class RedisIndex:
             # (a duplicate is dropped, a miss comes back with that chain's next use).
             tables: dict[str, Sequence[int]] = {}
             name_start = len(self.key(""))
-            async for key in self._writer.scan_iter(match=_glob_escape(self.key("")) + "*", count=1000):
+            async for key in self._writer.scan_iter(match=glob_escape(self.key("")) + "*", count=1000):
                 members: list[bytes] = []
                 while True:
                     page = await self._writer.zrange(key, len(members), len(members) + _SNAPSHOT_PAGE - 1)
@@ -382,18 +393,3 @@ class RedisIndex:
             await asyncio.wait_for(future, timeout=max(1.0, 20 * self.params.timeout_s))
         finally:
             self._markers.pop(nonce, None)
-
-
-async def _read(pubsub: PubSub, queue: asyncio.Queue[bytes | BaseException]) -> None:
-    """Move every message of the subscription into `queue`; end with the error that broke it."""
-    try:
-        while True:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-            if message is not None:
-                queue.put_nowait(message["data"])
-    except _ERRORS as exc:
-        queue.put_nowait(exc)
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

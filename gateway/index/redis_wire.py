@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Iterable, Sequence
+
+from redis.asyncio.client import PubSub
 
 # Hashes travel as one packed string (8 bytes each, little-endian): encoding hundreds of
 # separate integer arguments costs the client more than the whole lookup costs Redis.
@@ -131,3 +134,20 @@ def decode_ops(data: bytes, at: int) -> list[tuple[str, bytes | None]]:
         ops.append((name, packed))
         at += 8 * count
     return ops
+
+
+async def read_messages(pubsub: PubSub, queue: asyncio.Queue[bytes | BaseException],
+                        errors: tuple[type[BaseException], ...]) -> None:
+    """Move every message of the subscription into `queue`; end with the error (of `errors`) that broke it."""
+    try:
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is not None:
+                queue.put_nowait(message["data"])
+    except errors as exc:
+        queue.put_nowait(exc)
+
+
+def glob_escape(text: str) -> str:
+    """`text` matched literally in a SCAN pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -10,7 +10,6 @@ import aiohttp
 
 from gateway.replicas.replica import Replica
 
-
 CARD_FIELDS = ("max_model_len", "root")  # taken from a replica's own entry for its pool's model
 
 

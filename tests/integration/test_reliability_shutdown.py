@@ -19,8 +19,17 @@ import httpx
 import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import (Load, Outcome, chat, eventually, metric, post_until, replica_running,
-                                                 report, restart_gateway)
+from tests.integration.reliability_tools import (
+    Load,
+    Outcome,
+    chat,
+    eventually,
+    metric,
+    post_until,
+    replica_running,
+    report,
+    restart_gateway,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-import sys
 
 import httpx
 import openai

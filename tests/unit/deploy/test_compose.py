@@ -14,9 +14,21 @@ import yaml
 from gateway.config import ENV_PREFIX, Config, apply_env, load_config
 from replica_stub.config import load_config as load_stub_config
 from tests.helpers import ROOT
-from tests.unit.deploy.deployfiles import (CONFIG_PATH, DEPLOY, REAL_ENGINE, compose, compose_gateway_config,
-                                           dockerfile, exec_form, flag, host_port, last, mounts, nginx_directives,
-                                           stub_args)
+from tests.unit.deploy.deployfiles import (
+    CONFIG_PATH,
+    DEPLOY,
+    REAL_ENGINE,
+    compose,
+    compose_gateway_config,
+    dockerfile,
+    exec_form,
+    flag,
+    host_port,
+    last,
+    mounts,
+    nginx_directives,
+    stub_args,
+)
 
 SERVICES = compose()["services"]
 GATEWAYS = [name for name, s in SERVICES.items() if s.get("build", {}).get("target") == "gateway"]

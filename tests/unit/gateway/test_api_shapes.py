@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.errors import ConfigError
 from gateway.prefix import prompt_source
 from gateway.routes import RoutesConfig
-from gateway.errors import ConfigError
 from gateway.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)

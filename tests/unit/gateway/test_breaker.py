@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.replicas.breaker import CircuitBreaker
 
+
 def fault(b: CircuitBreaker, now: float) -> bool:
     """3 faults in 10 s open it; backoff 1 s, doubling, capped at 3 s."""
     return b.fault(now, threshold=3, window_s=10.0, backoff_s=1.0, backoff_max_s=3.0)

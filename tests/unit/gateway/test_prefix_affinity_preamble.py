@@ -12,8 +12,14 @@ import pytest
 from gateway.policies import Candidate
 from gateway.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
-from tests.unit.gateway.test_policies_affinity import (IDS, dispatch, make_candidates, make_view, preamble_view,
-                                                       prefix_policy)
+from tests.unit.gateway.test_policies_affinity import (
+    IDS,
+    dispatch,
+    make_candidates,
+    make_view,
+    preamble_view,
+    prefix_policy,
+)
 
 
 def popular_preamble_policy(**params: Any) -> PrefixAffinityPolicy:

@@ -3,9 +3,9 @@ a Responses answer's id, whole and streamed, from the events it parses for usage
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import dataclass
+
+import pytest
 
 from gateway.replicas import Replica, ReplicaPool
 from gateway.stored_responses import ResponseHomes

@@ -15,8 +15,15 @@ from hypothesis import strategies as st
 
 from gateway.errors import ConfigError
 from gateway.sim_tokens import apply_chat_template
-from gateway.tokenize import (HFPromptTokenizer, PromptKeys, PromptTokenizer, SimPromptTokenizer, TokenizedPrompt,
-                              _prefix_keys, build_prompt_tokenizer)
+from gateway.tokenize import (
+    HFPromptTokenizer,
+    PromptKeys,
+    PromptTokenizer,
+    SimPromptTokenizer,
+    TokenizedPrompt,
+    _prefix_keys,
+    build_prompt_tokenizer,
+)
 from replica_stub.tokenizer import SimTokenizer
 from tests.e2e.real_replica import require_model
 

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from replica_stub.output import RequestStream
-from tests.unit.replica_stub.factories import make_request
 from replica_stub.tokenizer import SimTokenizer
+from tests.unit.replica_stub.factories import make_request
 
 
 def _stream(stop: tuple[str, ...]) -> tuple[RequestStream, SimTokenizer]:

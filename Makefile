@@ -68,8 +68,9 @@ promtool-check:
 	  else echo "promtool not found: install it (apt-get install prometheus / brew install prometheus), else the alert-rules check skips" >&2; fi; }
 
 # The gates: ruff (pyflakes, pycodestyle, bugbear, import order, pyupgrade) and mypy --strict over the
-# product, the stub and the benchmarks (pyproject.toml has both configurations).
-lint: install
+# product, the stub and the benchmarks (pyproject.toml has both configurations). The real engine's
+# torch and transformers are checked against too, hence the model.
+lint: install model
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
@@ -82,7 +83,7 @@ chromium-check:
 	  else echo "chromium not found: install it (apt-get install chromium), else the dashboard test skips" >&2; fi; }
 
 # The vLLM tests run unless AFFINITY_SKIP_VLLM=1 is set (then `make vllm` is skipped too).
-test: lint install model redis-check promtool-check chromium-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
+test: install model lint redis-check promtool-check chromium-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.

@@ -92,7 +92,7 @@ async def admin_replicas(request: web.Request) -> web.Response:
 
 def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[str, Any]:
     """A replica's health and load, and its KV-event feed with the exact table it fills, if any."""
-    feed = state.feeds(route.model).get(replica.replica_id)
+    feed = state.kv_feeds.of(route.model).get(replica.replica_id)
     if feed is None or route.router.exact is None:
         return replica.describe()
     return {**replica.describe(), "kv_events": {**feed.describe(), **route.router.exact.describe(replica.replica_id)}}

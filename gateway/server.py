@@ -74,7 +74,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[METRICS] = registry = Metrics()
     app[STATE] = state = GatewayState(config, config_path, registry.routing)
     registry.watch(state.pools)
-    registry.watch_feeds(state.all_feeds)
+    registry.watch_feeds(state.kv_feeds.all)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
     app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
     app[LIFECYCLE] = Lifecycle()

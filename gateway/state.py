@@ -1,4 +1,4 @@
-"""The running gateway's swappable state: the config and, per model, its replica pool and router.
+"""The route table: the running config and, per model, its replica pool and router; and its reload.
 
 A reload builds everything new *before* touching the running state, so a bad file changes nothing.
 Requests in flight keep the router they started with (`using`); a replaced router, with its index's
@@ -7,8 +7,9 @@ replicas' counts and health.
 A pool whose routing section is unchanged keeps its router, and with it its warm-prefix index.
 A pool with `discovery` also holds the replicas its DNS name resolves to, or the Service's pods the
 Kubernetes API lists (`gateway.discovery`); an unready pod stays in the pool, taking no traffic.
-A replica with `kv_events` gets a subscriber feeding its router's exact tables; it follows
-the router (a new router starts from a fresh feed) and goes with the replica.
+Two jobs around the table live apart, so this module is only about what is routed to: how a
+router is built (`gateway.router_build`), and the KV-event feeds filling the routers' exact tables
+(`gateway.kv_feeds`), which the table re-syncs whenever its replicas or routers change.
 """
 
 from __future__ import annotations
@@ -21,23 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-import zmq.asyncio
 
-from gateway import prefix
 from gateway.adapters import AdapterMap
 from gateway.config import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
 from gateway.discovery import Discovery, Resolver, resolve_dns
 from gateway.errors import ConfigError, NotFoundError
-from gateway.index import build_index
-from gateway.index.exact import ExactTables
-from gateway.kv_events import KVEventsConfig, KVEventSubscriber
+from gateway.kv_feeds import KVFeeds
 from gateway.log import setup_logging
-from gateway.policies import build_policy
-from gateway.replica_tokenizer import ReplicaTokenizer
 from gateway.replicas import Replica, ReplicaPool
+from gateway.router_build import build_router
 from gateway.routing import Router
 from gateway.routing_metrics import RoutingMetrics
-from gateway.tokenize import PromptKeys, build_prompt_tokenizer
 
 log = structlog.get_logger("gateway.state")
 
@@ -62,11 +57,7 @@ class GatewayState:
         self.resolver: Resolver = resolve_dns  # DNS discovery's resolver; replaceable before start()
         self._discovery: Discovery | None = None
         self._found: dict[str, list[ReplicaConfig]] = {}  # per model: the replicas DNS gave last
-        # per (model, replica): its KV-event subscriber, the tables it feeds and the feed's config
-        self._feeds: dict[tuple[str, str], tuple[KVEventSubscriber, ExactTables, KVEventsConfig]] = {}
-        self._feed_watch: dict[tuple[str, str], tuple[bool, float | None]] = {}  # (healthy, completed) last seen
-        self._forgetting: set[asyncio.Task[None]] = set()  # history drops of restarted replicas, in flight
-        self._zmq: zmq.asyncio.Context | None = None  # one ZMQ I/O thread for every feed
+        self.kv_feeds = KVFeeds()  # the replicas' KV-event subscribers, following this table
         self._users: dict[Router, int] = {}  # requests routing with each router now
         self._retired: set[Router] = set()  # replaced by a reload, still used by requests in flight
         self._closing: set[asyncio.Task[None]] = set()  # retired routers being closed
@@ -82,11 +73,7 @@ class GatewayState:
     async def close(self) -> None:
         if self._discovery is not None:
             await self._discovery.close()
-        await asyncio.gather(*(feed.close() for feed, _, _ in self._feeds.values()))
-        self._feeds.clear()
-        if self._zmq is not None:
-            self._zmq.destroy(linger=0)
-            self._zmq = None
+        await self.kv_feeds.close()
         await asyncio.gather(*(route.router.close() for route in self.routes.values()),
                              *(router.close() for router in self._retired))
         self._retired.clear()
@@ -134,7 +121,8 @@ class GatewayState:
 
     def after_scrape(self) -> None:
         self.sync_capacity()
-        self.watch_feeds()
+        for route in self.routes.values():
+            self.kv_feeds.watch(route.model, route.pool, route.router)
         self.adapters = AdapterMap.build(self.config, self.routes)
 
     def sync_capacity(self) -> None:
@@ -144,35 +132,6 @@ class GatewayState:
                 if replica.load.num_gpu_blocks and replica.load.block_size:
                     route.router.set_capacity(replica.replica_id, replica.load.num_gpu_blocks * replica.load.block_size)
                     route.router.block_size_seen(replica.replica_id, replica.load.block_size, "cache_config_info")
-
-    def watch_feeds(self) -> None:
-        """What a KV-event feed cannot see: the replica went down (its next life starts with an
-        empty cache), or its engine counters went backwards (it restarted between two probes).
-        Either way what the gateway believes it holds is dropped now, not at the new engine's
-        first batch: its event table (the feed then replays the new history) and its routing
-        history. A replica without a feed keeps its history through a blip; only a restart drops it."""
-        for route in self.routes.values():
-            feeds = self.feeds(route.model)
-            for replica in route.pool:
-                key = (route.model, replica.replica_id)
-                was_healthy, last = self._feed_watch.get(key, (True, None))
-                completed = replica.load.completed
-                feed = feeds.get(replica.replica_id)
-                reason = None
-                if completed is not None and last is not None and completed < last:
-                    reason = f"its engine counters went backwards (request_success_total {last:g} -> {completed:g})"
-                elif feed is not None and was_healthy and not replica.healthy:
-                    reason = "the replica went down"
-                self._feed_watch[key] = (replica.healthy, last if completed is None else completed)
-                if reason is None:
-                    continue
-                if feed is not None:
-                    feed.restart(reason)
-                else:
-                    log.warning("replica_restarted", model=route.model, replica=replica.replica_id, reason=reason)
-                task = asyncio.get_running_loop().create_task(route.router.index.forget(replica.replica_id))
-                self._forgetting.add(task)
-                task.add_done_callback(self._forgetting.discard)
 
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""
@@ -242,20 +201,7 @@ class GatewayState:
         same_store = config.index.for_pool(model) == self.config.index.for_pool(model)  # resolved: sees a rotated file
         if current is not None and current.routing == pool.routing and same_store:
             return current.router
-        key = f"pools.{model}.routing"
-        policy = build_policy(pool.routing.policy, pool.routing.params, key)
-        params = pool.routing.prefix
-        index = build_index(config.index.for_pool(model))
-        keys = exact = None
-        if params.tokenizer is not None:
-            tokenizer = (ReplicaTokenizer(model, lambda: self._urls(model)) if params.tokenizer == "replica"
-                         else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"))
-            keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
-            if pool.has_kv_events:
-                shared = config.index.resolved_store != "memory"  # other gateways read what the events say
-                exact = ExactTables(prefix.model_seed(model), params.block, params.speculative_ttl_s,
-                                    share=index.record if shared else None)
-        return Router(policy, params, index, self._routing_metrics, pool=model, keys=keys, exact=exact)
+        return build_router(model, pool, config, self._routing_metrics, lambda: self._urls(model))
 
     def _urls(self, model: str) -> list[str]:
         """The model's replicas taking traffic now (for the replicas' own /tokenize)."""
@@ -263,34 +209,9 @@ class GatewayState:
         return [r.url for r in route.pool if r.is_available()] if route is not None else []
 
     async def _sync_feeds(self) -> None:
-        """One subscriber per replica with `kv_events`, feeding its current router's exact tables."""
-        wanted: dict[tuple[str, str], tuple[ExactTables, KVEventsConfig]] = {}
-        for model, route in self.routes.items():
-            exact = route.router.exact
-            if exact is None:
-                continue
-            for replica in self._members(model, self.config.pools[model]):
-                if replica.kv_events is not None:
-                    wanted[(model, replica.replica_id)] = (exact, replica.kv_events)
-        for key, (feed, exact, events) in list(self._feeds.items()):
-            if wanted.get(key) != (exact, events):
-                del self._feeds[key]
-                await feed.close()
-                exact.forget(key[1])
-        for key, (exact, events) in wanted.items():
-            if key not in self._feeds:
-                self._zmq = self._zmq or zmq.asyncio.Context()
-                feed = KVEventSubscriber(key[1], events, exact)
-                feed.start(self._zmq)
-                self._feeds[key] = (feed, exact, events)
-
-    def feeds(self, model: str) -> dict[str, KVEventSubscriber]:
-        """The model's KV-event subscribers by replica (for /admin/replicas)."""
-        return {replica_id: feed for (m, replica_id), (feed, _, _) in self._feeds.items() if m == model}
-
-    def all_feeds(self) -> Iterator[tuple[str, str, KVEventSubscriber, ExactTables]]:
-        """(model, replica, subscriber, the tables it fills) for every feed (for /metrics)."""
-        return ((model, replica_id, feed, exact) for (model, replica_id), (feed, exact, _) in list(self._feeds.items()))
+        """Feeds follow the table: its current routers, and every member replica with `kv_events`."""
+        await self.kv_feeds.sync({model: route.router for model, route in self.routes.items()},
+                                 lambda model: self._members(model, self.config.pools[model]))
 
 
 def _discovery_specs(config: Config) -> dict[str, DiscoveryConfig]:

@@ -165,6 +165,7 @@ class Cuttable:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        src.close()  # each socket is the source of exactly one pipe: closed once, by its reader
 
     @contextmanager
     def cut(self) -> Iterator[None]:
@@ -182,6 +183,8 @@ class Cuttable:
 
     def close(self) -> None:
         self._listener.close()
+        for conn in self._conns:
+            conn.close()
 
 
 def test_batches_lost_on_the_wire_come_back_through_replay(tmp_path: Path) -> None:

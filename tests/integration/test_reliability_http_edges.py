@@ -86,10 +86,11 @@ def test_encoded_bodies_then_the_connection_is_reused(gateway: Gateway, name: st
     """gzip/deflate are decoded and forwarded decoded (the stub answers 200); others get 4xx JSON."""
     body, coding, expected = CASES[name]
     conn = Conn(gateway.port)
-    status, headers, answer = conn.send(post(body, f"Content-Encoding: {coding}"), body)
-    assert status == expected, answer[:300]
-    _assert_json(status, headers, answer)
-    _assert_reusable(conn, headers)
+    with conn.sock:  # closed here, not by the garbage collector
+        status, headers, answer = conn.send(post(body, f"Content-Encoding: {coding}"), body)
+        assert status == expected, answer[:300]
+        _assert_json(status, headers, answer)
+        _assert_reusable(conn, headers)
 
 
 HEADS = {
@@ -106,13 +107,14 @@ HEADS = {
 def test_aiohttp_level_errors_are_openai_shaped(gateway: Gateway, name: str) -> None:
     head, body, expected = HEADS[name]
     conn = Conn(gateway.port)
-    status, headers, answer = conn.send(head, body)
-    assert status == expected, answer[:300]
-    _assert_json(status, headers, answer)
-    if expected == 200:
-        assert headers["x-request-id"].isascii() and headers["x-request-id"].isprintable()
-    _assert_reusable(conn, headers)
-    assert gateway.proc.alive()
+    with conn.sock:  # closed here, not by the garbage collector
+        status, headers, answer = conn.send(head, body)
+        assert status == expected, answer[:300]
+        _assert_json(status, headers, answer)
+        if expected == 200:
+            assert headers["x-request-id"].isascii() and headers["x-request-id"].isprintable()
+        _assert_reusable(conn, headers)
+        assert gateway.proc.alive()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -120,13 +122,14 @@ def test_non_utf8_request_id_is_replaced_and_logged(gateway: Gateway, stream: bo
     """A stream too ends with [DONE] (it was cut unterminated) and its request log line is written."""
     body = orjson.dumps({**orjson.loads(BODY), "stream": stream})
     conn = WireConn(gateway.port)
-    conn.sock.sendall(post(body, "X-Request-Id: id-\xff", "X-Session-ID: s") + body)
-    status, headers, answer = conn.response()
-    assert status == 200
-    assert answer.endswith(b"data: [DONE]\n\n") if stream else answer.startswith(b'{"id"'), answer[-200:]
-    rid = headers[b"x-request-id"].decode()
-    assert rid.isascii() and rid.isprintable()
-    assert f'"request_id": "{rid}"' in gateway.proc.output() or f'"request_id":"{rid}"' in gateway.proc.output()
+    with conn.sock:  # closed here, not by the garbage collector
+        conn.sock.sendall(post(body, "X-Request-Id: id-\xff", "X-Session-ID: s") + body)
+        status, headers, answer = conn.response()
+        assert status == 200
+        assert answer.endswith(b"data: [DONE]\n\n") if stream else answer.startswith(b'{"id"'), answer[-200:]
+        rid = headers[b"x-request-id"].decode()
+        assert rid.isascii() and rid.isprintable()
+        assert f'"request_id": "{rid}"' in gateway.proc.output() or f'"request_id":"{rid}"' in gateway.proc.output()
 
 
 def _assert_json(status: int, headers: dict[str, str], answer: bytes) -> None:

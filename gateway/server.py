@@ -53,6 +53,7 @@ from gateway.prefix_report import PrefixReport
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
 from gateway.replicas import Monitor, Replica
+from gateway.request_metrics import record_finished
 from gateway.request_timing import Timing, rounded
 from gateway.routes import add_model_routes
 from gateway.sessions import Sessions
@@ -183,21 +184,7 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
     timing = Timing.of(exchange.queue_s, exchange.ttft_s, time.perf_counter() - exchange.started, exchange.streamed,
                        usage.completion_tokens)
-    m = app[METRICS]
-    m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()
-    if exchange.replica_id is not None and exchange.status == 200 and view.endpoint in ("chat", "completions"):
-        m.cached_tokens_check.observe(view.model, exchange.replica_id, usage)
-    m.latency.labels(view.model).observe(timing.total_s)
-    if exchange.ttft_s is not None:
-        m.ttft.labels(view.model).observe(exchange.ttft_s)
-    if timing.tokens_per_s is not None:
-        m.tokens_per_s.labels(view.model).observe(timing.tokens_per_s)
-    if timing.itl_s is not None:
-        m.itl.labels(view.model).observe(timing.itl_s)
-    if exchange.first_phrase_s is not None:
-        m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
-    if exchange.failed_replicas:
-        m.retries.labels(view.model).inc(len(exchange.failed_replicas))
+    record_finished(app[METRICS], view, exchange, timing, caller)
     pool = config.pools.get(route.model)
     app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
     if exchange.decision is not None:
@@ -208,13 +195,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
             app[PREFIX_REPORT].offer(caller.tenant, route.model, view, route.routing.prefix.chars_per_token,
                                      route.router.policy.prefill_s_per_token(exchange.replica_id),
                                      pool.prices if pool is not None else None)
-    if caller.key is not None:
-        m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
-        for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
-            if tokens:
-                m.tenant_tokens.labels(caller.key.tenant, kind).inc(tokens)
-        if usage.completion_tokens:
-            app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
+    if caller.key is not None and usage.completion_tokens:
+        app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
     if config.logging.requests:
         request_log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
                  endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,

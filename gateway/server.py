@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from gateway import attempts
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
@@ -37,7 +38,6 @@ from gateway.app_keys import (
     TOKEN_COSTS,
     TRACING,
 )
-from gateway.attempts import answer
 from gateway.auth import Caller, authenticate
 from gateway.config import Config
 from gateway.dashboard import add_dashboard_routes
@@ -116,7 +116,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
         await _within_limits(request, view, route, config)
         _instrumented(route, view, exchange, request)
         try:  # decide (admission, router) → attempt → on a retryable failure decide again → relay
-            return await answer(request, view, route, exchange, config)
+            return await attempts.answer(request, view, route, exchange, config)
         except BaseException as exc:
             _failed(request.app, view, exchange, exc)
             raise

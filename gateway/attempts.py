@@ -31,7 +31,7 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
     """The client's answer from the first replica that gives one; `NoReplicaError` (or the last attempt's
     error) when none is left."""
     app = request.app
-    proxy = app[PROXY]
+    proxy, queue = app[PROXY], app[ADMISSION].queue(route)
     failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
     deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
     try:
@@ -45,7 +45,7 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
             attempt = Attempt(replica, exchange.decision, after_5xx=bool(deferred),
                               last=number == config.limits.max_retries or not route.pool.candidates(
                                   _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})))
-            with route.pool.track(replica):
+            with queue.holding(replica):  # its release lets the pool's next waiting request in
                 try:
                     return await proxy.attempt(request, view, attempt, exchange, config)
                 except Retryable as exc:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,13 +45,12 @@ class AdmissionConfig:
 
 
 class PoolQueue:
-    """The waiting line of one pool; a request leaving a replica wakes the head of the line."""
+    """The waiting line of one pool; a request leaving a replica (`holding`) wakes the head of the line."""
 
     def __init__(self, pool: ReplicaPool, on_wait: Callable[[float], None]) -> None:
         self.pool = pool
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._on_wait = on_wait  # seconds waited → metrics
-        pool.on_release = self._wake
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -95,7 +95,17 @@ class PoolQueue:
             elif not served:
                 self._wake()  # pass on a wake-up this request can no longer use
 
-    def _wake(self, replica: Replica | None = None) -> None:
+    @contextmanager
+    def holding(self, replica: Replica) -> Iterator[Replica]:
+        """Hold a slot of `replica` (`pool.track`) for the request's whole life there; its release wakes the
+        head of the line."""
+        try:
+            with self.pool.track(replica):
+                yield replica
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

@@ -1,7 +1,7 @@
 """Forwarding and streaming relay: raw bytes in and out, one concern per layer.
 
-    forward       retry loop: pick a replica, hold its in-flight count, never the same replica twice
-    _send_once    one upstream request up to its response headers; maps aiohttp errors once
+    attempt       one upstream request up to its response headers (its retry loop: gateway.attempts);
+                  maps aiohttp errors once, a failure another replica may answer to `Retryable`
     _relay        body back to the client: streams chunk by chunk as received (_relay_stream),
                   (or re-chunked in phrases, for a request that opted in: gateway.phrase_chunking),
                   others in one piece (_relay_whole)
@@ -43,12 +43,11 @@ from multidict import CIMultiDict
 
 from gateway import headers as h
 from gateway.backend_auth import set_upstream_auth
-from gateway.cancel import raise_lost_cancel
 from gateway.config import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
 from gateway.policies import Decision
-from gateway.replicas import Replica, ReplicaPool
+from gateway.replicas import Replica
 from gateway.stream_usage import UsageStripper
 from gateway.usage import SSEUsageScanner, Usage
 from gateway.view import RequestView
@@ -60,12 +59,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.proxy")
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in logs and metrics only
-
-Pick = Callable[[set[str]], Awaitable[tuple[Replica, Decision] | None]]
-"""Choose a replica not in the excluded set, or None when no healthy one is left."""
-Narrow = Callable[[set[str]], set[str]]
-"""The excluded set with the replicas this request may never use (an adapter's others, a stored
-response's non-homes): what tells the last attempt, whose 5xx is the client's answer, from a retry."""
 
 
 @dataclass(slots=True)
@@ -81,7 +74,6 @@ class Exchange:
     queue_s: float = 0.0  # waiting for a slot and deciding, every attempt's (gateway.request_timing)
     ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
     on_first_byte: Callable[[str], None] | None = None  # called with the replica id when ttft_s is taken
-    on_attempt_failed: Callable[[str], None] | None = None  # called with the replica id of a retried attempt
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
@@ -95,7 +87,17 @@ class Exchange:
             self.first_phrase_s = time.perf_counter() - self.started
 
 
-class _Retryable(Exception):
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of a request on one replica, as the attempt loop (gateway.attempts) decided it."""
+
+    replica: Replica
+    decision: Decision
+    last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
+    after_5xx: bool  # an earlier attempt was answered 5xx: a second 5xx marks the request as poison
+
+
+class Retryable(Exception):
     """An attempt failed before any byte reached the client; another replica may answer."""
 
     def __init__(self, error: GatewayError, kind: str) -> None:
@@ -142,7 +144,7 @@ def _cut(replica: Replica, watch: Watch) -> Exception:
     gateway is stopping."""
     if watch.kind == "shutdown":
         return NoReplicaError(watch.message, retry_after_s=1)
-    return _Retryable(UpstreamTimeoutError(f"replica {replica.replica_id}: {watch.message}"), watch.kind or "timeout")
+    return Retryable(UpstreamTimeoutError(f"replica {replica.replica_id}: {watch.message}"), watch.kind or "timeout")
 
 
 def _first_byte(exchange: Exchange, replica: Replica) -> None:
@@ -166,47 +168,25 @@ class Proxy:
         """The shared upstream session (also for the gateway's own small calls to replicas)."""
         return self._session
 
-    async def forward(self, request: web.Request, view: RequestView, pool: ReplicaPool, pick: Pick,
-                      exchange: Exchange, config: Config, narrow: Narrow = set) -> web.StreamResponse:
-        failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
-        deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
-        try:
-            for attempt in range(config.limits.max_retries + 1):
-                chosen = await pick(set(exchange.failed_replicas))
-                if chosen is None:
-                    break
-                replica, exchange.decision = chosen
-                exchange.replica_id = replica.replica_id  # from here on router.finished takes the decision back
-                raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
-                last = attempt == config.limits.max_retries or not pool.candidates(narrow({*exchange.failed_replicas,
-                                                                                            replica.replica_id}))
-                with pool.track(replica):
-                    try:
-                        sending = self._send_once(request, view, replica, exchange, config, last=last,
-                                                  after_5xx=bool(deferred))
-                        return await (sending if exchange.trace is None
-                                      else exchange.trace.attempt(replica, sending, exchange))
-                    except _Retryable as exc:
-                        failure = exc.error
-                        if exc.kind.startswith("http_"):
-                            self._on_upstream_error(replica.replica_id, exc.kind)
-                            deferred.append((replica, exc.kind, exc.error.message))
-                        else:
-                            self._upstream_failed(replica, exc.kind, exc.error.message, config)
-                        exchange.failed_replicas.append(replica.replica_id)
-                        if exchange.on_attempt_failed is not None:
-                            exchange.on_attempt_failed(replica.replica_id)
-                        log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
-                                 kind=exc.kind, error=exc.error.message)
-            raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
-                                            retry_after_s=1)
-        finally:
-            if not exchange.poison:
-                for replica, kind, message in deferred:
-                    self._charge(replica, kind, message, config)
+    async def attempt(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
+                      config: Config) -> web.StreamResponse:
+        """Send the request to `attempt.replica` and relay its answer; raises `Retryable` while nothing has
+        reached the client and another replica may answer."""
+        sending = self._send_once(request, view, attempt, exchange, config)
+        return await (sending if exchange.trace is None else exchange.trace.attempt(attempt.replica, sending, exchange))
 
-    async def _send_once(self, request: web.Request, view: RequestView, replica: Replica, exchange: Exchange,
-                         config: Config, *, last: bool, after_5xx: bool) -> web.StreamResponse:
+    def attempt_failed(self, replica: Replica, failure: Retryable, config: Config) -> bool:
+        """Count a retried attempt's fault; True when its breaker charge waits for the request's end (a 5xx
+        answer: the request may yet prove poison, and then no breaker is charged)."""
+        if failure.kind.startswith("http_"):
+            self._on_upstream_error(replica.replica_id, failure.kind)
+            return True
+        self._upstream_failed(replica, failure.kind, failure.error.message, config)
+        return False
+
+    async def _send_once(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
+                         config: Config) -> web.StreamResponse:
+        replica = attempt.replica
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
         if exchange.trace is not None:  # else a client's traceparent goes on as it came
@@ -222,25 +202,25 @@ class Proxy:
                                                            data=view.raw, headers=out_headers, timeout=timeout,
                                                            allow_redirects=False)
             except aiohttp.ConnectionTimeoutError as exc:
-                raise _Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"),
-                                 "connect") from exc
+                raise Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"),
+                                "connect") from exc
             except TimeoutError as exc:
                 raise _cut(replica, watch) from exc
             except aiohttp.ClientError as exc:
-                raise _Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
-                                 "connect") from exc
+                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
+                                "connect") from exc
             watch.answered(upstream, first_byte=not _is_stream(upstream))
             try:
-                if upstream.status >= 500 and after_5xx:
+                if upstream.status >= 500 and attempt.after_5xx:
                     self._poisoned(view, replica, upstream.status, exchange)
-                elif upstream.status >= 500 and not last:
-                    raise _Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
-                                     f"http_{upstream.status}")
+                elif upstream.status >= 500 and not attempt.last:
+                    raise Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
+                                    f"http_{upstream.status}")
                 elif upstream.status >= 500:
                     self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
                 else:
                     replica.request_succeeded()
-                return await self._relay(request, view, upstream, replica, exchange, config, watch)
+                return await self._relay(request, view, upstream, attempt, exchange, config, watch)
             except BaseException:
                 upstream.close()  # cancellation included: drop the connection so the replica aborts the request
                 raise
@@ -250,17 +230,17 @@ class Proxy:
             self.watches.end(watch)
 
     async def _relay(self, request: web.Request, view: RequestView, upstream: aiohttp.ClientResponse,
-                     replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+                     attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+        replica, decision = attempt.replica, attempt.decision
         exchange.status = upstream.status
         back = h.filtered(upstream.headers.items(), config.headers.response_drop)
         back[h.REQUEST_ID] = view.request_id
         if config.headers.replica_id:
             back[h.REPLICA_ID] = replica.replica_id
-        if exchange.decision is not None:
-            if config.headers.affinity_reason:
-                back[h.ROUTE_REASON] = exchange.decision.reason
-            if config.pools[view.model].routing.explain_header:
-                back[h.ROUTE_EXPLAIN] = exchange.decision.header_value()
+        if config.headers.affinity_reason:
+            back[h.ROUTE_REASON] = decision.reason
+        if config.pools[view.model].routing.explain_header:
+            back[h.ROUTE_EXPLAIN] = decision.header_value()
         if _is_stream(upstream):
             return await self._relay_stream(request, upstream, back, replica, exchange, config, watch)
         return await self._relay_whole(upstream, back, replica, exchange, config, watch)
@@ -357,9 +337,9 @@ class Proxy:
 
     def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
         self._on_upstream_error(replica.replica_id, kind)
-        self._charge(replica, kind, error, config)
+        self.charge(replica, kind, error, config)
 
-    def _charge(self, replica: Replica, kind: str, error: str, config: Config) -> None:
+    def charge(self, replica: Replica, kind: str, error: str, config: Config) -> None:
         """Count a fault against the replica's breaker (metrics are counted where the fault is seen)."""
         if replica.request_failed(config.health, error):
             log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,

@@ -1,5 +1,5 @@
-"""The aiohttp app: routes, auth, error shapes, lifecycles; the request's story in `_proxied`
-(the gateway's own routes, /health to /admin, are in `gateway.ops_routes`).
+"""The aiohttp app: routes, auth, error shapes, lifecycles; the request's story in `_proxied`, its attempt
+loop in `gateway.attempts` (the gateway's own routes, /health to /admin, are in `gateway.ops_routes`).
 
 Usage:
     app = make_app(load_config("config.yaml"), config_path="config.yaml")
@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from gateway import attempts
 from gateway import headers as h
 from gateway.adapters import named
 from gateway.admission import Admission
@@ -48,11 +49,12 @@ from gateway.log import HotLogger
 from gateway.metrics import Metrics
 from gateway.ops_routes import add_ops_routes, reload
 from gateway.phrase_chunking import StreamChunking, chunking_for
-from gateway.policies import Decision, Outcome
+from gateway.policies import Outcome
 from gateway.prefix_report import PrefixReport
 from gateway.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.ratelimit import RateLimits
-from gateway.replicas import Monitor, Replica
+from gateway.replicas import Monitor
+from gateway.request_metrics import record_finished
 from gateway.request_timing import Timing, rounded
 from gateway.routes import add_model_routes
 from gateway.sessions import Sessions
@@ -102,32 +104,49 @@ def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResp
 
 
 async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
-    """parse → limits → rate limit → admission (cap, queue) → router.decide, dispatched once the slot is
-    held → proxy.forward (router.failed for an attempt that got no answer, then decide again) → finished."""
+    """The request's story, top to bottom (its caller is authenticated already: `auth_middleware`)."""
     exchange = Exchange()  # starts the clock
     state = request.app[STATE]
     config = state.config
     view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
-                           config.headers.session)
+                           config.headers.session)  # parsed once
+    route = _resolved(view, state)
+    _stream_options(request, view, route, exchange, config)
+    with state.using(route.router):  # a reload closes this router only once the request is done
+        await _within_limits(request, view, route, config)
+        _instrumented(route, view, exchange, request)
+        try:  # decide (admission, router) → attempt → on a retryable failure decide again → relay
+            return await attempts.answer(request, view, route, exchange, config)
+        except BaseException as exc:
+            _failed(request.app, view, exchange, exc)
+            raise
+        finally:
+            _finished(request.app, route, view, exchange, config, request[CALLER])
+
+
+def _resolved(view: RequestView, state: GatewayState) -> ModelRoute:
+    """The route of the body's model; an alias, a pattern or the default pool renames the view to its pool
+    (an adapter keeps its name)."""
     route = state.route_for(view.model)
-    if route.model != view.model:  # an alias, a pattern or the default pool; an adapter keeps its name
+    if route.model != view.model:
         named(view, route.model, state.adapters)
+    return route
+
+
+def _stream_options(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
+                    config: Config) -> None:
+    """How the answer is relayed: chunked in phrases if asked, and the usage event stripped when the gateway
+    asked for it for the accounts."""
     pool = config.pools.get(route.model)
     exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
                                      pool.stream_chunking if pool is not None else StreamChunking())
-    exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)  # for the accounts
-    with state.using(route.router):  # a reload closes this router only once the request is done
-        return await _routed(request, view, route, exchange, config)
+    exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)
 
 
-async def _routed(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
-                  config: Config) -> web.StreamResponse:
-    """The request once its router is held: limits, admission, forwarding, the one `_finished`."""
+async def _within_limits(request: web.Request, view: RequestView, route: ModelRoute, config: Config) -> None:
+    """The prompt's size limits, then the caller's rate limits; a refusal is counted here and never reaches
+    `_finished` (nothing was routed)."""
     app, caller = request.app, request[CALLER]
-    exchange.on_first_byte = partial(route.router.first_token, view)
-    exchange.on_attempt_failed = partial(route.router.failed, view)
-    if route.router.records_answers:
-        exchange.usage.answer = []
     try:
         check_prompt(view, route.routing.prefix, config.limits)
         if caller.key is not None and (caller.key.requests_per_minute or caller.key.tokens_per_minute):
@@ -138,35 +157,27 @@ async def _routed(request: web.Request, view: RequestView, route: ModelRoute, ex
             app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
         raise
 
-    def narrow(exclude: set[str]) -> set[str]:  # an adapter: only the replicas serving it; a follow-up: its home
-        return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))
 
-    async def pick(exclude: set[str]) -> tuple[Replica, Decision] | None:
-        waiting = time.perf_counter()
-        try:
-            return await app[ADMISSION].choose(route, view, narrow(exclude), config.admission, exchange.trace)
-        finally:
-            exchange.queue_s += time.perf_counter() - waiting
-
-    if (tracing := app[TRACING]) is not None:  # from here on every log event of the request carries its trace_id
+def _instrumented(route: ModelRoute, view: RequestView, exchange: Exchange, request: web.Request) -> None:
+    """The router hears of the answer's first byte; answer texts are kept for a router that records them;
+    the request's trace starts (from here on every log event of the request carries its trace_id)."""
+    exchange.on_first_byte = partial(route.router.first_token, view)
+    if route.router.records_answers:
+        exchange.usage.answer = []
+    if (tracing := request.app[TRACING]) is not None:
         exchange.trace = tracing.request(request, view, exchange.started)
-    try:
-        return await app[PROXY].forward(request, view, route.pool, pick, exchange, config, narrow)
-    except RateLimitError as exc:
+
+
+def _failed(app: web.Application, view: RequestView, exchange: Exchange, exc: BaseException) -> None:
+    """The status and error a request that got no answer ends with, for `_finished`."""
+    if isinstance(exc, GatewayError):
         exchange.status, exchange.error = exc.status, exc.message
-        app[METRICS].rejected.labels(view.model, "queue").inc()
-        raise
-    except GatewayError as exc:
-        exchange.status, exchange.error = exc.status, exc.message
-        raise
-    except asyncio.CancelledError:
+        if isinstance(exc, RateLimitError):  # the admission queue's: full, or waited too long
+            app[METRICS].rejected.labels(view.model, "queue").inc()
+    elif isinstance(exc, asyncio.CancelledError):
         exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
-        raise
-    except Exception as exc:
+    elif isinstance(exc, Exception):
         exchange.status, exchange.error = 500, f"internal error: {type(exc).__name__}"
-        raise
-    finally:
-        _finished(app, route, view, exchange, config, caller)
 
 
 def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config,
@@ -183,21 +194,7 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
         app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
     timing = Timing.of(exchange.queue_s, exchange.ttft_s, time.perf_counter() - exchange.started, exchange.streamed,
                        usage.completion_tokens)
-    m = app[METRICS]
-    m.requests.labels(view.model, exchange.replica_id or "", str(exchange.status)).inc()
-    if exchange.replica_id is not None and exchange.status == 200 and view.endpoint in ("chat", "completions"):
-        m.cached_tokens_check.observe(view.model, exchange.replica_id, usage)
-    m.latency.labels(view.model).observe(timing.total_s)
-    if exchange.ttft_s is not None:
-        m.ttft.labels(view.model).observe(exchange.ttft_s)
-    if timing.tokens_per_s is not None:
-        m.tokens_per_s.labels(view.model).observe(timing.tokens_per_s)
-    if timing.itl_s is not None:
-        m.itl.labels(view.model).observe(timing.itl_s)
-    if exchange.first_phrase_s is not None:
-        m.first_phrase.labels(view.model).observe(exchange.first_phrase_s)
-    if exchange.failed_replicas:
-        m.retries.labels(view.model).inc(len(exchange.failed_replicas))
+    record_finished(app[METRICS], view, exchange, timing, caller)
     pool = config.pools.get(route.model)
     app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
     if exchange.decision is not None:
@@ -208,13 +205,8 @@ def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchan
             app[PREFIX_REPORT].offer(caller.tenant, route.model, view, route.routing.prefix.chars_per_token,
                                      route.router.policy.prefill_s_per_token(exchange.replica_id),
                                      pool.prices if pool is not None else None)
-    if caller.key is not None:
-        m.tenant_requests.labels(caller.key.tenant, str(exchange.status)).inc()
-        for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
-            if tokens:
-                m.tenant_tokens.labels(caller.key.tenant, kind).inc(tokens)
-        if usage.completion_tokens:
-            app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
+    if caller.key is not None and usage.completion_tokens:
+        app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
     if config.logging.requests:
         request_log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
                  endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,

@@ -12,7 +12,7 @@ Single-threaded asyncio: no locks, and no awaits between reading and changing a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 
 from gateway.policies import Candidate
@@ -23,7 +23,6 @@ class ReplicaPool:
     def __init__(self, model: str, replicas: Iterable[Replica] = ()) -> None:
         self.model = model
         self._replicas: dict[str, Replica] = {}
-        self.on_release: Callable[[Replica], None] = lambda replica: None  # admission wakes a queued request
         for replica in replicas:
             self.add(replica)
 
@@ -82,4 +81,3 @@ class ReplicaPool:
             replica.in_flight -= 1
             if trial:
                 replica.breaker.end_trial()
-            self.on_release(replica)

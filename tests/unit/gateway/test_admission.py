@@ -23,7 +23,7 @@ def _pool() -> tuple[ReplicaPool, PoolQueue, list[float]]:
 
 async def test_no_cap_means_no_queue() -> None:
     pool, queue, _ = _pool()
-    with pool.track(pool.get("a")), pool.track(pool.get("a")):  # type: ignore[arg-type]
+    with queue.holding(pool.get("a")), queue.holding(pool.get("a")):  # type: ignore[arg-type]
         got = await queue.candidates((), AdmissionConfig(), "m")
     assert [c.replica_id for c in got] == ["a", "b"]
 
@@ -37,9 +37,9 @@ async def test_full_replicas_are_skipped_then_waiters_are_served_in_order_with_f
     async def wait(n: int) -> None:
         served.append((n, [c.replica_id for c in await queue.candidates((), CONFIG, "m")]))
 
-    with pool.track(a):
+    with queue.holding(a):
         assert [c.replica_id for c in await queue.candidates((), CONFIG, "m")] == ["b"]
-        with pool.track(b):
+        with queue.holding(b):
             tasks = [asyncio.create_task(wait(n)) for n in range(3)]
             await asyncio.sleep(0.01)
             assert len(queue) == 3 and not served
@@ -58,7 +58,7 @@ async def test_full_replicas_are_skipped_then_waiters_are_served_in_order_with_f
 
 async def test_wait_past_the_timeout_is_429_and_leaves_the_queue() -> None:
     pool, queue, waits = _pool()
-    with pool.track(pool.get("a")), pool.track(pool.get("b")):  # type: ignore[arg-type]
+    with queue.holding(pool.get("a")), queue.holding(pool.get("b")):  # type: ignore[arg-type]
         with pytest.raises(RateLimitError) as info:
             await queue.candidates((), AdmissionConfig(1, 3, queue_timeout_s=0.05), "m")
     assert "waited" in info.value.message and len(queue) == 0 and 0.04 < waits[0] < 0.5
@@ -69,7 +69,7 @@ async def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
     a = pool.get("a")
     assert a is not None
     pool.remove("b")
-    with pool.track(a):
+    with queue.holding(a):
         first = asyncio.create_task(queue.candidates((), CONFIG, "m"))
         second = asyncio.create_task(queue.candidates((), CONFIG, "m"))
         await asyncio.sleep(0.01)
@@ -89,7 +89,7 @@ async def test_room_that_appears_without_a_release_goes_to_the_head_of_the_line(
     a, b = pool.get("a"), pool.get("b")
     assert a is not None and b is not None
     b.healthy = False
-    with pool.track(a):
+    with queue.holding(a):
         head = asyncio.create_task(queue.candidates((), CONFIG, "m"))
         await asyncio.sleep(0.01)
         b.healthy = True  # back, with room, but nothing was released

@@ -60,12 +60,11 @@ class KVFeeds:
         Either way what the gateway believes it holds is dropped now, not at the new engine's
         first batch: its event table (the feed then replays the new history) and its routing
         history. A replica without a feed keeps its history through a blip; only a restart drops it."""
-        feeds = self.of(model)
         for replica in pool:
             key = (model, replica.replica_id)
             was_healthy, last = self._watch.get(key, (True, None))
             completed = replica.load.completed
-            feed = feeds.get(replica.replica_id)
+            feed = self.get(model, replica.replica_id)
             reason = None
             if completed is not None and last is not None and completed < last:
                 reason = f"its engine counters went backwards (request_success_total {last:g} -> {completed:g})"
@@ -82,9 +81,10 @@ class KVFeeds:
             self._forgetting.add(task)
             task.add_done_callback(self._forgetting.discard)
 
-    def of(self, model: str) -> dict[str, KVEventSubscriber]:
-        """The model's KV-event subscribers by replica (for /admin/replicas)."""
-        return {replica_id: feed for (m, replica_id), (feed, _, _) in self._feeds.items() if m == model}
+    def get(self, model: str, replica_id: str) -> KVEventSubscriber | None:
+        """The replica's KV-event subscriber, if it has one."""
+        entry = self._feeds.get((model, replica_id))
+        return entry[0] if entry is not None else None
 
     def all(self) -> Iterator[tuple[str, str, KVEventSubscriber, ExactTables]]:
         """(model, replica, subscriber, the tables it fills) for every feed (for /metrics)."""

@@ -37,7 +37,6 @@ from gateway.token_costs import UsageQuery
 log = structlog.get_logger("gateway.server")
 
 
-
 def add_ops_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
@@ -92,7 +91,7 @@ async def admin_replicas(request: web.Request) -> web.Response:
 
 def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[str, Any]:
     """A replica's health and load, and its KV-event feed with the exact table it fills, if any."""
-    feed = state.kv_feeds.of(route.model).get(replica.replica_id)
+    feed = state.kv_feeds.get(route.model, replica.replica_id)
     if feed is None or route.router.exact is None:
         return replica.describe()
     return {**replica.describe(), "kv_events": {**feed.describe(), **route.router.exact.describe(replica.replica_id)}}

@@ -70,7 +70,6 @@ log = structlog.get_logger("gateway.server")
 request_log = HotLogger("gateway.server")  # one event per request
 
 
-
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware])  # limits: read_view, live config
     app[METRICS] = registry = Metrics()

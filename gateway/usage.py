@@ -115,7 +115,7 @@ class SSEUsageScanner:
 
     def feed(self, chunk: bytes) -> None:
         if self.usage.answer is None and not self._chunks and not self._tail and chunk.endswith(b"\n\n") \
-                and chunk.count(b'"usage"') == chunk.count(b'"usage":null'):
+                and _no_usage(chunk):
             return  # whole events, none with a usage to read (vLLM's every event but the last): nothing to keep
         self._chunks.append(chunk)
         self._size += len(chunk)
@@ -136,11 +136,16 @@ class SSEUsageScanner:
         self._tail = data[end + 2:]
         complete = data[:end]
         collect = self.usage.answer is not None
-        if not collect and complete.count(b'"usage"') == complete.count(b'"usage":null'):
-            return  # no event with a usage to read: each one says null (vLLM's every event but the last)
+        if not collect and _no_usage(complete):
+            return
         self.usage.read_events([line[5:].strip() for event in complete.split(b"\n\n")
                                 if collect or (b'"usage"' in event and b'"usage":null' not in event)
                                 for line in event.split(b"\n") if line.startswith(b"data:")])
+
+
+def _no_usage(events: bytes) -> bool:
+    """No event here has a usage to read: each one that names it says null (vLLM's every event but the last)."""
+    return events.count(b'"usage"') == events.count(b'"usage":null')
 
 
 def _int(value: Any, default: int | None) -> int | None:

@@ -132,5 +132,5 @@ async def test_discovered_replicas_get_their_kv_event_feeds(stubs: int) -> None:
             assert asyncio.get_running_loop().time() < deadline, await feeds()
             await asyncio.sleep(0.05)
         records[NAME] = ["127.0.0.3"]  # a pod goes away: so does its feed
-        await until(lambda: len(app[STATE].kv_feeds.of("stub-model")) == 1)
+        await until(lambda: [model for model, *_ in app[STATE].kv_feeds.all()] == ["stub-model"])
         assert await feeds() == {"127.0.0.3": True}

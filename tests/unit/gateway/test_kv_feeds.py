@@ -34,15 +34,15 @@ def members() -> list[ReplicaConfig]:
 async def test_a_feed_follows_its_router_and_goes_with_its_replica() -> None:
     feeds, replicas, first = KVFeeds(), members(), router()
     await feeds.sync({"m": first}, lambda model: replicas)
-    feed = feeds.of("m")["a"]
-    assert list(feeds.of("m")) == ["a"] and list(feeds.all()) == [("m", "a", feed, first.exact)]
+    feed = feeds.get("m", "a")
+    assert feed is not None and list(feeds.all()) == [("m", "a", feed, first.exact)]
     await feeds.sync({"m": first}, lambda model: replicas)
-    assert feeds.of("m")["a"] is feed, "an unchanged router and config keep their feed"
+    assert feeds.get("m", "a") is feed, "an unchanged router and config keep their feed"
     second = router()
     await feeds.sync({"m": second}, lambda model: replicas)
-    assert feeds.of("m")["a"] is not feed and list(feeds.all())[0][3] is second.exact
+    assert feeds.get("m", "a") not in (None, feed) and list(feeds.all())[0][3] is second.exact
     await feeds.sync({"m": second}, lambda model: replicas[1:])
-    assert feeds.of("m") == {}
+    assert feeds.get("m", "a") is None and list(feeds.all()) == []
     await feeds.close()
 
 
@@ -58,9 +58,9 @@ async def test_a_downed_or_restarted_replica_loses_what_it_was_believed_to_hold(
     a.healthy = b.healthy = False  # `b` has no feed: a blip alone keeps its history
     feeds.watch("m", pool, routed)
     await asyncio.sleep(0)
-    assert feeds.of("m")["a"].resets == 1 and routed.index.match_now([1, 2, 3], ["b"]) == {"b": 3}
+    assert feeds.get("m", "a").resets == 1 and routed.index.match_now([1, 2, 3], ["b"]) == {"b": 3}
     b.load.completed = 2.0  # its engine counters went backwards: it restarted
     feeds.watch("m", pool, routed)
     await asyncio.sleep(0)
-    assert routed.index.match_now([1, 2, 3], ["b"]) == {"b": 0} and feeds.of("m")["a"].resets == 1
+    assert routed.index.match_now([1, 2, 3], ["b"]) == {"b": 0} and feeds.get("m", "a").resets == 1
     await feeds.close()

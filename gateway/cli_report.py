@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import urllib.error
+import urllib.request
 from typing import Any
 
-import httpx
+import orjson
 
 from gateway.config import ENV_PREFIX
 
@@ -28,15 +30,17 @@ def add_prefix_report(commands: argparse._SubParsersAction) -> None:  # type: ig
 
 def _prefix_report(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
-    try:
-        answer = httpx.get(args.url.rstrip("/") + "/admin/prefix-report", headers=headers, timeout=10)
-    except httpx.HTTPError as exc:
+    asked = urllib.request.Request(args.url.rstrip("/") + "/admin/prefix-report", headers=headers)
+    try:  # the standard library's client: httpx is the tests' only (a plain install has none)
+        with urllib.request.urlopen(asked, timeout=10) as answer:
+            body = answer.read()
+    except urllib.error.HTTPError as exc:
+        print(f"affinity-gateway: {exc.code} from {args.url}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
         print(f"affinity-gateway: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 1
-    if answer.status_code != 200:
-        print(f"affinity-gateway: {answer.status_code} from {args.url}: {answer.text}", file=sys.stderr)
-        return 1
-    print(table(answer.json()))
+    print(table(orjson.loads(body)))
     return 0
 
 

@@ -69,6 +69,9 @@ def test_a_timestamp_in_the_first_line_is_reported_for_its_tenant_only(tmp_path:
         assert lines[1].split()[:5] == ["tenant", "model", "family", "affected", "block"]
         assert lines[2].split()[0] == "clock" and lines[2].split()[4] == "0" and len(lines) == 3
         assert "clean" not in table
+        refused = subprocess.run([sys.executable, "-m", "gateway", "prefix-report", gateway.url, "--admin-key", CLOCK],
+                                 capture_output=True, text=True, timeout=30, cwd=ROOT)
+        assert refused.returncode == 1 and f"403 from {gateway.url}" in refused.stderr  # not an admin key
 
         gateway.rewrite({**gateway.data, "logging": {"prompts": True}})
         reloaded = httpx.post(f"{gateway.url}/admin/reload", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5)

@@ -1,6 +1,7 @@
 """Serving apart from the lab: importing the gateway's serving modules loads neither the replica stub
-(the product's test double) nor `gateway.lab` (simulator, bench, local cluster). A fresh interpreter,
-so nothing the test session imported earlier hides a stray import."""
+(the product's test double) nor `gateway.lab` (simulator, bench, local cluster), nor httpx (the tests'
+HTTP client, a dev dependency only: a plain install has none). A fresh interpreter, so nothing the test
+session imported earlier hides a stray import."""
 
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ def serving(package):
 imported = list(serving(gateway))
 with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
     importlib.import_module("gateway.cli").main(["serve", "--help"])  # the serving command's parser too
-loaded = sorted(n for n in sys.modules if n == "replica_stub" or n.startswith("replica_stub.") or lab_or_main(n))
+loaded = sorted(n for n in sys.modules if n.split(".")[0] in ("replica_stub", "httpx") or lab_or_main(n))
 print(json.dumps({"serving": imported, "loaded": loaded}))
 """
 
 
-def test_serving_modules_import_no_stub_and_no_lab() -> None:
+def test_serving_modules_import_no_stub_no_lab_and_no_dev_dependency() -> None:
     out = subprocess.run([sys.executable, "-c", IMPORT_SERVING], capture_output=True, text=True, timeout=50, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)

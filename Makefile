@@ -91,7 +91,7 @@ bench: install peers
 	$(BIN)/python -m bench.gateway_overhead
 
 # Other routers, for the head-to-head benchmark only (tests need none of them): each in its own venv
-# under .peers/, pinned. `bench --compare ...,smg:cache_aware,...` then starts them (see gateway/lab/peers.py).
+# under .peers/, pinned. `bench --compare ...,smg:cache_aware,...` then starts them (see lab/peers.py).
 PEERS_DIR := .peers
 PEER_PINS := smg=smg==1.13.0 sglang=sglang-router==0.3.2 vllm-router=vllm-router==0.1.17
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gateway.cli import main as cli
+from gateway.cli.main import main as cli
 from replica_stub.scheduler import BATCHING
 
 

@@ -42,8 +42,8 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from gateway.lab import peers
-from gateway.lab.cluster import free_port
+from lab import peers
+from lab.cluster import free_port
 
 MODEL = "bench-model"
 ROUTERS = "affinity-gateway,affinity-gateway:prefix_affinity,affinity-gateway@2,sglang,smg,nginx"

@@ -19,9 +19,9 @@ import tracemalloc
 
 import msgpack
 
-from gateway import prefix
 from gateway.index.exact import ExactTables
-from gateway.kv_event_decode import Removed, Stored, decode_batch
+from gateway.index.kv_events.decode import Removed, Stored, decode_batch
+from gateway.prompt import prefix_keys as prefix
 from replica_stub.block_pool import BlockRemoved, BlockStored
 from replica_stub.kv_events import encode_event
 

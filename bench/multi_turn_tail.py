@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.policy_matrix import MULTI_TURN
-from gateway.lab.results import Result, quantile
-from gateway.lab.simulate import SimSpec, Simulation
-from gateway.lab.workloads import multi_turn
-from gateway.policies import Candidate, Decision
+from gateway.routing.policies import Candidate, Decision
 from gateway.view import RequestView
+from lab.results import Result, quantile
+from lab.simulate import SimSpec, Simulation
+from lab.workloads import multi_turn
 from replica_stub.config import StubConfig
 
 SHAPE = dict(users=64, **MULTI_TURN)  # the 8-replica matrix's multi-turn cells

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from gateway.cli import main as cli
-from gateway.lab.workloads import Session, build
+from gateway.cli.main import main as cli
+from lab.workloads import Session, build
 from replica_stub.engine.timing import TimingModel
 
 CONTESTANTS = ("prefix_affinity", "round_robin", "smg:cache_aware", "smg:prefix_hash", "smg:round_robin",

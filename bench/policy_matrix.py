@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 
 from bench.synthetic_trace import generate
-from gateway.cli import main as cli
+from gateway.cli.main import main as cli
 
 # multi-turn's shape besides its size (production-stack's multi-round QA); bench.multi_turn_tail uses it too
 MULTI_TURN = dict(rounds=10, systems=4, system_tokens=1000, first_turn_tokens=2000, answer_tokens=100, think_s=2)

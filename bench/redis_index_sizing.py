@@ -24,7 +24,7 @@ import redis
 
 from gateway.index.base import IndexParams
 from gateway.index.redis_store import RedisIndex
-from gateway.lab.cluster import free_port
+from lab.cluster import free_port
 
 CHAIN = 64  # blocks per request: a 4,096-character (~1,000-token) prompt at the default block size
 

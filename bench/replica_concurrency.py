@@ -24,7 +24,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from gateway.lab.cluster import free_port
+from lab.cluster import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 LAG = "replica_stub_event_loop_lag_seconds"

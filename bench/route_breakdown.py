@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway import prefix
 from gateway.index.memory import MemoryIndex
-from gateway.lab.workloads import words
-from gateway.policies import Candidate, build_policy
-from gateway.prefix import PrefixParams
+from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prefix_keys import PrefixParams
+from gateway.routing.policies import Candidate, build_policy
 from gateway.view import RequestView
+from lab.workloads import words
 
 REPLICAS = 64
 
@@ -77,7 +77,7 @@ def main() -> None:
     print(f"  prefix_affinity.choose: {choose_us:.0f} µs ({choose_us / REPLICAS:.1f} µs per candidate)")
 
     try:
-        from gateway.tokenize import build_prompt_tokenizer
+        from gateway.prompt.tokenizers import build_prompt_tokenizer
         tokenizer = build_prompt_tokenizer("model:smollm2")
     except Exception as exc:  # noqa: BLE001 - the real model is optional here
         print(f"  (tokenizer skipped: {exc})")

@@ -28,13 +28,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.index import IndexParams, WarmIndex, build_index
-from gateway.lab.results import quantile
-from gateway.lab.workloads import words
 from gateway.log import setup_logging
-from gateway.policies import Candidate, build_policy
-from gateway.prefix import PrefixParams
-from gateway.routing import Router
+from gateway.prompt.prefix_keys import PrefixParams
+from gateway.routing.policies import Candidate, build_policy
+from gateway.routing.router import Router
 from gateway.view import RequestView
+from lab.results import quantile
+from lab.workloads import words
 
 
 class TimedIndex:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.cli import main as cli
+from gateway.cli.main import main as cli
 
 # The peers families at high load (rates from bench.peers_matrix.rate_for), plus the 8-replica multi-turn
 # cell with KV events: token keys, exact tables and speculative entries are on the path there.

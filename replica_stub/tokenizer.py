@@ -1,12 +1,12 @@
 """A deterministic, prefix-stable tokenizer for the simulator: the pieces, ids and ChatML template of
-`gateway.sim_tokens` (shared with the gateway's prompt keys), plus decoding, so decode(encode(x)) == x."""
+`gateway.prompt.sim_tokens` (shared with the gateway's prompt keys), plus decoding, so decode(encode(x)) == x."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.sim_tokens import IM_END, PIECE_RE, SPECIAL_TOKENS, apply_chat_template, piece_id
+from gateway.prompt.sim_tokens import IM_END, PIECE_RE, SPECIAL_TOKENS, apply_chat_template, piece_id
 
 
 class SimTokenizer:

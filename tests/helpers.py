@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from gateway.lab.cluster import free_port  # noqa: F401  (re-exported: the tests take ports from here)
-from gateway.lab.tether import Tethered
+from lab.cluster import free_port  # noqa: F401  (re-exported: the tests take ports from here)
+from lab.tether import Tethered
 
 ROOT = Path(__file__).resolve().parent.parent
 

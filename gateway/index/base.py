@@ -15,8 +15,8 @@ from functools import cached_property
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from gateway.config.secret_files import read_secret_file
 from gateway.errors import ConfigError
-from gateway.secret_files import read_secret_file
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _URL_FILE_KEY = "index.redis_url_file"  # IndexParams is the config's top-level `index`

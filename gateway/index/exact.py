@@ -1,10 +1,10 @@
 """Exact warm-prefix tables, fed by the replicas' own KV events, plus speculative entries.
 
-The top rungs of the evidence ladder (see `gateway.routing`). A replica that publishes KV
-events (`gateway.kv_events`) tells us every block it stores and evicts, with the block's
+The top rungs of the evidence ladder (see `gateway.routing.router`). A replica that publishes KV
+events (`gateway.index.kv_events.subscriber`) tells us every block it stores and evicts, with the block's
 token ids. We never reproduce the engine's block hashes (they depend on its hash algorithm
 and PYTHONHASHSEED): each stored block gets the gateway's own chain key, computed from its
-token ids exactly as `gateway.prefix` keys a token-exact request, seeded with its parent's own
+token ids exactly as `gateway.prompt.prefix_keys` keys a token-exact request, seeded with its parent's own
 key, and an engine-hash → own-key map turns later removals into our keys (dual keys).
 A chain of a LoRA adapter's blocks starts from that adapter's seed (the event's `lora_name`), as a
 request naming the adapter is keyed, so blocks of different adapters never answer each other's lookups.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from gateway.prefix import adapter_seed, chain_hash_tokens
+from gateway.prompt.prefix_keys import adapter_seed, chain_hash_tokens
 
 log = structlog.get_logger("gateway.index.exact")
 

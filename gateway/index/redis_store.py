@@ -49,8 +49,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from gateway.cancel import cancel_until_done
-from gateway.config_env import mask_url_password
+from gateway.config.env import mask_url_password
 from gateway.index.base import IndexParams
 from gateway.index.memory import MemoryIndex
 from gateway.index.redis_wire import (
@@ -67,6 +66,7 @@ from gateway.index.redis_wire import (
     read_messages,
     unpack,
 )
+from gateway.serving.cancel import cancel_until_done
 
 log = structlog.get_logger("gateway.index")
 

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 import structlog
 
-from gateway.backend_auth import auth_headers
-from gateway.config import Config
+from gateway.config.loader import Config
+from gateway.relay.backend_auth import auth_headers
 from gateway.replicas import load
 from gateway.replicas.models import list_models
 from gateway.replicas.pool import ReplicaPool

@@ -15,8 +15,8 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 
-from gateway.policies import Candidate
 from gateway.replicas.replica import Replica
+from gateway.routing.policies import Candidate
 
 
 class ReplicaPool:

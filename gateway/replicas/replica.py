@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config import HealthConfig, ReplicaConfig
+from gateway.config.loader import HealthConfig, ReplicaConfig
 from gateway.replicas.breaker import CircuitBreaker
 
 
@@ -36,7 +36,7 @@ class Replica:
     weight: float = 1.0
     in_flight: int = 0
     healthy: bool = True  # optimistic until the first probe says otherwise
-    ready: bool = True  # Kubernetes readiness (gateway.k8s_discovery): an unready pod takes no traffic
+    ready: bool = True  # Kubernetes readiness (gateway.replicas.discovery.kubernetes): an unready pod takes no traffic
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     probe_passes: int = 0
     probe_failures: int = 0

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.chat_render import render_content
-from gateway.model_cache import converted_dir
+from gateway.prompt.chat_render import render_content
+from gateway.prompt.model_cache import converted_dir
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MODEL_MODULES = ("torch", "transformers", "gguf", "accelerate")

@@ -1,4 +1,4 @@
-"""`affinity-gateway bench` against real sim replicas (fresh clusters from `gateway.lab.cluster`), and the
+"""`affinity-gateway bench` against real sim replicas (fresh clusters from `lab.cluster`), and the
 cross-check: `simulate` on the same small case agrees with it on cached-token ratio."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 
 pytestmark = pytest.mark.slow
 CASE = ["-w", "multi-turn", "-p", "users=6", "-p", "rounds=3", "-p", "first_turn_tokens=400", "--rate", "2",
@@ -96,7 +96,7 @@ def test_bench_compare_runs_a_peer_router_in_front_of_the_same_stubs(tmp_path: P
     import subprocess
     import sys
 
-    from gateway.lab.peers import PEERS
+    from lab.peers import PEERS
 
     smg = PEERS["smg"]
     if not smg.installed():

@@ -1,4 +1,4 @@
-"""`affinity-gateway up` (gateway.lab.cluster): a port probed free can be taken before the replica
+"""`affinity-gateway up` (lab.cluster): a port probed free can be taken before the replica
 stub binds it (another process's outgoing connection took it once in CI); that stub exits at start
 and is started again on fresh ports instead of failing the whole cluster."""
 
@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 
-from gateway.lab import cluster
+from lab import cluster
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ import aiohttp
 import httpx
 import pytest
 
-from gateway.auth import hash_key
+from gateway.edge.auth import hash_key
 from tests.helpers import Proc, free_port, must_run_redis
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.config import parse_config
-from gateway.discovery import NameNotFound
-from gateway.server import STATE, make_app
+from gateway.config.loader import parse_config
+from gateway.replicas.discovery.dns import NameNotFound
+from gateway.serving.app import STATE, make_app
 from tests.helpers import Proc, free_port, python_module, wait_http
 
 NAME = "replica.affinity.svc.cluster.local"

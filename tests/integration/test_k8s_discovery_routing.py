@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.config import parse_config
-from gateway.server import STATE, make_app
+from gateway.config.loader import parse_config
+from gateway.serving.app import STATE, make_app
 from tests.helpers import free_port
 from tests.k8s_api import FakeSliceAPI, endpoint_slice
 

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.replica_tokenizer import ReplicaTokenizer
-from gateway.tokenize import PromptKeys, SimPromptTokenizer
+from gateway.prompt.replica_tokenizer import ReplicaTokenizer
+from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
 from tests.helpers import free_port
 from tests.integration.gateway_procs import MODEL, Stub, start_stub
 

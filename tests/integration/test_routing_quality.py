@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.lab import loadgen, workloads
-from gateway.lab.loadgen import Summary
-from gateway.lab.workloads import Session
+from lab import loadgen, workloads
+from lab.loadgen import Summary
+from lab.workloads import Session
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.policies.session_affinity import home_replica
+from gateway.routing.policies.session_affinity import home_replica
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +30,7 @@ def test_a_configured_session_header_keys_session_affinity(tmp_path: Path) -> No
 
 
 def test_a_bad_session_header_name_is_a_config_error(tmp_path: Path) -> None:
-    from gateway.config import parse_config
+    from gateway.config.loader import parse_config
     from gateway.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.config import parse_config
+from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 from tests.integration.reliability_tools import eventually

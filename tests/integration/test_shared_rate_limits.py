@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import hash_key
+from gateway.edge.auth import hash_key
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 
 pytestmark = pytest.mark.timeout(90)

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.auth import hash_key
+from gateway.edge.auth import hash_key
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 from tests.integration.reliability_tools import metric
 

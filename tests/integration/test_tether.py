@@ -1,8 +1,8 @@
-"""Children die with their parent, however it dies (`gateway.lab.tether`): vLLM's API server starts an
+"""Children die with their parent, however it dies (`lab.tether`): vLLM's API server starts an
 EngineCore that starts a Worker, and a SIGKILLed pytest or `affinity-gateway up` left all three
 running (3.8 GiB each replica). vLLM's start-up is slow, so the trees here are its shape in small:
 a leader that forks an "engine" that spawns a "worker". `up` is the real CLI path with stubs; it
-starts vLLM with the same launcher (`gateway.lab.cluster._Child`)."""
+starts vLLM with the same launcher (`lab.cluster._Child`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.lab.tether import Tethered
+from lab.tether import Tethered
 from tests.helpers import ROOT, Proc, free_port, python_module, wait_http
 from tests.integration.reliability_tools import eventually
 
@@ -39,7 +39,7 @@ if __name__ == "__main__":
 """
 PARENT = """
 import sys, time
-from gateway.lab.tether import Tethered
+from lab.tether import Tethered
 Tethered([sys.executable, *sys.argv[1:]])
 time.sleep(600)
 """

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.auth import hash_key
+from gateway.edge.auth import hash_key
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
 from tests.integration.reliability_tools import RedisServer, chat, eventually
 

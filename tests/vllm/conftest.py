@@ -3,7 +3,7 @@
 The vLLM tests run whenever they are collected. They are skipped only with AFFINITY_SKIP_VLLM=1
 set explicitly; without it a missing vLLM fails them with the command that installs it. As root
 the session runs in a loopback-only network namespace, where vLLM's wildcard KV-event endpoints
-are safe; elsewhere they are ipc:// sockets (see `gateway.lab.vllm_replica`).
+are safe; elsewhere they are ipc:// sockets (see `lab.vllm_replica`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.lab import vllm_replica
-from gateway.lab.vllm_replica import VLLMReplica
+from lab import vllm_replica
+from lab.vllm_replica import VLLMReplica
 from tests.helpers import Proc, free_port, wait_http
 from tests.integration.gateway_procs import Gateway, start_gateway
 from tests.integration.reliability_tools import eventually

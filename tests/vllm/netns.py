@@ -1,7 +1,7 @@
 """Run this test process inside a loopback-only network namespace (as root, where `ip netns` works).
 
 vLLM binds its KV-event sockets only on wildcard endpoints (`tcp://*:port`). Inside a fresh
-namespace with only `lo` up (`gateway.lab.peers.namespace`, as `bench` uses for peers), `*`
+namespace with only `lo` up (`lab.peers.namespace`, as `bench` uses for peers), `*`
 reaches nothing past this machine, and neither can anything vLLM might try to reach. The
 namespace is joined with setns(2) while pytest is still single-threaded (at collection), so
 every later thread, socket and child process is inside it. Its name is deleted at exit (also
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import threading
 
-from gateway.lab.peers import namespace
+from lab.peers import namespace
 
 CLONE_NEWNET = 0x40000000
 

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.lab import vllm_replica
+from lab import vllm_replica
 from tests.integration.gateway_procs import Gateway
 from tests.vllm.conftest import MODEL
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.tokenize import build_prompt_tokenizer
+from gateway.prompt.tokenizers import build_prompt_tokenizer
 from tests.vllm.conftest import MODEL, VLLMPair
 
 pytestmark = pytest.mark.timeout(420)  # may be the first vLLM test: waits for the session's start-up

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.lab import vllm_replica
+from lab import vllm_replica
 from tests.integration.gateway_procs import Gateway, start_gateway
 from tests.integration.reliability_tools import eventually
 from tests.vllm.conftest import MODEL, VLLMPair, chat_turn, explain, feed, gateway_config

@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.lab import vllm_replica
-from gateway.lab.vllm_replica import VLLMReplica
+from lab import vllm_replica
+from lab.vllm_replica import VLLMReplica
 from tests.helpers import Proc, free_port, wait_http
 from tests.integration.gateway_procs import Gateway, start_gateway
 from tests.vllm.conftest import MODEL, NUM_BLOCKS, VLLMPair

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gateway.config import Config, load_config
+from gateway.config.loader import Config, load_config
 from replica_stub.cli import parse_args
 from replica_stub.engine.registry import ENGINES
 from tests.helpers import ROOT

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import ENV_PREFIX, Config, apply_env, load_config
+from gateway.config.loader import ENV_PREFIX, Config, apply_env, load_config
 from replica_stub.config import load_config as load_stub_config
 from tests.helpers import ROOT
 from tests.unit.deploy.deployfiles import (

@@ -22,8 +22,8 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]  # no stubs shipped
 import pytest
 
-from gateway.config import Config
-from gateway.lab import vllm_replica
+from gateway.config.loader import Config
+from lab import vllm_replica
 from tests.helpers import ROOT
 from tests.unit.deploy.deployfiles import DEPLOY, compose, compose_gateway_config, host_port
 

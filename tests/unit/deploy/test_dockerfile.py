@@ -8,8 +8,8 @@ import tomllib
 
 import pytest
 
-from gateway.cli import main as gateway_main
-from gateway.model_cache import CACHE_ENV
+from gateway.cli.main import main as gateway_main
+from gateway.prompt.model_cache import CACHE_ENV
 from replica_stub.engine import model
 from tests.helpers import ROOT
 from tests.unit.deploy.deployfiles import DEPLOY, dockerfile, exec_form, flag, last, stub_args

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.config import parse_config
+from gateway.config.loader import parse_config
 from tests.unit.deploy.deployfiles import DEPLOY, flag, stub_args
 
 helm = pytest.importorskip("helm_python",
@@ -242,7 +242,7 @@ def test_an_existing_account_is_bound_and_rbac_may_be_left_to_the_cluster_admin(
 
 
 def test_label_mapping_merges_into_the_generated_kubernetes_discovery() -> None:
-    """The chart README's way to map labels to adapters and roles: gateway.config over the generated section."""
+    """The chart README's way to map labels to adapters and roles: gateway.config.loader over the generated section."""
     mapping = {"role_label": "affinity-gateway.io/role", "adapter_label_prefix": "adapters.affinity-gateway.io/"}
     overrides = {"discovery": {"mode": "kubernetes"},
                  "gateway": {"config": {"pools": {"stub-model": {"discovery": {"kubernetes": mapping}}}}}}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import Config, parse_config
+from gateway.config.loader import Config, parse_config
 from tests.unit.deploy.deployfiles import DEPLOY, find, flag, host_port, k8s_docs, stub_args
 
 DOCS = k8s_docs()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.cost import CostModel
-from gateway.policies.base import Candidate
+from gateway.routing.cost import CostModel
+from gateway.routing.policies.base import Candidate
 
 
 def predict(cost: CostModel, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:

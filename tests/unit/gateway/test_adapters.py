@@ -1,4 +1,4 @@
-"""LoRA adapters (gateway.adapters): config, which replicas serve one, the candidates the policy sees,
+"""LoRA adapters (gateway.routing.adapters): config, which replicas serve one, the candidates the policy sees,
 and prefix keys salted by adapter, in requests and in KV events."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway import prefix
-from gateway.adapters import named
-from gateway.admission import Admission, AdmissionConfig
-from gateway.config import load_config, parse_config
+from gateway.config.loader import load_config, parse_config
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index.exact import EVENTS, ExactTables
-from gateway.routing_metrics import RoutingMetrics
-from gateway.state import GatewayState
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.prompt import prefix_keys as prefix
+from gateway.routing.adapters import named
+from gateway.routing.route_table import GatewayState
+from gateway.serving.admission import Admission, AdmissionConfig
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)
@@ -149,7 +149,7 @@ def test_kv_events_keep_each_adapters_blocks_apart() -> None:
 def test_decoded_events_carry_the_adapter_in_either_encoding() -> None:
     import msgpack
 
-    from gateway.kv_event_decode import Stored, decode_batch
+    from gateway.index.kv_events.decode import Stored, decode_batch
 
     array = ["BlockStored", [1], None, list(range(BS)), BS, 3, "GPU"]
     newer = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": list(range(BS)),
@@ -190,10 +190,10 @@ async def test_a_replicas_card_and_adapters_come_from_its_model_list_and_survive
 
 async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id_only() -> None:
     from gateway.index import MemoryIndex
-    from gateway.policies import Candidate, build_policy
-    from gateway.prefix import PrefixParams
-    from gateway.routing import HISTORY, Router
-    from gateway.tokenize import PromptKeys, SimPromptTokenizer
+    from gateway.prompt.prefix_keys import PrefixParams
+    from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
+    from gateway.routing.policies import Candidate, build_policy
+    from gateway.routing.router import HISTORY, Router
 
     params = PrefixParams(tokenizer="sim", block_tokens=BS)
     exact = ExactTables(prefix.model_seed("base"), BS)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import AdmissionConfig, PoolQueue
 from gateway.errors import RateLimitError
 from gateway.replicas import Replica, ReplicaPool
+from gateway.serving.admission import AdmissionConfig, PoolQueue
 from gateway.view import RequestView
 
 CONFIG = AdmissionConfig(max_in_flight_per_replica=1, max_queue=3, queue_timeout_s=1.0, retry_after_s=2.0)
@@ -104,9 +104,9 @@ async def test_a_decision_that_loses_its_slot_records_nothing_for_that_replica()
     """Admission decides, but another request takes the chosen replica's last slot before this one
     holds it: the decision is made again elsewhere, and the first choice keeps no phantom warm
     prefix and no phantom queued prefill (the decision committed nothing)."""
-    from gateway.admission import Admission
-    from gateway.config import RoutingConfig
-    from gateway.state import ModelRoute
+    from gateway.config.loader import RoutingConfig
+    from gateway.routing.route_table import ModelRoute
+    from gateway.serving.admission import Admission
     from tests.unit.gateway.test_routing import SYSTEM, chat_view, make_router
 
     pool, _, _ = _pool()

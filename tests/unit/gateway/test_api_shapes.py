@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.edge.routes import RoutesConfig
 from gateway.errors import ConfigError
-from gateway.prefix import prompt_source
-from gateway.routes import RoutesConfig
-from gateway.usage import Usage
+from gateway.prompt.prefix_keys import prompt_source
+from gateway.relay.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
 TOOLS = [{"name": "lookup", "description": "find a drawer", "input_schema": {"type": "object"}}]
@@ -49,7 +49,7 @@ def test_other_apis_usage_is_counted() -> None:
     (["/admin/x"], "already a gateway route"), (["/v1/x", "/v1/x"], "listed twice"),
 ])
 def test_passthrough_paths_are_validated(paths: list[str], message: str) -> None:
-    from gateway import schema
+    from gateway.config import schema
 
     with pytest.raises(ConfigError) as err:
         schema.build(RoutesConfig, {"passthrough": paths}, "routes")

@@ -9,11 +9,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.app_keys import STATE
-from gateway.config import parse_config
+from gateway.config.loader import parse_config
 from gateway.replicas import ReplicaPool
-from gateway.routing import Router
-from gateway.server import make_app
+from gateway.routing.router import Router
+from gateway.serving.app import make_app
+from gateway.serving.app_keys import STATE
 from gateway.view import RequestView
 from tests.upstream import FakeReplica
 

@@ -7,12 +7,12 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from gateway import prefix
 from gateway.index.exact import ExactTables
-from gateway.policies import build_policy
-from gateway.prefix import PrefixParams
-from gateway.routing import Router
-from gateway.routing_metrics import RoutingMetrics
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prefix_keys import PrefixParams
+from gateway.routing.policies import build_policy
+from gateway.routing.router import Router
 
 pytestmark = pytest.mark.timeout(30)
 MODEL = "m"

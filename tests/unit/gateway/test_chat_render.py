@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.chat_render import vllm_conversation
-from gateway.tokenize import HFPromptTokenizer, build_prompt_tokenizer
+from gateway.prompt.chat_render import vllm_conversation
+from gateway.prompt.tokenizers import HFPromptTokenizer, build_prompt_tokenizer
 from tests.e2e.real_replica import require_model
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,7 +55,7 @@ def test_a_template_that_knows_developer_keeps_it() -> None:
 
 FIRST_REQUEST = """
 import asyncio
-from gateway.tokenize import PromptKeys, build_prompt_tokenizer
+from gateway.prompt.tokenizers import PromptKeys, build_prompt_tokenizer
 
 async def main():
     keys = PromptKeys(build_prompt_tokenizer("model:smollm2"), budget_s=0.01)  # the compile alone takes ~40 ms

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.config import parse_config
-from gateway.lab.cluster import ClusterSpec, build_config
-from gateway.lab.vllm_replica import VLLMReplica
+from gateway.cli.main import main
+from gateway.config.loader import parse_config
+from lab.cluster import ClusterSpec, build_config
+from lab.vllm_replica import VLLMReplica
 
 
 def test_serve_with_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import load_config
+from gateway.config.loader import load_config
 from gateway.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import main
-from gateway.config import load_config
-from gateway.config_env import MASK, interpolate
+from gateway.cli.main import main
+from gateway.config.env import MASK, interpolate
+from gateway.config.loader import load_config
 from gateway.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gateway import schema
-from gateway.cost import CostModel, CostParams
+from gateway.config import schema
 from gateway.errors import ConfigError
-from gateway.policies.base import Candidate
+from gateway.routing.cost import CostModel, CostParams
+from gateway.routing.policies.base import Candidate
 from tests.unit.gateway.predictions import predict, wait_s
 
 

@@ -1,14 +1,14 @@
-"""gateway.decision_log: a bounded ring, newest first, the chosen row's prediction next to the report."""
+"""gateway.observability.decision_log: a bounded ring, newest first, the chosen row's prediction next to the report."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.decision_log import DecisionLog
-from gateway.policies import Decision
-from gateway.policies.base import Score
-from gateway.request_timing import Timing
-from gateway.usage import Usage
+from gateway.observability.decision_log import DecisionLog
+from gateway.observability.request_timing import Timing
+from gateway.relay.usage import Usage
+from gateway.routing.policies import Decision
+from gateway.routing.policies.base import Score
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -12,12 +12,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.config import DiscoveryConfig, ReplicaConfig, load_config, parse_config
-from gateway.discovery import Discovery, NameNotFound, replica_configs, resolve_dns
+from gateway.config.loader import DiscoveryConfig, ReplicaConfig, load_config, parse_config
 from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
-from gateway.routing_metrics import RoutingMetrics
-from gateway.state import GatewayState
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.replicas.discovery.dns import Discovery, NameNotFound, replica_configs, resolve_dns
+from gateway.routing.route_table import GatewayState
 
 
 class FakeDNS:

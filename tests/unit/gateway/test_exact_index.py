@@ -11,16 +11,16 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway import prefix
-from gateway.config import load_config
+from gateway.config.loader import load_config
 from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
 from gateway.index.exact import EVENTS, SPECULATIVE, ExactTables
-from gateway.policies import Candidate, Outcome, build_policy
-from gateway.prefix import PrefixParams
-from gateway.routing import CHARACTERS, HISTORY, Router
-from gateway.routing_metrics import RoutingMetrics
-from gateway.tokenize import PromptKeys, SimPromptTokenizer
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prefix_keys import PrefixParams
+from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
+from gateway.routing.policies import Candidate, Outcome, build_policy
+from gateway.routing.router import CHARACTERS, HISTORY, Router
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import prefix
 from gateway.index.exact import EVENTS, PREFILL_MULTIPLE, SPECULATIVE, ExactTables
+from gateway.prompt import prefix_keys as prefix
 
 pytestmark = pytest.mark.timeout(30)
 MODEL, BS = "m", 16

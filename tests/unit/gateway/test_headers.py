@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.headers import REQUEST_DROP, RESPONSE_DROP, filtered
+from gateway.relay.headers import REQUEST_DROP, RESPONSE_DROP, filtered
 
 
 def test_request_headers_drop_hop_by_hop_and_connection_named() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from lightkube.resources.discovery_v1 import EndpointSlice
 
-from gateway.config import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig, parse_config
+from gateway.config.loader import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig, parse_config
 from gateway.errors import ConfigError
-from gateway.k8s_discovery import endpoints_of, replica_configs, watch_slices
+from gateway.replicas.discovery.kubernetes import endpoints_of, replica_configs, watch_slices
 from tests.helpers import ROOT
 from tests.k8s_api import FakeSliceAPI, endpoint_slice
 
@@ -46,7 +46,7 @@ def test_bad_kubernetes_values_name_their_key(key: str, value: Any) -> None:
 
 
 def test_serving_without_kubernetes_discovery_never_loads_the_client() -> None:
-    code = "import sys, gateway.server, gateway.state; print('lightkube' in sys.modules)"
+    code = "import sys, gateway.serving.app, gateway.routing.route_table; print('lightkube' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 

@@ -12,12 +12,12 @@ import yaml
 from lightkube.resources.discovery_v1 import EndpointSlice
 from prometheus_client import CollectorRegistry
 
-from gateway.config import DiscoveryConfig, ReplicaConfig, load_config, parse_config
+from gateway.config.kubernetes import KubernetesDiscovery
+from gateway.config.loader import DiscoveryConfig, ReplicaConfig, load_config, parse_config
 from gateway.errors import ConfigError
-from gateway.k8s_config import KubernetesDiscovery
-from gateway.k8s_discovery import endpoints_of, replica_configs
-from gateway.routing_metrics import RoutingMetrics
-from gateway.state import GatewayState
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.replicas.discovery.kubernetes import endpoints_of, replica_configs
+from gateway.routing.route_table import GatewayState
 from tests.k8s_api import endpoint_slice
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,16 +6,16 @@ import asyncio
 
 import pytest
 
-from gateway import prefix
-from gateway.config import ReplicaConfig
+from gateway.config.loader import ReplicaConfig
 from gateway.index import MemoryIndex
 from gateway.index.exact import ExactTables
-from gateway.kv_events import KVEventsConfig
-from gateway.kv_feeds import KVFeeds
-from gateway.lab.cluster import free_port
-from gateway.policies import build_policy
+from gateway.index.kv_events.feeds import KVFeeds
+from gateway.index.kv_events.subscriber import KVEventsConfig
+from gateway.prompt import prefix_keys as prefix
 from gateway.replicas import Replica, ReplicaPool
-from gateway.routing import Router
+from gateway.routing.policies import build_policy
+from gateway.routing.router import Router
+from lab.cluster import free_port
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import LimitsConfig, parse_config
+from gateway.config.loader import LimitsConfig, parse_config
+from gateway.edge.limits import check_prompt, estimate_prompt
 from gateway.errors import BadRequestError, ConfigError
-from gateway.limits import check_prompt, estimate_prompt
-from gateway.prefix import PrefixParams
+from gateway.prompt.prefix_keys import PrefixParams
 from gateway.view import RequestView
 
 

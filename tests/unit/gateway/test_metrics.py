@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.metrics import Metrics
+from gateway.observability.metrics import Metrics
 from gateway.replicas import Replica, ReplicaPool
 
 

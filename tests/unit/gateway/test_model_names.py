@@ -1,4 +1,4 @@
-"""Model aliases, wildcard patterns and the default pool (gateway.model_names), from YAML."""
+"""Model aliases, wildcard patterns and the default pool (gateway.routing.model_names), from YAML."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gateway.config import parse_config
+from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
-from gateway.model_names import exact_aliases, renamed
+from gateway.routing.model_names import exact_aliases, renamed
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.edge.multipart_form import form_fields
 from gateway.errors import BadRequestError
-from gateway.multipart_form import form_fields
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -10,9 +10,9 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.config import parse_config
+from gateway.config.loader import parse_config
 from gateway.errors import BadRequestError, ConfigError
-from gateway.phrase_chunking import PhraseChunker, StreamChunking, chunking_for, relay_phrases
+from gateway.relay.phrase_chunking import PhraseChunker, StreamChunking, chunking_for, relay_phrases
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(30)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.policies import Candidate, Outcome, Policy, Score, build_policy
-from gateway.policies.bound import has_room, has_room_loads
-from gateway.policies.prefix_affinity import PrefixAffinityPolicy
+from gateway.routing.policies import Candidate, Outcome, Policy, Score, build_policy
+from gateway.routing.policies.bound import has_room, has_room_loads
+from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
 from tests.unit.gateway.predictions import predict, wait_s
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.policies import Candidate, Policy, build_policy
+from gateway.routing.policies import Candidate, Policy, build_policy
 from gateway.view import RequestView
 
 

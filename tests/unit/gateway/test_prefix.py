@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from gateway import prefix, schema
+from gateway.config import schema
 from gateway.errors import ConfigError
-from gateway.prefix import PrefixParams
+from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prefix_keys import PrefixParams
 from gateway.view import RequestView
 
 P = PrefixParams()
@@ -207,7 +208,7 @@ def test_with_answer_for_completions_appends_the_text() -> None:
 
 
 def test_embeddings_key_by_their_input_and_audio_uploads_by_nothing() -> None:
-    from gateway.prefix import prompt_source
+    from gateway.prompt.prefix_keys import prompt_source
 
     assert prompt_source("embeddings", {"input": "a shared document"}) == ("a shared document", 0)
     assert prompt_source("embeddings", {"input": ["first of a batch", "second"]}) == ("first of a batch", 0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.policies import Candidate, build_policy
+from gateway.routing.policies import Candidate, build_policy
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.policies import Candidate
-from gateway.policies.prefix_affinity import PrefixAffinityPolicy
+from gateway.routing.policies import Candidate
+from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
 from tests.unit.gateway.test_policies_affinity import (
     IDS,

@@ -1,4 +1,4 @@
-"""gateway.prefix_report: what is a finding and what is not, bounds, and the CLI's table."""
+"""gateway.insights.prefix_report: what is a finding and what is not, bounds, and the CLI's table."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from gateway.cli_report import table
-from gateway.config import parse_config
+from gateway.cli.prefix_report import table
+from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
-from gateway.prefix import PrefixParams, attach, compute
-from gateway.prefix_report import PrefixReport, PrefixReportConfig, prepare
-from gateway.token_costs import Prices
+from gateway.insights.prefix_report import PrefixReport, PrefixReportConfig, prepare
+from gateway.insights.token_costs import Prices
+from gateway.prompt.prefix_keys import PrefixParams, attach, compute
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

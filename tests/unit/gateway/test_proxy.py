@@ -14,11 +14,11 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.config import parse_config
-from gateway.policies.base import Decision
+from gateway.config.loader import parse_config
 from gateway.replicas import Replica
-from gateway.routing import Router
-from gateway.server import STATE, make_app
+from gateway.routing.policies.base import Decision
+from gateway.routing.router import Router
+from gateway.serving.app import STATE, make_app
 from tests.upstream import FakeReplica, until
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}

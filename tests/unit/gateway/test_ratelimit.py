@@ -7,17 +7,17 @@ import uuid
 
 import pytest
 
-from gateway.auth import ApiKeyConfig, hash_key
+from gateway.edge.auth import ApiKeyConfig, hash_key
+from gateway.edge.rate_limits import RateLimits
+from gateway.edge.shared_quota import SharedQuota
 from gateway.errors import RateLimitError
-from gateway.ratelimit import RateLimits
-from gateway.shared_quota import SharedQuota
 
 pytestmark = pytest.mark.timeout(30)
 
 
 async def test_request_bucket_bursts_to_its_rate_then_says_when_to_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
-    monkeypatch.setattr("gateway.ratelimit.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("gateway.edge.rate_limits.time.monotonic", lambda: now[0])
     key, limits = ApiKeyConfig(hash_key("k"), "t", requests_per_minute=2), RateLimits()
     await limits.admit(key, 10)
     await limits.admit(key, 10)
@@ -30,7 +30,7 @@ async def test_request_bucket_bursts_to_its_rate_then_says_when_to_retry(monkeyp
 
 async def test_token_bucket_is_charged_for_prompt_then_completion(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
-    monkeypatch.setattr("gateway.ratelimit.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("gateway.edge.rate_limits.time.monotonic", lambda: now[0])
     key, limits = ApiKeyConfig(hash_key("k"), "t", tokens_per_minute=600), RateLimits()
     await limits.admit(key, 100)
     limits.charge_tokens(key, 600)  # a long answer overdraws the bucket
@@ -49,8 +49,8 @@ async def test_unlimited_keys_have_no_buckets() -> None:
 
 def pinned_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every call in the same minute, 30 s into it (no test straddles a window)."""
-    monkeypatch.setattr("gateway.shared_quota.time.time", lambda: 1_800_000_030.0)
-    monkeypatch.setattr("gateway.ratelimit.time.time", lambda: 1_800_000_030.0)
+    monkeypatch.setattr("gateway.edge.shared_quota.time.time", lambda: 1_800_000_030.0)
+    monkeypatch.setattr("gateway.edge.rate_limits.time.time", lambda: 1_800_000_030.0)
 
 
 async def test_two_gateways_share_one_request_quota(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gateway.auth import ANONYMOUS, ApiKeyConfig, Caller
-from gateway.metrics import Metrics
-from gateway.proxy import Exchange
-from gateway.request_metrics import record_finished
-from gateway.request_timing import Timing
+from gateway.edge.auth import ANONYMOUS, ApiKeyConfig, Caller
+from gateway.observability.metrics import Metrics
+from gateway.observability.request_metrics import record_finished
+from gateway.observability.request_timing import Timing
+from gateway.relay.proxy import Exchange
 from gateway.view import RequestView
 
 

@@ -6,11 +6,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gateway.config import parse_config
-from gateway.replica_tokenizer import ReplicaTokenizer
-from gateway.router_build import build_router
-from gateway.routing import Router
-from gateway.routing_metrics import RoutingMetrics
+from gateway.config.loader import parse_config
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.prompt.replica_tokenizer import ReplicaTokenizer
+from gateway.routing.build import build_router
+from gateway.routing.router import Router
 
 
 async def built(prefix_section: dict[str, Any], kv_events: bool = False) -> Router:

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway import prefix
 from gateway.index import IndexParams, MemoryIndex, build_index
-from gateway.policies import Candidate, Outcome, build_policy
-from gateway.prefix import PrefixParams
-from gateway.routing import Router
-from gateway.routing_metrics import RoutingMetrics
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prefix_keys import PrefixParams
+from gateway.routing.policies import Candidate, Outcome, build_policy
+from gateway.routing.router import Router
 from gateway.view import RequestView
 from tests.helpers import free_port
 from tests.unit.gateway.predictions import predict

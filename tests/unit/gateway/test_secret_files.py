@@ -19,15 +19,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from gateway.auth import authenticate, hash_key
-from gateway.cli import main
-from gateway.config import load_config
+from gateway.cli.main import main
+from gateway.config.loader import load_config
+from gateway.edge.auth import authenticate, hash_key
 from gateway.errors import AuthenticationError, ConfigError
 from gateway.index.redis_store import RedisIndex
 from gateway.log import setup_logging
-from gateway.routing_metrics import RoutingMetrics
-from gateway.server import make_app
-from gateway.state import GatewayState
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.routing.route_table import GatewayState
+from gateway.serving.app import make_app
 from tests.helpers import free_port
 from tests.upstream import FakeReplica, until
 

@@ -12,9 +12,9 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.auth import hash_key
-from gateway.config import parse_config
-from gateway.server import STATE, make_app
+from gateway.config.loader import parse_config
+from gateway.edge.auth import hash_key
+from gateway.serving.app import STATE, make_app
 from tests.upstream import FakeReplica, serve_fakes, until
 
 MODEL = "m1"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 
-from gateway.policies import build_policy
-from gateway.policies.session_affinity import home_replica
+from gateway.routing.policies import build_policy
+from gateway.routing.policies.session_affinity import home_replica
 from tests.unit.gateway.test_policies_affinity import IDS, make_candidates, make_view
 
 

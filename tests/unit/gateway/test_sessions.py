@@ -1,13 +1,13 @@
-"""gateway.sessions and gateway.request_timing: bounded memory, ends, inference, decode speeds."""
+"""insights.sessions and observability.request_timing: bounded memory, ends, inference, decode speeds."""
 
 from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.request_timing import Timing
-from gateway.sessions import Sessions, SessionsConfig
-from gateway.usage import Usage
+from gateway.insights.sessions import Sessions, SessionsConfig
+from gateway.observability.request_timing import Timing
+from gateway.relay.usage import Usage
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -7,12 +7,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.cli import main
-from gateway.lab import workloads
-from gateway.lab.results import summarise
-from gateway.lab.simulate import SimSpec, Simulation, simulate
-from gateway.lab.workloads import Session
-from gateway.sim_tokens import apply_chat_template
+from gateway.cli.main import main
+from gateway.prompt.sim_tokens import apply_chat_template
+from lab import workloads
+from lab.results import summarise
+from lab.simulate import SimSpec, Simulation, simulate
+from lab.workloads import Session
 from replica_stub.config import StubConfig
 from replica_stub.tokenizer import SimTokenizer
 

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.config import load_config
+from gateway.config.loader import load_config
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index import MemoryIndex
-from gateway.routing_metrics import RoutingMetrics
-from gateway.state import GatewayState
+from gateway.observability.routing_metrics import RoutingMetrics
+from gateway.routing.route_table import GatewayState
 
 
 def config_data(policy: str = "round_robin", replicas: tuple[str, ...] = ("a", "b")) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.relay.stored_responses import ResponseHomes
+from gateway.relay.usage import SSEUsageScanner, Usage
 from gateway.replicas import Replica, ReplicaPool
-from gateway.stored_responses import ResponseHomes
-from gateway.usage import SSEUsageScanner, Usage
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.stream_usage import UsageStripper, ask_for_usage
+from gateway.relay.stream_usage import UsageStripper, ask_for_usage
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.config import PoolConfig, ReplicaConfig, parse_config
+from gateway.config.loader import PoolConfig, ReplicaConfig, parse_config
 from gateway.errors import BadRequestError, ConfigError
-from gateway.shared_usage import SharedUsage
-from gateway.token_costs import ANONYMOUS, RETENTION_S, Prices, TokenCosts, UsageQuery, _CostCollector
-from gateway.usage import Usage
+from gateway.insights.shared_usage import SharedUsage
+from gateway.insights.token_costs import ANONYMOUS, RETENTION_S, Prices, TokenCosts, UsageQuery, _CostCollector
+from gateway.relay.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
 PRICES = Prices(input=3.0, cached_input=0.3, output=15.0)
@@ -28,7 +28,7 @@ def usage(prompt: int | None, cached: int | None, completion: int | None) -> Usa
 
 def clock(monkeypatch: pytest.MonkeyPatch, start: float = 1_800_000_000.0) -> list[float]:
     now = [start]
-    monkeypatch.setattr("gateway.token_costs.time.time", lambda: now[0])
+    monkeypatch.setattr("gateway.insights.token_costs.time.time", lambda: now[0])
     return now
 
 

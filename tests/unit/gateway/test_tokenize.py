@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import ConfigError
-from gateway.sim_tokens import apply_chat_template
-from gateway.tokenize import (
+from gateway.prompt.sim_tokens import apply_chat_template
+from gateway.prompt.tokenizers import (
     HFPromptTokenizer,
     PromptKeys,
     PromptTokenizer,
@@ -141,7 +141,7 @@ def test_cache_is_bounded() -> None:
 @pytest.fixture(scope="module")
 def model_folder() -> Path:
     require_model()
-    from gateway.model_cache import converted_dir
+    from gateway.prompt.model_cache import converted_dir
     from replica_stub.engine.model import load_model
 
     if not (converted_dir() / "tokenizer.json").is_file():

@@ -1,4 +1,4 @@
-"""Tracing (gateway.tracing): a real app in front of fake replicas, spans caught by the SDK's in-memory exporter."""
+"""Tracing (observability.tracing): a real app before fake replicas, spans caught by an in-memory exporter."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from gateway.app_keys import TRACING
-from gateway.config import parse_config
+from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
-from gateway.server import make_app
-from gateway.tracing import Tracing, TracingConfig
+from gateway.observability.tracing import Tracing, TracingConfig
+from gateway.serving.app import make_app
+from gateway.serving.app_keys import TRACING
 from tests.upstream import FakeReplica, serve_fakes
 
 pytestmark = pytest.mark.timeout(30)
@@ -183,8 +183,8 @@ def test_disabled_tracing_needs_no_opentelemetry() -> None:
     code = ("import sys, asyncio\n"
             "sys.modules['opentelemetry'] = None  # any import of it raises ImportError\n"
             "from aiohttp.test_utils import TestClient, TestServer\n"
-            "from gateway.config import parse_config\n"
-            "from gateway.server import make_app\n"
+            "from gateway.config.loader import parse_config\n"
+            "from gateway.serving.app import make_app\n"
             "async def main():\n"
             "    app = make_app(parse_config({'pools': {'m': {'replicas': [{'url': 'http://127.0.0.1:9'}]}}}))\n"
             "    async with TestClient(TestServer(app)) as client:\n"

@@ -8,12 +8,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cli import main
-from gateway.config import parse_config
+from gateway.cli.main import main
+from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
-from gateway.lab.cluster import ClusterSpec, gateway_command
-from gateway.metrics import Metrics
-from gateway.workers import SupervisorPolicy, WorkerSpec, merge
+from gateway.observability.metrics import Metrics
+from gateway.serving.workers import SupervisorPolicy, WorkerSpec, merge
+from lab.cluster import ClusterSpec, gateway_command
 
 POOLS = {"pools": {"m": {"replicas": [{"url": "http://127.0.0.1:9001"}]}}}
 

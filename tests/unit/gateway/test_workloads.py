@@ -8,9 +8,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway import prefix
-from gateway.lab import workloads
-from gateway.lab.workloads import Session
+from gateway.prompt import prefix_keys as prefix
+from lab import workloads
+from lab.workloads import Session
 
 SMALL = {
     "shared-prefix": {"groups": 4, "prompts_per_group": 5, "system_tokens": 256, "question_tokens": 16},

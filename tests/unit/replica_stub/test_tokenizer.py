@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sim_tokens import IM_END, IM_START, apply_chat_template, piece_id
+from gateway.prompt.sim_tokens import IM_END, IM_START, apply_chat_template, piece_id
 from replica_stub.engine.simulated import WORDS
 from replica_stub.tokenizer import SimTokenizer
 

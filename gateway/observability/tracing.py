@@ -1,0 +1,206 @@
+"""OpenTelemetry traces of proxied requests (YAML `tracing`), off by default.
+
+One trace per request: a SERVER span continuing the client's `traceparent`, with the routing decision as
+attributes and TTFT as an event; children for each admission wait, each routing decision and each upstream
+attempt (a CLIENT span per retry, whose context goes to the replica as `traceparent`). The request's trace
+id is bound into structlog's context vars, so every event logged while it runs carries `trace_id`.
+
+Nothing here imports opentelemetry until a `Tracing` is built: a gateway with tracing off never loads it,
+and its request path pays one `is None` test per hook (`Exchange.trace`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Awaitable, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import structlog
+from aiohttp import web
+
+from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span
+
+    from gateway.relay.proxy import Exchange
+    from gateway.replicas import Replica
+    from gateway.routing.policies import Decision
+    from gateway.routing.route_table import ModelRoute
+    from gateway.view import RequestView
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """YAML `tracing`: where spans go (OTLP over HTTP) and how many traces are kept. Read at start only."""
+
+    enabled: bool = False
+    endpoint: str = "http://collector:4318"  # the collector's OTLP/HTTP base URL (`/v1/traces` is added)
+    protocol: Literal["http/protobuf"] = "http/protobuf"
+    sampling_ratio: float = 1.0  # of the traces the gateway starts; a client's sampled flag is followed
+    service_name: str = "affinity-gateway"
+
+    def validate(self, key: str) -> None:
+        url = urlsplit(self.endpoint)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ConfigError(f"expected an http(s) URL, got {self.endpoint!r}", key=f"{key}.endpoint")
+        if not 0.0 <= self.sampling_ratio <= 1.0:
+            raise ConfigError(f"must be 0..1, got {self.sampling_ratio}", key=f"{key}.sampling_ratio")
+        if not self.service_name:
+            raise ConfigError("must not be empty", key=f"{key}.service_name")
+        if self.enabled:
+            try:
+                for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+                    importlib.import_module(module)
+            except ImportError:
+                raise ConfigError("needs the otel extra: pip install 'affinity-gateway[otel]'",
+                                  key=f"{key}.enabled") from None
+
+
+class Tracing:
+    """The app's tracer, on a provider of its own (never the global one: apps and tests do not share spans)."""
+
+    def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
+        """`exporter` replaces the OTLP one, exporting each span as it ends (tests: the in-memory exporter)."""
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}),
+                                       sampler=ParentBased(TraceIdRatioBased(config.sampling_ratio)))
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            endpoint = config.endpoint.rstrip("/")
+            exporter = OTLPSpanExporter(endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces")
+            self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        else:
+            self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        self.tracer = self.provider.get_tracer("affinity-gateway")
+        self.propagator = TraceContextTextMapPropagator()
+
+    def request(self, request: web.Request, view: RequestView, started: float) -> RequestTrace:
+        """Open the request's server span, back-dated to `started` (a perf_counter reading)."""
+        return RequestTrace(self, request, view, started)
+
+    def shutdown(self) -> None:
+        """Flush what is buffered to the collector (at the app's cleanup)."""
+        self.provider.shutdown()
+
+
+class RequestTrace:
+    """One request's spans; its methods are the hooks of serving.app, serving.admission and relay.proxy."""
+
+    def __init__(self, tracing: Tracing, request: web.Request, view: RequestView, started: float) -> None:
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        self._tracing = tracing
+        parent = tracing.propagator.extract(request.headers)
+        attributes: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
+                                      "gateway.model": view.model, "gateway.endpoint": view.endpoint,
+                                      "gateway.stream": view.stream, "gateway.request_id": view.request_id}
+        if view.adapter:
+            attributes["gateway.adapter"] = view.adapter
+        if view.tenant:
+            attributes["gateway.tenant"] = view.tenant
+        self.span = tracing.tracer.start_span(f"{request.method} {request.path}", context=parent,
+                                              kind=SpanKind.SERVER, attributes=attributes,
+                                              start_time=_epoch_ns(started))
+        self._context = set_span_in_context(self.span, parent)
+        self._attempt: Span | None = None
+        self._attempts = 0
+        self._evidence = ""
+        self.trace_id = format(self.span.get_span_context().trace_id, "032x")
+        structlog.contextvars.bind_contextvars(trace_id=self.trace_id)
+
+    async def admission(self, waiting: Awaitable[T]) -> T:
+        """A wait for a free slot (gateway.serving.admission): as long as the pool's queue held the request."""
+        with self._tracing.tracer.start_as_current_span("admission", context=self._context):
+            return await waiting
+
+    async def routing(self, deciding: Awaitable[Decision], route: ModelRoute, view: RequestView) -> Decision:
+        """One routing decision, with what it was based on."""
+        with self._tracing.tracer.start_as_current_span("route", context=self._context) as span:
+            decision = await deciding
+            predicted = route.router.prediction(view.request_id)
+            self._evidence = predicted[1] if predicted is not None else ""
+            span.set_attributes(_decision(decision, route.routing.policy, self._evidence))
+            return decision
+
+    async def attempt(self, replica: Replica, sending: Awaitable[T], exchange: Exchange) -> T:
+        """One upstream attempt, to its answer's end; its context is what `inject` sends the replica."""
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        self._attempts += 1
+        span = self._attempt = self._tracing.tracer.start_span(
+            f"upstream {replica.replica_id}", context=self._context, kind=SpanKind.CLIENT,
+            attributes={"gateway.replica": replica.replica_id, "gateway.attempt": self._attempts,
+                        "server.address": replica.url})
+        try:
+            result = await sending
+        except BaseException as exc:
+            span.set_attribute("gateway.outcome", getattr(exc, "kind", type(exc).__name__))
+            span.set_status(Status(StatusCode.ERROR, str(exc) or type(exc).__name__))
+            raise
+        else:
+            span.set_attribute("http.response.status_code", exchange.status)
+            span.set_attribute("gateway.outcome", "ok" if exchange.error is None and exchange.status < 500
+                               else exchange.error or f"http_{exchange.status}")
+            return result
+        finally:
+            span.end()
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """The attempt's `traceparent` replaces the client's: the replica's spans are the attempt's children."""
+        from opentelemetry.trace import set_span_in_context
+
+        if self._attempt is not None:
+            self._tracing.propagator.inject(headers, context=set_span_in_context(self._attempt))
+
+    def first_byte(self, ttft_s: float, replica_id: str) -> None:
+        self.span.add_event("first_byte", {"gateway.ttft_s": ttft_s, "gateway.replica": replica_id})
+
+    def end(self, exchange: Exchange, policy: str) -> None:
+        """Close the server span (after the request's log event, which carries the trace id)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self.span
+        span.set_attribute("http.response.status_code", exchange.status)
+        if exchange.decision is not None:
+            span.set_attributes(_decision(exchange.decision, policy, self._evidence))
+        if exchange.failed_replicas:
+            span.set_attribute("gateway.retried_from", exchange.failed_replicas)
+        if exchange.ttft_s is not None:
+            span.set_attribute("gateway.ttft_s", exchange.ttft_s)
+        if exchange.status >= 500 or exchange.error is not None:
+            span.set_status(Status(StatusCode.ERROR, exchange.error or f"status {exchange.status}"))
+        span.end()
+        structlog.contextvars.unbind_contextvars("trace_id")
+
+
+def _decision(decision: Decision, policy: str, evidence: str) -> dict[str, Any]:
+    """The decision's attributes: the same facts as the request log event's."""
+    attributes: dict[str, Any] = {"gateway.route.policy": policy, "gateway.route.replica": decision.replica_id,
+                                  "gateway.route.reason": decision.reason}
+    if evidence:
+        attributes["gateway.route.evidence"] = evidence
+    chosen = decision.chosen()
+    if chosen is not None:  # prefix_affinity's score is its predicted TTFT; others' are their own order
+        attributes["gateway.route.predicted_ttft_s" if policy == "prefix_affinity" else "gateway.route.score"] = \
+            chosen.score
+        attributes["gateway.route.predicted_cached_tokens"] = chosen.cached_tokens
+        attributes["gateway.route.candidates"] = len(decision.scores)
+    return attributes
+
+
+def _epoch_ns(perf: float) -> int:
+    """A perf_counter reading as the wall-clock nanoseconds spans are stamped with."""
+    return time.time_ns() - int((time.perf_counter() - perf) * 1e9)

@@ -1,0 +1,73 @@
+"""Header sets for the proxy: what never crosses a hop, and what the gateway adds."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+
+from multidict import CIMultiDict
+
+from gateway.errors import ConfigError
+
+# RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
+HOP_BY_HOP = frozenset(h.lower() for h in (
+    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+    "TE", "Trailer", "Transfer-Encoding", "Upgrade",
+))
+STREAM_CHUNKING = "X-Stream-Chunking"  # the client's opt-in to phrase chunking (gateway.relay.phrase_chunking)
+# Bodies go on decoded (gateway.edge.encoding); the gateway's own request options are not the replica's business.
+REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding", STREAM_CHUNKING.lower()}
+# The replica's identity and cookies are its own business; the gateway sets its own id headers.
+RESPONSE_DROP = HOP_BY_HOP | {"content-length", "server", "set-cookie", "x-replica-id", "x-affinity-reason",
+                              "x-gateway-route"}
+
+@dataclass(frozen=True)
+class HeadersConfig:
+    """YAML `headers`: what a client learns from response headers (public deployments turn the ids off)."""
+
+    drop_response: tuple[str, ...] = ()  # more replica response headers never to pass on (e.g. debug ones)
+    replica_id: bool = True  # X-Replica-Id: the replica that answered
+    affinity_reason: bool = True  # X-Affinity-Reason: why the policy chose it
+    session: str = "X-Session-ID"  # the request header naming a conversation (session_affinity's key)
+
+    def validate(self, key: str) -> None:
+        if not _TOKEN.fullmatch(self.session):
+            raise ConfigError(f"not a header name: {self.session!r}", key=f"{key}.session")
+        for i, name in enumerate(self.drop_response):
+            if not _TOKEN.fullmatch(name):
+                raise ConfigError(f"not a header name: {name!r}", key=f"{key}.drop_response[{i}]")
+
+    @cached_property
+    def response_drop(self) -> frozenset[str]:
+        return RESPONSE_DROP | {name.lower() for name in self.drop_response}
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
+REQUEST_ID = "X-Request-Id"
+REPLICA_ID = "X-Replica-Id"
+ROUTE_REASON = "X-Affinity-Reason"
+ROUTE_EXPLAIN = "X-Gateway-Route"  # opt-in: routing.explain_header
+
+
+def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
+    """Copy headers minus `drop` and minus any header the `Connection` header names (each name lowered once:
+    this runs twice per proxied request)."""
+    items = list(headers)
+    lowered = [k.lower() for k, _ in items]
+    if "connection" in lowered:
+        drop = drop | {t.strip().lower() for (_, v), k in zip(items, lowered) if k == "connection"
+                       for t in v.split(",")}
+    return CIMultiDict([item for item, k in zip(items, lowered) if k not in drop])
+
+
+_REQUEST_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII: safe in every header, log line and metric label
+
+
+def request_id(sent: str | None) -> str:
+    """The client's X-Request-Id if it is 1-128 visible ASCII characters, else a fresh one: a request id
+    with other bytes (non-UTF-8 ones arrive as surrogates) cannot be echoed in a response header. A fresh one
+    is 128 random bits in hex, like `uuid4().hex` at a quarter of its cost (no UUID object per request)."""
+    return sent if sent is not None and _REQUEST_ID.fullmatch(sent) else os.urandom(16).hex()

@@ -1,0 +1,346 @@
+"""Forwarding and streaming relay: raw bytes in and out, one concern per layer.
+
+    attempt       one upstream request up to its response headers (its retry loop: gateway.serving.attempts);
+                  maps aiohttp errors once, a failure another replica may answer to `Retryable`
+    _relay        body back to the client: streams chunk by chunk as received (_relay_stream),
+                  (or re-chunked in phrases, for a request that opted in: gateway.relay.phrase_chunking),
+                  others in one piece (_relay_whole)
+
+Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
+never sees a stream restart.
+
+Poison requests (a query of death): a 5xx answer may be the input's fault, not the replica's, so
+a retried 5xx is charged to its replica's breaker only once the request ends without a second 5xx.
+A second replica answering 5xx to the same request marks the request as poison: it is answered
+with that error, no further replica is tried and no breaker is charged (two replicas failing one
+input is evidence against the input; charging even the first would let a handful of bad requests
+open every breaker of a small pool). A single 5xx with no retry left is charged as before: one
+answer cannot tell the input from the replica, and the breaker must still see a broken replica.
+
+Silence: an attempt whose first byte does not come within `timeouts.first_byte_s`, or whose replica is
+ejected by the health probes before it, is retried on another replica (nothing reached the client); a
+stream silent for `timeouts.idle_s`, or whose replica is ejected, ends with the error event. At the end
+of the shutdown grace period every stream still open ends the same way (`gateway.relay.watch`).
+
+Client disconnect (handler cancellation, or a failed write) closes the upstream response at once,
+which aborts the request at the replica; so does a streaming client that stops reading for
+`limits.client_write_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+from gateway.config.loader import Config
+from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
+from gateway.relay import headers as h
+from gateway.relay.backend_auth import set_upstream_auth
+from gateway.relay.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
+from gateway.relay.stream_usage import UsageStripper
+from gateway.relay.usage import SSEUsageScanner, Usage
+from gateway.relay.watch import Watch, Watches
+from gateway.replicas import Replica
+from gateway.routing.policies import Decision
+from gateway.view import RequestView
+
+if TYPE_CHECKING:
+    from gateway.observability.tracing import RequestTrace
+
+log = structlog.get_logger("gateway.relay.proxy")
+
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in logs and metrics only
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What happened to one request upstream; filled in as it goes, read by finished/metrics/log."""
+
+    started: float = field(default_factory=time.perf_counter)
+    replica_id: str | None = None
+    decision: Decision | None = None
+    failed_replicas: list[str] = field(default_factory=list)
+    status: int = 0
+    streamed: bool = False
+    queue_s: float = 0.0  # waiting for a slot and deciding, every attempt's (gateway.observability.request_timing)
+    ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
+    on_first_byte: Callable[[str], None] | None = None  # called with the replica id when ttft_s is taken
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+    poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
+    chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.relay.phrase_chunking)
+    first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
+    strip_usage: bool = False  # the gateway asked for this stream's usage: the client did not (relay.stream_usage)
+    trace: RequestTrace | None = None  # its spans, when tracing is on (gateway.observability.tracing)
+
+    def phrase_written(self) -> None:
+        if self.first_phrase_s is None:
+            self.first_phrase_s = time.perf_counter() - self.started
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of a request on one replica, as the attempt loop (gateway.serving.attempts) decided it."""
+
+    replica: Replica
+    decision: Decision
+    last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
+    after_5xx: bool  # an earlier attempt was answered 5xx: a second 5xx marks the request as poison
+
+
+class Retryable(Exception):
+    """An attempt failed before any byte reached the client; another replica may answer."""
+
+    def __init__(self, error: GatewayError, kind: str) -> None:
+        super().__init__(error.message)
+        self.error, self.kind = error, kind
+
+
+class _SlowClient(Exception):
+    """The client's socket stayed full past `limits.client_write_timeout_s`: it stopped reading."""
+
+
+_HIGH_WATER = 1 << 16  # a transport pauses writers above this many queued bytes (asyncio's and uvloop's default)
+
+
+async def _write(request: web.Request, response: web.StreamResponse, chunk: bytes, timeout_s: float) -> None:
+    """Relay one chunk. A write can only block once more than the high-water mark is queued for the
+    client, so only a client already behind (or a chunk that big) pays for a deadline; the common
+    case costs one buffer-size check."""
+    transport = request.transport
+    if transport is None or not (transport.get_write_buffer_size() or len(chunk) > _HIGH_WATER):
+        await response.write(chunk)
+        return
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(chunk)
+    except TimeoutError:
+        raise _SlowClient from None
+
+
+class _Relayed(web.StreamResponse):
+    """A stream relayed chunk by chunk: its headers leave with its first chunk, one send instead of two (as
+    aiohttp's own web.Response does for a whole body). A stream chunked in phrases sends its headers at the
+    first upstream byte instead, its first phrase may come later."""
+
+    _send_headers_immediately = False
+
+
+def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
+    return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+
+
+def _cut(replica: Replica, watch: Watch) -> Exception:
+    """The error for an attempt cut before any byte reached the client: retried elsewhere, unless the
+    gateway is stopping."""
+    if watch.kind == "shutdown":
+        return NoReplicaError(watch.message, retry_after_s=1)
+    return Retryable(UpstreamTimeoutError(f"replica {replica.replica_id}: {watch.message}"), watch.kind or "timeout")
+
+
+def _first_byte(exchange: Exchange, replica: Replica) -> None:
+    exchange.ttft_s = time.perf_counter() - exchange.started
+    if exchange.on_first_byte is not None:
+        exchange.on_first_byte(replica.replica_id)
+    if exchange.trace is not None:
+        exchange.trace.first_byte(exchange.ttft_s, replica.replica_id)
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, on_upstream_error: Callable[[str, str], None],
+                 on_poison: Callable[[], None] | None = None) -> None:
+        self._session = session
+        self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
+        self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
+        self.watches = Watches()  # every attempt in flight: cut on ejection and at the end of a drain
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The shared upstream session (also for the gateway's own small calls to replicas)."""
+        return self._session
+
+    async def attempt(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
+                      config: Config) -> web.StreamResponse:
+        """Send the request to `attempt.replica` and relay its answer; raises `Retryable` while nothing has
+        reached the client and another replica may answer."""
+        sending = self._send_once(request, view, attempt, exchange, config)
+        return await (sending if exchange.trace is None else exchange.trace.attempt(attempt.replica, sending, exchange))
+
+    def attempt_failed(self, replica: Replica, failure: Retryable, config: Config) -> bool:
+        """Count a retried attempt's fault; True when its breaker charge waits for the request's end (a 5xx
+        answer: the request may yet prove poison, and then no breaker is charged)."""
+        if failure.kind.startswith("http_"):
+            self._on_upstream_error(replica.replica_id, failure.kind)
+            return True
+        self._upstream_failed(replica, failure.kind, failure.error.message, config)
+        return False
+
+    async def _send_once(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
+                         config: Config) -> web.StreamResponse:
+        replica = attempt.replica
+        out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
+        out_headers[h.REQUEST_ID] = view.request_id
+        if exchange.trace is not None:  # else a client's traceparent goes on as it came
+            exchange.trace.inject(out_headers)
+        # the gateway's key is a credential for the gateway only
+        set_upstream_auth(out_headers, config.backend_key(view.model, replica.replica_id), config.auth.enabled)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)  # silence: the watch
+        watch = self.watches.start(replica.replica_id, config.timeouts.first_byte_s, config.timeouts.idle_s)
+        try:
+            try:
+                async with watch.sending():
+                    upstream = await self._session.request(request.method, replica.url + request.path_qs,
+                                                           data=view.raw, headers=out_headers, timeout=timeout,
+                                                           allow_redirects=False)
+            except aiohttp.ConnectionTimeoutError as exc:
+                raise Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"),
+                                "connect") from exc
+            except TimeoutError as exc:
+                raise _cut(replica, watch) from exc
+            except aiohttp.ClientError as exc:
+                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
+                                "connect") from exc
+            watch.answered(upstream, first_byte=not _is_stream(upstream))
+            try:
+                if upstream.status >= 500 and attempt.after_5xx:
+                    self._poisoned(view, replica, upstream.status, exchange)
+                elif upstream.status >= 500 and not attempt.last:
+                    raise Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
+                                    f"http_{upstream.status}")
+                elif upstream.status >= 500:
+                    self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
+                else:
+                    replica.request_succeeded()
+                return await self._relay(request, view, upstream, attempt, exchange, config, watch)
+            except BaseException:
+                upstream.close()  # cancellation included: drop the connection so the replica aborts the request
+                raise
+            finally:
+                upstream.release()
+        finally:
+            self.watches.end(watch)
+
+    async def _relay(self, request: web.Request, view: RequestView, upstream: aiohttp.ClientResponse,
+                     attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+        replica, decision = attempt.replica, attempt.decision
+        exchange.status = upstream.status
+        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back[h.REQUEST_ID] = view.request_id
+        if config.headers.replica_id:
+            back[h.REPLICA_ID] = replica.replica_id
+        if config.headers.affinity_reason:
+            back[h.ROUTE_REASON] = decision.reason
+        if config.pools[view.model].routing.explain_header:
+            back[h.ROUTE_EXPLAIN] = decision.header_value()
+        if _is_stream(upstream):
+            return await self._relay_stream(request, upstream, back, replica, exchange, config, watch)
+        return await self._relay_whole(upstream, back, replica, exchange, config, watch)
+
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
+                           exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+        """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error
+        (and a cut one is retried)."""
+        _first_byte(exchange, replica)
+        try:
+            body = await upstream.read()
+        except aiohttp.ClientError as exc:
+            if watch.kind is not None:
+                raise _cut(replica, watch) from exc
+            self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
+            raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
+        exchange.usage.read_body(body)
+        return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
+
+    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
+                            replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+        """Each chunk is written as it arrives; usage is scanned after the writes, never delaying one. A stream
+        the request asked to be chunked in phrases goes through `relay_phrases` instead."""
+        exchange.streamed = True
+        phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
+        response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
+                                                                             reason=upstream.reason, headers=back)
+        scanner = SSEUsageScanner(exchange.usage)
+        ended_on_event = True
+        write: Callable[[bytes], Awaitable[None]] = partial(_write, request, response,
+                                                            timeout_s=config.limits.client_write_timeout_s)
+        stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
+        if stripper is not None:
+            write = stripper.write
+        try:
+            if phrases is None:
+                async for chunk in upstream.content.iter_any():
+                    watch.touch()
+                    if exchange.ttft_s is None:
+                        _first_byte(exchange, replica)
+                        await response.prepare(request)
+                    await write(chunk)
+                    scanner.feed(chunk)
+                    ended_on_event = stripper is not None or chunk.endswith(b"\n\n")  # it writes whole events
+            else:
+                async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
+                    watch.touch()
+                    if exchange.ttft_s is None:
+                        _first_byte(exchange, replica)
+                        await response.prepare(request)
+                    scanner.feed(chunk)
+
+                await relay_phrases(upstream.content, phrases, seen, write, exchange.phrase_written)
+            if stripper is not None:
+                await stripper.finish()
+            if not response.prepared:
+                await response.prepare(request)
+        except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof
+            exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
+            upstream.close()
+        except _SlowClient:
+            exchange.status, exchange.error = CLIENT_CLOSED, "client stopped reading"
+            upstream.close()
+            if request.transport is not None:
+                request.transport.abort()  # drop what it never read; a graceful close would wait for it
+        except aiohttp.ClientError as exc:
+            if watch.kind is not None and not response.prepared:
+                raise _cut(replica, watch) from exc  # nothing reached the client: another replica may answer
+            exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
+            if watch.kind != "shutdown":
+                self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
+            await self._end_stream_with_error(request, response, exchange.error,
+                                              ended_on_event if phrases is None else phrases.framed)
+        finally:
+            scanner.flush()  # the usage of what was relayed, however the stream ended
+        return response
+
+    async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,
+                                     at_event_boundary: bool) -> None:
+        """vLLM's own mid-stream error form: an error event then [DONE], if it can be framed cleanly."""
+        if not response.prepared:
+            await response.prepare(request)
+        if at_event_boundary:
+            await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\ndata: [DONE]\n\n")
+
+    def _poisoned(self, view: RequestView, replica: Replica, status: int, exchange: Exchange) -> None:
+        """The second replica to answer this request with 5xx: its answer goes to the client as it is."""
+        exchange.poison = True
+        self._on_upstream_error(replica.replica_id, f"http_{status}")
+        if self._on_poison is not None:
+            self._on_poison()
+        log.warning("poison_request", request_id=view.request_id, status=status,
+                    replicas=[*exchange.failed_replicas, replica.replica_id])
+
+    def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
+        self._on_upstream_error(replica.replica_id, kind)
+        self.charge(replica, kind, error, config)
+
+    def charge(self, replica: Replica, kind: str, error: str, config: Config) -> None:
+        """Count a fault against the replica's breaker (metrics are counted where the fault is seen)."""
+        if replica.request_failed(config.health, error):
+            log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,
+                        backoff_s=round(replica.breaker.open_until - time.monotonic(), 3))

@@ -1,0 +1,114 @@
+"""Stored responses of the Responses API live on the replica that made them (vLLM keeps them in its
+own memory), so every request that names one must reach that replica: a follow-up with
+`previous_response_id`, and `GET /v1/responses/{id}`, `DELETE` and `POST …/cancel`.
+
+The gateway learns each response's home from the answer on its way through (its `id` is read
+together with its usage: no extra parsing) and keeps the newest MAX_HOMES. A follow-up goes to its
+home while the home can take it; otherwise it is routed as usual (the replica answers vLLM's 404,
+as it would have anyway). A by-id request for an id this gateway never saw (another gateway's, or
+one made before a restart) asks each available replica of every pool in turn until one has it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from gateway.errors import NotFoundError, UpstreamError
+from gateway.relay import headers as h
+from gateway.relay.backend_auth import set_upstream_auth
+from gateway.replicas import Replica
+from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.view import RequestView
+
+MAX_HOMES = 100_000
+BY_ID = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
+         ("POST", "/v1/responses/{response_id}/cancel"))
+
+
+class ResponseHomes:
+    """response id -> (pool, replica that stored it), newest last; bounded."""
+
+    def __init__(self, limit: int = MAX_HOMES) -> None:
+        self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._limit = limit
+
+    def remember(self, response_id: str, model: str, replica_id: str) -> None:
+        self._homes[response_id] = (model, replica_id)
+        self._homes.move_to_end(response_id)
+        if len(self._homes) > self._limit:
+            self._homes.popitem(last=False)
+
+    def home(self, response_id: str) -> tuple[str, str] | None:
+        return self._homes.get(response_id)
+
+    def excluded(self, view: RequestView, route: ModelRoute, exclude: set[str]) -> set[str]:
+        """`exclude`, plus every replica but the home of the response a follow-up continues (while that
+        home is in the pool and not already excluded)."""
+        previous = view.body.get("previous_response_id") if view.endpoint == "responses" else None
+        home = self._homes.get(previous) if isinstance(previous, str) else None
+        if home is None or home[0] != route.model or home[1] in exclude \
+                or not any(r.replica_id == home[1] and r.is_available() for r in route.pool):
+            return exclude
+        return exclude | {r.replica_id for r in route.pool if r.replica_id != home[1]}
+
+
+def add_by_id_routes(app: web.Application, homes: ResponseHomes, state: Callable[[], GatewayState],
+                     session: Callable[[], aiohttp.ClientSession]) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _by_id(request, homes, state(), session())
+
+    for method, path in BY_ID:
+        app.router.add_route(method, path, handler)
+
+
+async def _by_id(request: web.Request, homes: ResponseHomes, state: GatewayState,
+                 session: aiohttp.ClientSession) -> web.StreamResponse:
+    """The home first if known, else every available replica in turn; the first answer that is not
+    a 404 is relayed as it comes (a `?stream=true` retrieval streams)."""
+    response_id = request.match_info["response_id"]
+    home = homes.home(response_id)
+    tries = [(model, r) for model, route in state.routes.items() for r in route.pool if r.is_available()]
+    if home is not None:
+        tries.sort(key=lambda t: (t[0], t[1].replica_id) != home)  # stable: the home first, the rest after
+    body = await request.read()
+    failed = None
+    for model, replica in tries:
+        try:
+            answer = await _send(request, body, model, replica, state, session)
+        except aiohttp.ClientError as exc:
+            failed = UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}")
+            continue
+        if answer is not None:
+            homes.remember(response_id, model, replica.replica_id)
+            return answer
+    if failed is not None:
+        raise failed
+    raise NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
+
+
+async def _send(request: web.Request, body: bytes, model: str, replica: Replica, state: GatewayState,
+                session: aiohttp.ClientSession) -> web.StreamResponse | None:
+    """One replica's answer relayed, or None when it does not have the response (404)."""
+    config = state.config
+    out = h.filtered(request.headers.items(), h.REQUEST_DROP)
+    set_upstream_auth(out, config.backend_key(model, replica.replica_id), config.auth.enabled)
+    timeout = aiohttp.ClientTimeout(sock_connect=config.timeouts.connect_s, sock_read=config.timeouts.idle_s)
+    async with session.request(request.method, replica.url + request.path_qs, data=body or None, headers=out,
+                               timeout=timeout, allow_redirects=False) as upstream:
+        if upstream.status == 404:
+            return None
+        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back[h.REPLICA_ID] = replica.replica_id
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except aiohttp.ClientError:  # bytes reached the client: it sees the answer end short, nothing else
+            return response
+        await response.write_eof()
+        return response

@@ -1,0 +1,158 @@
+"""Predicted time to first token, in seconds, and its online calibration.
+
+    predicted_ttft(r) = wait(r) + base_s + prefill_s_per_token(r) × (prompt_tokens − cached_tokens(r))
+    wait(r)           = queued_prefill_s(r) + per_request_tokens × prefill_s_per_token × load(r)
+
+`queued_prefill_s` is the larger of two queues. A virtual queue of the uncached prefill this
+gateway has sent to `r`: each dispatch pushes its drain time forward by its own prefill, and it
+drains in real time and moves up when a request's first token shows its prefill done; it reacts
+at dispatch, before any scrape, so a burst of identical requests sees the work the first ones
+already queued. And the work of other clients (other gateways included) waiting there: the
+scraped requests beyond this gateway's in-flight ones, at most the scraped `waiting` count,
+costed at the mean prefill of recent requests. (Counting the whole scraped queue counted this
+gateway's own requests twice, once as of a scrape up to an interval old: at saturation that
+steered by stale numbers, 3% behind least_loaded's p90 on hot-prefix.)
+`per_request_tokens` prices each running request's share of every batched step (decode
+interference).
+
+The prefill cost per token starts at the configured value and follows observed TTFTs (one
+estimate for the pool, or one per replica; prefix_affinity feeds it only requests that found
+their replica idle, whose TTFT is no queue), learned from requests that prefilled at least
+`min_learn_tokens`; shorter ones teach `base_s`, the fixed part every request pays (one
+scheduler step, network), which shifts all candidates alike and so only sharpens the estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.errors import ConfigError
+from gateway.routing.policies.base import Candidate
+
+
+@dataclass(frozen=True)
+class CostParams:
+    prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
+    calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
+    per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens (scales with speed)
+    learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
+    min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
+
+    def validate(self, key: str) -> None:
+        if self.prefill_s_per_token <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.prefill_s_per_token")
+        if self.per_request_tokens < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.per_request_tokens")
+        if not 0 <= self.learn_alpha <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.learn_alpha")
+
+
+class CostModel:
+    """Per-replica prefill cost and virtual prefill queue. All methods are sync and O(1)."""
+
+    # Observed per-token costs are clamped to this factor around the default, so one outlier
+    # (a TTFT dominated by an unpredicted queue) cannot swing the estimate by orders of magnitude.
+    CLAMP = 50.0
+
+    def __init__(self, params: CostParams, clock: Callable[[], float] = time.monotonic) -> None:
+        self.params = params
+        self.clock = clock
+        self._per_token: dict[str, float] = {}
+        self._samples: dict[str, int] = {}
+        self._base_s = 0.0  # TTFT of a request with nothing to prefill and no queue (one step, I/O)
+        self._base_samples = 0
+        self._drain_at: dict[str, float] = {}
+        self._mean_prefill_s = params.prefill_s_per_token * params.min_learn_tokens
+
+    def prefill_s_per_token(self, replica_id: str) -> float:
+        return self._per_token.get(self._key(replica_id), self.params.prefill_s_per_token)
+
+    def _key(self, replica_id: str) -> str:
+        # Alike replicas share one estimate: four times the samples, and no replica attracts
+        # traffic just because noise made its estimate look faster.
+        return replica_id if self.params.calibrate == "replica" else ""
+
+    def predict_many(self, candidates: Sequence[Candidate], loads: Sequence[float], prompt_tokens: int,
+                     now: float) -> tuple[list[float], list[float], list[float]]:
+        """(wait_s, predicted_ttft_s, prefill_s_per_token) of sending a `prompt_tokens` prompt to each
+        candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once."""
+        params = self.params
+        default, per_request_tokens = params.prefill_s_per_token, params.per_request_tokens
+        mean_prefill_s, base_s, drain_at = self._mean_prefill_s, self._base_s, self._drain_at
+        if params.calibrate == "replica":
+            get = self._per_token.get
+            per_token = [get(c.replica_id, default) for c in candidates]
+        else:
+            per_token = [self._per_token.get("", default)] * len(candidates)
+        waits: list[float] = []
+        ttfts: list[float] = []
+        for c, load, s_per_token in zip(candidates, loads, per_token):
+            # The same arithmetic as max(own, scraped) + per_request_s × load, spelled out (no calls).
+            drain = drain_at.get(c.replica_id)
+            own = drain - now if drain is not None else 0.0
+            if not own > 0.0:
+                own = 0.0
+            foreign = c.running + c.waiting - c.in_flight  # not ours, as of the scrape...
+            if foreign > c.waiting:
+                foreign = c.waiting  # ...and still waiting for their prefill
+            scraped = foreign * mean_prefill_s if foreign > 0 else 0.0
+            wait = (scraped if scraped > own else own) + per_request_tokens * s_per_token * load
+            uncached = prompt_tokens - c.cached_tokens
+            if uncached < 0:
+                uncached = 0
+            waits.append(wait)
+            ttfts.append(wait + base_s + s_per_token * uncached)
+        return waits, ttfts, per_token
+
+    def dispatched(self, replica_id: str, uncached_tokens: int) -> tuple[float, float]:
+        """Queue the request's prefill; returns when it is expected to be done, and its prefill_s."""
+        now = self.clock()
+        prefill_s = self.prefill_s_per_token(replica_id) * uncached_tokens
+        done_at = self._drain_at[replica_id] = max(self._drain_at.get(replica_id, now), now) + prefill_s
+        self._mean_prefill_s += 0.05 * (prefill_s - self._mean_prefill_s)
+        return done_at, prefill_s
+
+    def cancelled(self, replica_id: str, prefill_s: float) -> None:
+        """A queued prefill of `prefill_s` will never run there (its attempt failed)."""
+        drain = self._drain_at.get(replica_id)
+        if drain is not None:
+            self._drain_at[replica_id] = max(self.clock(), drain - prefill_s)
+
+    def prefilled(self, replica_id: str, done_at: float) -> None:
+        """A request expected done with its prefill at `done_at` has its first token: its prefill, and
+        all queued before it, are over, so whatever the queue still counted for them is removed
+        (everything behind moves up)."""
+        now = self.clock()
+        early = done_at - now
+        if early > 0 and replica_id in self._drain_at:
+            self._drain_at[replica_id] = max(now, self._drain_at[replica_id] - early)
+
+    def observe(self, replica_id: str, ttft_s: float, uncached_tokens: int, predicted_wait_s: float) -> None:
+        """Fold one observed TTFT in: short prefills teach the fixed part, long ones the per-token cost.
+
+        Each estimate is a running mean over its first 1/learn_alpha samples, then an EWMA, so a
+        default that is far off (other hardware, a sped-up simulator) is corrected at once."""
+        alpha = self.params.learn_alpha
+        if alpha == 0:
+            return
+        residual = max(0.0, ttft_s - predicted_wait_s)
+        if uncached_tokens < self.params.min_learn_tokens:
+            self._base_samples += 1
+            self._base_s += max(alpha, 1 / self._base_samples) * (residual - self._base_s)
+            return
+        default = self.params.prefill_s_per_token
+        sample = max(0.0, residual - self._base_s) / uncached_tokens
+        sample = min(max(sample, default / self.CLAMP), default * self.CLAMP)
+        key = self._key(replica_id)
+        n = self._samples[key] = self._samples.get(key, 0) + 1
+        current = self.prefill_s_per_token(replica_id)
+        self._per_token[key] = current + max(alpha, 1 / n) * (sample - current)
+
+    def forget(self, replica_id: str) -> None:
+        if self.params.calibrate == "replica":
+            self._per_token.pop(replica_id, None)
+            self._samples.pop(replica_id, None)
+        self._drain_at.pop(replica_id, None)

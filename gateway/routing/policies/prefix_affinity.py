@@ -1,0 +1,351 @@
+"""prefix_affinity: send each request where its predicted time to first token is lowest.
+
+    predicted_ttft(r) = wait(r) + prefill_s_per_token × (prompt_tokens − cached_tokens(r))
+    choice: argmin over r of predicted_ttft(r) + discount × prefill_s_per_token
+            × min(cached_tokens(r), preamble_tokens) + delay(r), among replicas within the load bound
+    delay(r) = delay_weight × x(r) × (wait(r) + x(r)) × r's recent arrival rate, x(r) its prefill:
+               what the prefill costs the requests that will queue behind it (`_delays`)
+    discount = 1 − preamble_weight for a new conversation (no replica holds more than the
+               preamble) whose preamble deserves more holders than it has, else 0
+    holders wanted = ceil(replicas × the preamble's share of recent requests × preamble_spread),
+               once `shared_preamble_requests` requests carried it lately (else 1)
+
+Inputs: `cached_tokens` from the warm-prefix index (the Router fills it), load and scraped queue
+from the pool, the virtual prefill queue and learned prefill cost from `gateway.routing.cost`.
+Cache benefit and load are in one unit, decided per request and per candidate — no fleet-wide
+"imbalanced, ignore the cache" switch. Overlap every candidate holds shifts every score equally
+and attracts nothing. The chat preamble (tools + system prompt, shared by many conversations)
+is replicated in proportion to its traffic: while fewer replicas hold it than its share of
+recent requests calls for, holding it attracts no *new* conversation (it spreads, so one popular
+system prompt makes no hot spot); once enough hold it, it attracts with its true prefill cost
+(so 64 groups' long prompts each stay on a few replicas instead of thrashing every cache). A
+preamble seen only a few times (one conversation's own system prompt) is not replicated. Once a
+conversation has a home (a replica holds its text past the preamble, or the request carries an
+earlier answer), the true TTFT decides: the home holds its history *and* the preamble, and
+another replica would have to prefill both. A bounded-load rule (`policies.bound`) keeps any
+replica under (1 + load_epsilon) × the mean while another has room, so a hot prefix spreads; once
+the caches are full (`full_cache_fill`), a request without a conversation of its own stays on its
+prompt's home over the bound unless it would be slower there outright (a moved prompt evicts
+another's: under capacity pressure the bound cost hits, and hits are the fleet's throughput).
+Candidates within `tie_s` (or `tie_ratio` of the best) are tied: a new conversation, where most
+traffic continues conversations (`conversation_share`), goes to the least full cache of them (its
+later turns will queue behind the conversations homed there); then the least loaded wins, then the
+one sent the fewest requests lately, then a random one. Each dispatch lengthens the replica's
+virtual queue, so even a burst of identical requests arriving before any load update spreads.
+
+YAML:
+    routing:
+      policy: prefix_affinity
+      params: {prefill_s_per_token: 0.0002, per_request_tokens: 50, load_epsilon: 0.25}
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import ConfigError
+from gateway.routing.cost import CostModel, CostParams
+from gateway.routing.policies import register
+from gateway.routing.policies.base import Candidate, Decision, Outcome, Policy, Score
+from gateway.routing.policies.bound import has_room_loads
+from gateway.view import RequestView
+
+MAX_TRACKED = 100_000  # dispatched requests remembered until they finish (bounds a leak if one never does)
+FILL_TIE = 0.01  # cache fills this close count as equal
+
+
+@dataclass(frozen=True)
+class PrefixAffinityParams(CostParams):
+    preamble_weight: float = 0.0  # how much a warm preamble (tools + system prompt) attracts, 0..1
+    load_epsilon: float = 0.25  # no replica above (1 + epsilon) × mean load while another has room
+    min_bound_requests: int = 4  # ...unless it holds fewer than this many requests
+    tie_s: float = 0.005  # predicted TTFTs this close count as tied
+    tie_ratio: float = 0.05  # ...or this fraction of the best
+    balance_window_s: float = 60.0  # ties go to the replica sent the fewest requests lately
+    shared_preamble_requests: int = 2  # requests within balance_window_s before a preamble is replicated
+    preamble_spread: float = 2.0  # holders wanted per replica-share of the traffic a preamble carries
+    bound_margin: float = 1.0  # over the bound, stay only if moving costs more than (1 + this) × the wait
+    full_cache_fill: float = 0.95  # ...or, once the caches are this full on average (as the index sees them),
+    # a request with no home of its own stays unless it would be slower there outright (> 1: never)
+    eviction_weight: float = 1.0  # writing a shared preamble into a full cache also costs this × its prefill
+    delay_weight: float = 1.0  # a prefill also costs this × the delay it causes the requests queued behind it
+    home_credit: float = 1.0  # ...where a preamble's last replica is taken to keep this share of it
+    conversation_share: float = 0.5  # above this share of recent requests continuing a conversation,
+    # a new one goes to the least full cache among the tied (1 = never)
+    seed: int | None = None
+
+    def validate(self, key: str) -> None:
+        CostParams.validate(self, key)
+        if self.load_epsilon < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.load_epsilon")
+        if not 0 <= self.preamble_weight <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.preamble_weight")
+        if self.balance_window_s <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
+        if self.shared_preamble_requests < 1:
+            raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
+        if self.bound_margin < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.bound_margin")
+        if self.full_cache_fill <= 0:
+            raise ConfigError("must be > 0 (above 1: never)", key=f"{key}.full_cache_fill")
+        if self.delay_weight < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.delay_weight")
+        if not 0 <= self.home_credit <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.home_credit")
+        if not 0 <= self.conversation_share <= 1:
+            raise ConfigError("must be between 0 and 1", key=f"{key}.conversation_share")
+        if self.eviction_weight < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.eviction_weight")
+        if self.preamble_spread <= 0:
+            raise ConfigError("must be > 0", key=f"{key}.preamble_spread")
+        if self.tie_s < 0 or self.tie_ratio < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.tie_s")
+
+
+@register
+class PrefixAffinityPolicy(Policy):
+    type = "prefix_affinity"
+    needs_prefix = True
+    needs_index = True
+    Params = PrefixAffinityParams
+
+    def __init__(self, params: PrefixAffinityParams) -> None:
+        super().__init__(params)
+        self.cost = CostModel(params)
+        self._rng = random.Random(params.seed)
+        # The last choice's request, prompt tokens, candidates, their cached tokens and loads, and
+        # whether it had a home, for on_dispatched to queue the chosen one's uncached prefill (one
+        # slot, never grows).
+        self._last: tuple[str, int, list[str], list[int], list[float], bool] = ("", 0, [], [], [], False)
+        # Requests sent to a replica that had nothing else: only their TTFTs teach the prefill cost.
+        # Behind a queue, any error in the predicted wait is learned as a slower or faster prefill,
+        # and the next waits are predicted with it: the estimate swung 700x within one run.
+        self._idle: dict[str, str] = {}  # request id -> the idle replica it was sent to
+        # Each preamble's last replica (view.preamble_key -> replica id), oldest first; bounded.
+        self._homes: dict[int, str] = {}
+        # Expected prefill completion of each dispatched request, until it finishes (bounded).
+        self._done_at: dict[str, tuple[str, float, float]] = {}  # request -> (replica, done at, prefill_s)
+        # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
+        self._recent: dict[str, tuple[float, float]] = {}
+        # The same, per preamble (view.preamble_key, 0 = all requests), oldest first; bounded.
+        self._preambles: dict[int, tuple[float, float]] = {}
+        # Recent requests that continued a conversation (had a home), decaying as the counts above.
+        self._continuing: tuple[float, float] = (0.0, 0.0)
+
+    def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        # One pass per quantity over the candidates, everything per-request looked up once: this
+        # runs on every request for every replica (64 replicas: well under a millisecond).
+        p = self.params
+        now = self.cost.clock()
+        ids = [c.replica_id for c in candidates]
+        cached = [c.cached_tokens for c in candidates]
+        loads = [c.load for c in candidates]
+        most_cached = max(cached)
+        prompt = max(view.prompt_tokens_estimate, most_cached)
+        # A home: some replica holds this conversation's own text, past the block that straddles
+        # the end of the preamble (that one is often shared too, e.g. a common first-message opening).
+        # A chat request that already holds an answer continues a conversation, whatever the block
+        # size (with 128-token blocks a few short turns stay inside the straddling block).
+        has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
+        discount = 1.0 - p.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
+        waits, ttfts, per_token = self.cost.predict_many(candidates, loads, prompt, now)
+        rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
+        if discount:
+            preamble = view.preamble_tokens
+            effective = [ttft + discount * (n if n < preamble else preamble) * s_per_token
+                         for ttft, n, s_per_token in zip(ttfts, cached, per_token)]
+        else:
+            effective = ttfts  # + 0 × the preamble's prefill: the same numbers
+        if p.eviction_weight and view.preamble_tokens:
+            # Writing a shared preamble into a full cache evicts as much warm prefix, which someone
+            # re-prefills later, while the preamble's other holders keep their copy: a duplicate.
+            # (A conversation's own history is no such cost: it moves with the conversation, and
+            # the copy it leaves behind is dead.)
+            weight, preamble = p.eviction_weight, view.preamble_tokens
+            effective = [e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
+                         for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)]
+        if p.delay_weight:
+            delays = self._delays(view, ids, cached, waits, per_token, prompt, now, discount)
+            effective = [e + d for e, d in zip(effective, delays)]
+        room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
+        eligible = [i for i, ok in enumerate(room) if ok]
+        if len(eligible) == len(rows) or not eligible:
+            eligible = list(range(len(rows)))
+            best = min(effective)
+        else:
+            best = min([effective[i] for i in eligible])
+            # Over the bound, a replica still keeps the request when moving costs more than staying
+            # would even if its predicted wait were `bound_margin` times longer: the bound guards
+            # against a wrong wait estimate, not against a home that is plainly worth its queue.
+            # Predicted TTFTs decide that, not the costs to others: a queue is paid in TTFT (keeping
+            # by the full score held long prompts on saturated replicas: trace p90 +8 %).
+            # Full caches: a prompt moved off its home evicts another's there, and someone re-prefills it.
+            full = not has_home and sum([c.cache_fill for c in candidates]) >= p.full_cache_fill * len(candidates)
+            margin, fastest = 0.0 if full else p.bound_margin, min([ttfts[i] for i in eligible])
+            keep = [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
+            if keep:
+                eligible = sorted(eligible + keep)
+                best = min(best, min([effective[i] for i in keep]))
+        cutoff = best + max(p.tie_s, p.tie_ratio * best)
+        near = [i for i in eligible if effective[i] <= cutoff]
+        if not has_home and len(near) > 1 and self._conversational(now):
+            # A new conversation will come back: its later turns queue behind the conversations already
+            # homed where it lands, and need cache room there. The least full cache has the fewest.
+            least_fill = min([candidates[i].cache_fill for i in near])
+            near = [i for i in near if candidates[i].cache_fill <= least_fill + FILL_TIE]
+        # Near-ties: the least loaded, then the one given the least recent work (new conversations
+        # spread evenly, so their later turns do too), then a random one.
+        least_load = min([loads[i] for i in near])
+        tied = [i for i in near if loads[i] == least_load]
+        if len(tied) > 1:  # only these need their recent work
+            recent = {i: self._recent_work(ids[i], now) for i in tied}
+            least = min(recent.values())
+            tied = [i for i in tied if recent[i] == least]
+        pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        self._last = (view.request_id, prompt, ids, cached, loads, has_home)
+        if len(eligible) < len(rows) and min(effective) < effective[pick]:
+            reason = "load_bound"  # the fastest-looking replica was over the bound
+        else:
+            common = max(min(cached), view.preamble_tokens)
+            reason = "prefix_hit" if cached[pick] > common else "least_wait"
+        return Decision(ids[pick], reason, rows)
+
+    def _spread(self, view: RequestView, cached: Sequence[int], now: float) -> bool:
+        """Should this preamble go to more replicas than hold it now? Yes while its share of the
+        recent traffic wants more holders; a rarely seen preamble (one conversation's) wants one.
+        `cached`: each candidate's warm prefix, in tokens."""
+        if not view.preamble_key or not view.preamble_tokens:
+            return False
+        window = self.params.balance_window_s
+        seen = _decayed(self._preambles, view.preamble_key, now, window)
+        if seen + 0.5 < self.params.shared_preamble_requests:  # a decayed count: round, don't truncate
+            return False
+        share = seen / max(seen, _decayed(self._preambles, 0, now, window))
+        wanted = math.ceil(len(cached) * share * self.params.preamble_spread - 1e-9)
+        holders = sum(1 for n in cached if n >= view.preamble_tokens)
+        return bool(holders < wanted)
+
+    def _delays(self, view: RequestView, ids: list[str], cached: list[int], waits: list[float],
+                per_token: list[float], prompt: int, now: float, discount: float) -> list[float]:
+        """What each candidate's prefill costs the requests that will queue behind it, in seconds.
+
+        A prefill of x seconds at r delays by x every request that reaches r before r's queue
+        drains: about rate(r) × (wait(r) + x) of them, at r's recent arrival rate. Negligible while
+        queues are short (the predicted TTFT decides), it dominates near saturation, where a long
+        prompt re-prefilled on a replica that lacks it is throughput lost, and throughput is what
+        the tail is made of. The index forgets a preamble once it would have been evicted; the
+        replica it was last sent to is still taken to keep `home_credit` of it, so that a re-prefill
+        goes back there instead of copying it to a second replica (a group split over replicas
+        evicts twice as much). The credit is for this cost only, never for the predicted TTFT. A
+        preamble the spread rule wants on more replicas (`discount`) is not charged to a new holder."""
+        p = self.params
+        preamble = view.preamble_tokens
+        expected = cached
+        home = self._homes.get(view.preamble_key) if preamble and p.home_credit else None
+        if home in ids and max(cached) < preamble:
+            i = ids.index(home)
+            expected = list(cached)
+            expected[i] = max(cached[i], int(p.home_credit * preamble))
+        elif discount:  # a preamble that wants more holders: copying it is the point, not a cost
+            expected = [n + int(discount * (preamble - n)) if n < preamble else n for n in cached]
+        weight, window = p.delay_weight, p.balance_window_s
+        out = []
+        for replica_id, wait, n, s_per_token in zip(ids, waits, expected, per_token):
+            x = s_per_token * (prompt - n if prompt > n else 0)
+            out.append(weight * x * (wait + x) * self._recent_work(replica_id, now) / window)
+        return out
+
+    def _recent_work(self, replica_id: str, now: float) -> float:
+        return _decayed(self._recent, replica_id, now, self.params.balance_window_s)
+
+    def _conversational(self, now: float) -> bool:
+        """Do most recent requests continue a conversation? Then placing a new one places its future
+        turns too; for single requests (a hot system prompt, prefix groups) the load decides alone."""
+        window = self.params.balance_window_s
+        continuing = _decay(self._continuing, now, window)
+        return bool(continuing > self.params.conversation_share * _decayed(self._preambles, 0, now, window))
+
+    def on_dispatched(self, view: RequestView, replica_id: str) -> None:
+        now = self.cost.clock()
+        window = self.params.balance_window_s
+        self._recent[replica_id] = (self._recent_work(replica_id, now) + 1.0, now)
+        for key in {0, view.preamble_key}:  # 0 counts every request: the denominator of shares
+            seen = _decayed(self._preambles, key, now, window) + 1.0
+            self._preambles.pop(key, None)
+            if len(self._preambles) >= MAX_TRACKED:
+                del self._preambles[next(k for k in self._preambles if k)]
+            self._preambles[key] = (seen, now)
+        if view.preamble_key:
+            _put_newest(self._homes, view.preamble_key, replica_id)
+        request_id, prompt, ids, cached, loads, has_home = self._last
+        if request_id == view.request_id and has_home:
+            self._continuing = (_decay(self._continuing, now, window) + 1.0, now)
+        if request_id == view.request_id and replica_id in ids:
+            last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
+            done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
+            self._idle.pop(view.request_id, None)
+            if not loads[last]:
+                _put_newest(self._idle, view.request_id, replica_id)
+            _put_newest(self._done_at, view.request_id, (replica_id, done_at, prefill_s))
+
+    def on_failed(self, view: RequestView, replica_id: str) -> None:
+        """It never ran there: its prefill leaves that replica's virtual queue."""
+        if self._idle.get(view.request_id) == replica_id:
+            del self._idle[view.request_id]
+        dispatched = self._done_at.get(view.request_id)
+        if dispatched is not None and dispatched[0] == replica_id:
+            del self._done_at[view.request_id]
+            self.cost.cancelled(replica_id, dispatched[2])
+
+    def on_first_token(self, view: RequestView, replica_id: str) -> None:
+        """The prefill is over, and so is all queued before it: the virtual queue moves up now, not
+        when the answer ends (a long answer would keep its prefill in the queue for its whole decode)."""
+        dispatched = self._done_at.get(view.request_id)
+        if dispatched is not None and dispatched[0] == replica_id:
+            del self._done_at[view.request_id]
+            self.cost.prefilled(replica_id, dispatched[1])
+
+    def prefill_s_per_token(self, replica_id: str) -> float | None:
+        return self.cost.prefill_s_per_token(replica_id)
+
+    def on_removed(self, replica_id: str) -> None:
+        self.cost.forget(replica_id)
+
+    def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+        self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
+        if self._idle.get(view.request_id) != replica_id:
+            return  # it queued behind others (or this attempt is not the one dispatched last)
+        del self._idle[view.request_id]
+        if not outcome.ok or outcome.ttft_s is None or outcome.predicted is None:
+            return
+        prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
+        cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
+        self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
+
+
+def _put_newest(mapping: dict[Any, Any], key: Any, value: Any) -> None:
+    """Insert `key` as the newest entry; at MAX_TRACKED entries the oldest goes (bounds a leak)."""
+    mapping.pop(key, None)
+    if len(mapping) >= MAX_TRACKED:
+        del mapping[next(iter(mapping))]
+    mapping[key] = value
+
+
+def _continues(view: RequestView) -> bool:
+    """Does the chat request carry an earlier answer (a later turn, an agent's next hop)?"""
+    messages = view.body.get("messages") if view.endpoint == "chat" else None
+    return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+
+
+def _decay(entry: tuple[float, float] | None, now: float, window_s: float) -> float:
+    """A count that decays with time constant `window_s`, stored as (count, as of time)."""
+    count, since = entry or (0.0, now)
+    return count if since == now else count * math.exp((since - now) / window_s)  # exp(0) = 1 exactly
+
+
+def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
+    return _decay(counts.get(key), now, window_s)

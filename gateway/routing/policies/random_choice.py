@@ -1,0 +1,21 @@
+"""random: a uniformly random replica, or weighted by `weight` when weights differ.
+
+YAML: `routing: {policy: random, params: {seed: 7}}` (seed optional, for reproducible tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.routing.policies import register
+from gateway.routing.policies.base import Candidate, Decision, SeededPolicy, scores_by_load
+from gateway.view import RequestView
+
+
+@register
+class RandomPolicy(SeededPolicy):
+    type = "random"
+
+    def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
+        chosen = self.rng.choices(candidates, weights=[c.weight for c in candidates])[0]
+        return Decision(chosen.replica_id, "random", scores_by_load(candidates))

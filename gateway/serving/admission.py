@@ -1,0 +1,150 @@
+"""Admission control: per-replica concurrency caps and a bounded FIFO queue per pool.
+
+When every healthy replica of a pool already holds `max_in_flight_per_replica` requests, a new
+request waits in its pool's queue (FIFO; at most `max_queue` waiting, each at most
+`queue_timeout_s`). It is routed only when a slot frees, so the policy sees the load of that moment
+rather than of its arrival. A full queue or a wait past the timeout answers 429 with `Retry-After`:
+overload is a signal to back off, never a 500 or a connection left hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.errors import ConfigError, RateLimitError
+
+if TYPE_CHECKING:
+    from gateway.observability.tracing import RequestTrace
+    from gateway.replicas import Replica, ReplicaPool
+    from gateway.routing.policies import Candidate, Decision
+    from gateway.routing.route_table import ModelRoute
+    from gateway.view import RequestView
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """YAML `admission`."""
+
+    max_in_flight_per_replica: int = 0  # 0 = no cap, and so no queue
+    max_queue: int = 256  # requests waiting per pool; one more gets 429
+    queue_timeout_s: float = 10.0  # longest wait in the queue, then 429
+    retry_after_s: float = 1.0  # the Retry-After of those 429s
+
+    def validate(self, key: str) -> None:
+        if self.max_in_flight_per_replica < 0 or self.max_queue < 0:
+            name = "max_in_flight_per_replica" if self.max_in_flight_per_replica < 0 else "max_queue"
+            raise ConfigError("must be >= 0", key=f"{key}.{name}")
+        for name in ("queue_timeout_s", "retry_after_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", key=f"{key}.{name}")
+
+
+class PoolQueue:
+    """The waiting line of one pool; a request leaving a replica (`holding`) wakes the head of the line."""
+
+    def __init__(self, pool: ReplicaPool, on_wait: Callable[[float], None]) -> None:
+        self.pool = pool
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._on_wait = on_wait  # seconds waited → metrics
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    async def candidates(self, exclude: Collection[str], config: AdmissionConfig, model: str) -> list[Candidate]:
+        """Healthy candidates with a free slot, waiting for one in FIFO order; [] when none is healthy."""
+        cap = config.max_in_flight_per_replica
+        available = self.pool.candidates(exclude)
+        if not cap or not available:
+            return available
+        room = [c for c in available if c.in_flight < cap]
+        if room and not self._waiters:
+            return room
+        if room:
+            self._wake()  # room appeared without a release (a replica came back): the head goes first
+        if len(self._waiters) >= config.max_queue:
+            raise RateLimitError(f"every replica for model {model!r} is at capacity and the queue is full",
+                                 retry_after_s=config.retry_after_s)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        served = False
+        try:
+            async with asyncio.timeout_at(started + config.queue_timeout_s):
+                while True:
+                    await waiter
+                    available = self.pool.candidates(exclude)  # fresh state, at dequeue time
+                    room = [c for c in available if c.in_flight < cap]
+                    if room or not available:
+                        served = bool(room)
+                        return room
+                    waiter = loop.create_future()  # the slot went elsewhere: stay first in line
+                    self._waiters.appendleft(waiter)
+        except TimeoutError:
+            raise RateLimitError(f"waited {config.queue_timeout_s:g}s for a free replica for model {model!r}",
+                                 retry_after_s=config.retry_after_s) from None
+        finally:
+            self._on_wait(loop.time() - started)
+            if not waiter.done():
+                self._waiters.remove(waiter)
+            elif not served:
+                self._wake()  # pass on a wake-up this request can no longer use
+
+    @contextmanager
+    def holding(self, replica: Replica) -> Iterator[Replica]:
+        """Hold a slot of `replica` (`pool.track`) for the request's whole life there; its release wakes the
+        head of the line."""
+        try:
+            with self.pool.track(replica):
+                yield replica
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+class Admission:
+    """Queues per pool (kept across reloads, like the pools) and the capped choice of a replica."""
+
+    def __init__(self, queue_wait: Callable[[str, float], None]) -> None:
+        self._queues: dict[str, PoolQueue] = {}
+        self._queue_wait = queue_wait
+
+    def queue(self, route: ModelRoute) -> PoolQueue:
+        queue = self._queues.get(route.model)
+        if queue is None or queue.pool is not route.pool:
+            queue = self._queues[route.model] = PoolQueue(route.pool, lambda s: self._queue_wait(route.model, s))
+        return queue
+
+    def waiting(self) -> dict[str, int]:
+        return {model: len(queue) for model, queue in self._queues.items()}
+
+    async def choose(self, route: ModelRoute, view: RequestView, exclude: Collection[str],
+                     config: AdmissionConfig, trace: RequestTrace | None = None) -> tuple[Replica, Decision] | None:
+        """Route among replicas with a free slot; None when no replica is healthy."""
+        queue = self.queue(route)
+        while True:
+            waiting = queue.candidates(exclude, config, route.model)
+            candidates = await (waiting if trace is None else trace.admission(waiting))
+            if not candidates:
+                return None
+            deciding = route.router.decide(view, candidates)
+            decision = await (deciding if trace is None else trace.routing(deciding, route, view))
+            replica = route.pool.get(decision.replica_id)
+            if replica is None:
+                raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
+            cap = config.max_in_flight_per_replica
+            if not cap or replica.in_flight < cap:  # no await from here to pool.track: the slot is ours
+                route.router.dispatched(view, decision)
+                return replica, decision
+

@@ -1,0 +1,304 @@
+"""The aiohttp app: routes, auth, error shapes, lifecycles; the request's story in `_proxied`, its attempt
+loop in `gateway.serving.attempts` (the gateway's own routes, /health to /admin, are in `gateway.admin.ops_routes`).
+
+Usage:
+    app = make_app(load_config("config.yaml"), config_path="config.yaml")
+    serve(app, config)          # gateway.serving.lifecycle: uvloop when importable, graceful SIGTERM
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from gateway.admin.dashboard import add_dashboard_routes
+from gateway.admin.ops_routes import add_ops_routes, reload
+from gateway.config.loader import Config
+from gateway.edge.auth import Caller, authenticate
+from gateway.edge.limits import check_prompt, estimate_prompt, read_view
+from gateway.edge.rate_limits import RateLimits
+from gateway.edge.routes import add_model_routes
+from gateway.edge.shared_quota import SharedQuota
+from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body, http_error_body
+from gateway.insights.prefix_report import PrefixReport
+from gateway.insights.sessions import Sessions
+from gateway.insights.token_costs import TokenCosts
+from gateway.log import HotLogger
+from gateway.observability.decision_log import DecisionLog
+from gateway.observability.metrics import Metrics
+from gateway.observability.request_metrics import record_finished
+from gateway.observability.request_timing import Timing, rounded
+from gateway.observability.tracing import Tracing
+from gateway.relay import headers as h
+from gateway.relay.phrase_chunking import StreamChunking, chunking_for
+from gateway.relay.proxy import CLIENT_CLOSED, Exchange, Proxy
+from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
+from gateway.relay.stream_usage import ask_for_usage
+from gateway.replicas import Monitor
+from gateway.routing.adapters import named
+from gateway.routing.policies import Outcome
+from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.serving import attempts
+from gateway.serving.admission import Admission
+from gateway.serving.app_keys import (
+    ADMISSION,
+    CALLER,
+    DECISIONS,
+    HOMES,
+    METRICS,
+    PREFIX_REPORT,
+    PROXY,
+    RATE_LIMITS,
+    REQUEST_ID,
+    SESSIONS,
+    STATE,
+    TOKEN_COSTS,
+    TRACING,
+)
+from gateway.serving.lifecycle import LIFECYCLE, Lifecycle
+from gateway.view import RequestView
+
+log = structlog.get_logger("gateway.serving.app")
+request_log = HotLogger("gateway.serving.app")  # one event per request
+
+
+def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
+    app = web.Application(middlewares=[error_middleware, auth_middleware])  # limits: read_view, live config
+    app[METRICS] = registry = Metrics()
+    app[STATE] = state = GatewayState(config, config_path, registry.routing)
+    registry.watch(state.pools)
+    registry.watch_feeds(state.kv_feeds.all)
+    app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
+    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
+    app[LIFECYCLE] = Lifecycle()
+    app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
+    app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
+    app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
+    app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
+    app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
+    app.cleanup_ctx.append(_upstream_ctx)
+    if handle_sighup:
+        app.cleanup_ctx.append(_sighup_ctx)
+    add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
+    app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
+    add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
+    add_ops_routes(app)  # /v1/models, /health, /ready, /metrics, /admin/*
+    add_dashboard_routes(app)  # /dashboard: one page over the admin routes
+    return app
+
+
+def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await _proxied(request, endpoint)
+
+    return handler
+
+
+async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
+    """The request's story, top to bottom (its caller is authenticated already: `auth_middleware`)."""
+    exchange = Exchange()  # starts the clock
+    state = request.app[STATE]
+    config = state.config
+    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
+                           config.headers.session)  # parsed once
+    route = _resolved(view, state)
+    _stream_options(request, view, route, exchange, config)
+    with state.using(route.router):  # a reload closes this router only once the request is done
+        await _within_limits(request, view, route, config)
+        _instrumented(route, view, exchange, request)
+        try:  # decide (admission, router) → attempt → on a retryable failure decide again → relay
+            return await attempts.answer(request, view, route, exchange, config)
+        except BaseException as exc:
+            _failed(request.app, view, exchange, exc)
+            raise
+        finally:
+            _finished(request.app, route, view, exchange, config, request[CALLER])
+
+
+def _resolved(view: RequestView, state: GatewayState) -> ModelRoute:
+    """The route of the body's model; an alias, a pattern or the default pool renames the view to its pool
+    (an adapter keeps its name)."""
+    route = state.route_for(view.model)
+    if route.model != view.model:
+        named(view, route.model, state.adapters)
+    return route
+
+
+def _stream_options(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
+                    config: Config) -> None:
+    """How the answer is relayed: chunked in phrases if asked, and the usage event stripped when the gateway
+    asked for it for the accounts."""
+    pool = config.pools.get(route.model)
+    exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
+                                     pool.stream_chunking if pool is not None else StreamChunking())
+    exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)
+
+
+async def _within_limits(request: web.Request, view: RequestView, route: ModelRoute, config: Config) -> None:
+    """The prompt's size limits, then the caller's rate limits; a refusal is counted here and never reaches
+    `_finished` (nothing was routed)."""
+    app, caller = request.app, request[CALLER]
+    try:
+        check_prompt(view, route.routing.prefix, config.limits)
+        if caller.key is not None and (caller.key.requests_per_minute or caller.key.tokens_per_minute):
+            await app[RATE_LIMITS].admit(caller.key, estimate_prompt(view, route.routing.prefix))
+    except GatewayError as exc:
+        app[METRICS].rejected.labels(view.model, "rate_limit" if exc.status == 429 else "limit").inc()
+        if caller.key is not None:
+            app[METRICS].tenant_requests.labels(caller.key.tenant, str(exc.status)).inc()
+        raise
+
+
+def _instrumented(route: ModelRoute, view: RequestView, exchange: Exchange, request: web.Request) -> None:
+    """The router hears of the answer's first byte; answer texts are kept for a router that records them;
+    the request's trace starts (from here on every log event of the request carries its trace_id)."""
+    exchange.on_first_byte = partial(route.router.first_token, view)
+    if route.router.records_answers:
+        exchange.usage.answer = []
+    if (tracing := request.app[TRACING]) is not None:
+        exchange.trace = tracing.request(request, view, exchange.started)
+
+
+def _failed(app: web.Application, view: RequestView, exchange: Exchange, exc: BaseException) -> None:
+    """The status and error a request that got no answer ends with, for `_finished`."""
+    if isinstance(exc, GatewayError):
+        exchange.status, exchange.error = exc.status, exc.message
+        if isinstance(exc, RateLimitError):  # the admission queue's: full, or waited too long
+            app[METRICS].rejected.labels(view.model, "queue").inc()
+    elif isinstance(exc, asyncio.CancelledError):
+        exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
+    elif isinstance(exc, Exception):
+        exchange.status, exchange.error = 500, f"internal error: {type(exc).__name__}"
+
+
+def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config,
+              caller: Caller) -> None:
+    """Close the loop once per request: policy feedback, rate-limit charge, metrics, token costs, one log event."""
+    usage = exchange.usage
+    if exchange.replica_id is not None:  # once per request, for the last replica tried (Router's contract)
+        ok = 0 < exchange.status < 500 and exchange.error is None
+        route.router.finished(view, exchange.replica_id, Outcome(
+            ok=ok, ttft_s=exchange.ttft_s if exchange.streamed and ok else None,
+            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
+    if usage.response_id is not None and exchange.replica_id is not None:
+        app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
+    timing = Timing.of(exchange.queue_s, exchange.ttft_s, time.perf_counter() - exchange.started, exchange.streamed,
+                       usage.completion_tokens)
+    record_finished(app[METRICS], view, exchange, timing, caller)
+    pool = config.pools.get(route.model)
+    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
+    if exchange.decision is not None:
+        app[DECISIONS].record(route.model, view.request_id, exchange.status, exchange.decision, timing, usage)
+    if exchange.replica_id is not None:
+        app[SESSIONS].record(view, route.model, exchange.replica_id, exchange.status, usage, timing)
+        if exchange.status == 200:  # hashed and compared later, off the request path
+            app[PREFIX_REPORT].offer(caller.tenant, route.model, view, route.routing.prefix.chars_per_token,
+                                     route.router.policy.prefill_s_per_token(exchange.replica_id),
+                                     pool.prices if pool is not None else None)
+    if caller.key is not None and usage.completion_tokens:
+        app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
+    if config.logging.requests:
+        request_log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
+                 endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
+                 reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
+                 queue_s=rounded(timing.queue_s), ttft_s=rounded(exchange.ttft_s),
+                 first_phrase_s=rounded(exchange.first_phrase_s), total_s=rounded(timing.total_s),
+                 tokens_per_s=rounded(timing.tokens_per_s), itl_s=rounded(timing.itl_s),
+                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                 cached_tokens=usage.cached_tokens,
+                 retried_from=exchange.failed_replicas or None, error=exchange.error,
+                 decision=exchange.decision.candidates() if exchange.decision else None,
+                 tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}
+                                        if config.logging.prompts else {}))
+    if exchange.trace is not None:
+        exchange.trace.end(exchange, route.routing.policy)
+
+
+@web.middleware
+async def error_middleware(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Outermost: every failure becomes an OpenAI-shape error; unexpected ones are logged as 500s."""
+    request[REQUEST_ID] = request_id = h.request_id(request.headers.get(h.REQUEST_ID))
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        if exc.status in (401, 403):
+            request.app[METRICS].rejected.labels("", "auth").inc()
+        return _error(request, exc.status, exc.body(), exc.headers())
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body over client_max_size
+        if exc.status < 400:
+            raise
+        return _error(request, exc.status, http_error_body(exc.status, exc.reason), {})
+    except Exception:
+        log.exception("unhandled_error", request_id=request_id, path=request.path)
+        return _error(request, 500, error_body("internal gateway error", "InternalServerError", 500), {})
+
+
+@web.middleware
+async def auth_middleware(request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Who is calling, before anything else is read; the key itself goes no further than this."""
+    request[CALLER] = authenticate(request.app[STATE].config.auth, request.path, request.headers)
+    return await handler(request)
+
+
+def _error(request: web.Request, status: int, body: bytes, headers: dict[str, str]) -> web.Response:
+    """An error answer; with `Connection: close` when the body was not read to its end (an oversized or
+    unauthenticated one), as the rest of it would otherwise be read as the connection's next request."""
+    response = web.Response(status=status, body=body,
+                            headers={**headers, "Content-Type": "application/json", h.REQUEST_ID: request[REQUEST_ID]})
+    if not request.content.is_eof():
+        response.force_close()
+    return response
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    """One shared ClientSession for the app's life; the monitor's tasks start and stop with it."""
+    config = app[STATE].config
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s),  # silence: relay.watch
+        auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+    )
+    metrics = app[METRICS]
+    app[PROXY] = Proxy(session, lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc(),
+                       metrics.poison_requests.inc)
+    state = app[STATE]
+    await state.start()
+    app[LIFECYCLE].cut_streams = partial(app[PROXY].watches.cut, "shutdown")
+    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.after_scrape,
+                      on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"))
+    monitor.start()
+    yield
+    await monitor.stop()
+    await state.close()
+    await session.close()
+    if (tracing := app[TRACING]) is not None:
+        await asyncio.to_thread(tracing.shutdown)  # flushing to a slow collector must not stall the loop
+    if (shared := app[RATE_LIMITS].shared) is not None:
+        await shared.close()
+
+
+async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
+    loop = asyncio.get_running_loop()
+    pending: set[asyncio.Task[ConfigError | None]] = set()  # the loop keeps only weak references to tasks
+
+    def on_sighup() -> None:
+        task = loop.create_task(reload(app))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    yield
+    loop.remove_signal_handler(signal.SIGHUP)
+    await asyncio.gather(*pending, return_exceptions=True)
+

@@ -1,0 +1,33 @@
+"""The application's shared parts, by key: one module, so that the request handler (`gateway.serving.app`)
+and the ops handlers (`gateway.admin.ops_routes`) reach the same objects without importing each other."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from gateway.edge.auth import Caller
+from gateway.edge.rate_limits import RateLimits
+from gateway.insights.prefix_report import PrefixReport
+from gateway.insights.sessions import Sessions
+from gateway.insights.token_costs import TokenCosts
+from gateway.observability.decision_log import DecisionLog
+from gateway.observability.metrics import Metrics
+from gateway.observability.tracing import Tracing
+from gateway.relay.proxy import Proxy
+from gateway.relay.stored_responses import ResponseHomes
+from gateway.routing.route_table import GatewayState
+from gateway.serving.admission import Admission
+
+STATE = web.AppKey("state", GatewayState)
+METRICS = web.AppKey("metrics", Metrics)
+PROXY = web.AppKey("proxy", Proxy)
+ADMISSION = web.AppKey("admission", Admission)
+RATE_LIMITS = web.AppKey("rate_limits", RateLimits)
+HOMES = web.AppKey("response_homes", ResponseHomes)
+TOKEN_COSTS = web.AppKey("token_costs", TokenCosts)
+SESSIONS = web.AppKey("sessions", Sessions)
+PREFIX_REPORT = web.AppKey("prefix_report", PrefixReport)
+DECISIONS = web.AppKey("decisions", DecisionLog)
+TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
+REQUEST_ID = web.RequestKey("request_id", str)
+CALLER = web.RequestKey("caller", Caller)

@@ -1,0 +1,84 @@
+"""The attempt loop of one request: decide (a free slot, then the router), attempt, and on a retryable
+failure decide again, never on a replica already tried; `gateway.relay.proxy` makes each attempt and its relay.
+
+Retries happen only before the first byte reaches the client, at most `limits.max_retries` of them. A
+retried 5xx is charged to its replica's breaker only once the request ends without proving poison (a
+second replica answering 5xx: then none is); docs/RELIABILITY.md has the whole table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from aiohttp import web
+
+from gateway.config.loader import Config
+from gateway.errors import GatewayError, NoReplicaError
+from gateway.relay.proxy import Attempt, Exchange, Retryable
+from gateway.replicas import Replica
+from gateway.routing.policies import Decision
+from gateway.routing.route_table import ModelRoute
+from gateway.serving.app_keys import ADMISSION, HOMES, PROXY, STATE
+from gateway.serving.cancel import raise_lost_cancel
+from gateway.view import RequestView
+
+log = structlog.get_logger("gateway.serving.attempts")
+
+
+async def answer(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
+                 config: Config) -> web.StreamResponse:
+    """The client's answer from the first replica that gives one; `NoReplicaError` (or the last attempt's
+    error) when none is left."""
+    app = request.app
+    proxy, queue = app[PROXY], app[ADMISSION].queue(route)
+    failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
+    deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
+    try:
+        for number in range(config.limits.max_retries + 1):
+            chosen = await _decide(request, view, route, exchange, config)
+            if chosen is None:
+                break
+            replica, exchange.decision = chosen
+            exchange.replica_id = replica.replica_id  # from here on router.finished takes the decision back
+            raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
+            attempt = Attempt(replica, exchange.decision, after_5xx=bool(deferred),
+                              last=number == config.limits.max_retries or not route.pool.candidates(
+                                  _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})))
+            with queue.holding(replica):  # its release lets the pool's next waiting request in
+                try:
+                    return await proxy.attempt(request, view, attempt, exchange, config)
+                except Retryable as exc:
+                    failure = exc.error
+                    if proxy.attempt_failed(replica, exc, config):
+                        deferred.append((replica, exc.kind, exc.error.message))
+                    exchange.failed_replicas.append(replica.replica_id)
+                    route.router.failed(view, replica.replica_id)
+                    log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
+                             kind=exc.kind, error=exc.error.message)
+        raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
+                                        retry_after_s=1)
+    finally:
+        if not exchange.poison:
+            for replica, kind, message in deferred:
+                proxy.charge(replica, kind, message, config)
+
+
+async def _decide(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
+                  config: Config) -> tuple[Replica, Decision] | None:
+    """Admission (a replica with a free slot, waiting in the pool's queue for one) and the router's decision
+    among those not yet tried; None when no healthy one is left. The wait counts as the request's queue time."""
+    waiting = time.perf_counter()
+    try:
+        return await request.app[ADMISSION].choose(route, view, _narrowed(request, view, route,
+                                                                          set(exchange.failed_replicas)),
+                                                   config.admission, exchange.trace)
+    finally:
+        exchange.queue_s += time.perf_counter() - waiting
+
+
+def _narrowed(request: web.Request, view: RequestView, route: ModelRoute, exclude: set[str]) -> set[str]:
+    """`exclude`, with the replicas this request may never use: an adapter's non-servers, a follow-up's
+    non-homes (what tells the last attempt, whose 5xx is the client's answer, from a retry)."""
+    app = request.app
+    return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))

@@ -1,0 +1,387 @@
+"""`affinity-gateway simulate`: a discrete-event simulation of a gateway in front of N sim replicas.
+
+Virtual time, no sockets, one process. Each replica is the replica stub's own machinery — its
+`Scheduler`, `KVCacheManager` over a `BlockPool` (prefix cache with LRU eviction) and the sim
+engine's `step_ms` cost model — stepped on an event heap instead of `asyncio.sleep`. The gateway
+side is the real `Router` with the real policy and in-memory warm index, fed the same Candidate
+fields the server builds: exact in-flight counts and a periodic "scrape" of running / waiting /
+KV usage. Prompts are tokenized by the stub's tokenizer and chat template, answers are words
+of the stub's vocabulary, so the cache sees exactly what a real sim replica would see.
+
+With `kv_events`, each replica's block pool feeds the gateway's exact tables directly (the KV-event
+rung with zero delivery delay) and requests are keyed by the same stub tokens; without it, the
+gateway routes from its own history in character blocks, as a gateway without a tokenizer does.
+
+What it leaves out: network and event-loop time (the real stub adds a little per step), health
+probes and failures, and the engine's random answer lengths (like `bench`, every answer is
+exactly `max_tokens` long: `ignore_eos`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from gateway.index.exact import ExactTables
+from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prefix_keys import PrefixParams
+from gateway.prompt.sim_tokens import IM_END, IM_START
+from gateway.prompt.tokenizers import TokenizedPrompt
+from gateway.routing.cost import CostModel
+from gateway.routing.policies import Candidate, Outcome, Policy, build_policy
+from gateway.routing.router import Router
+from gateway.view import RequestView
+from lab import workloads
+from lab.results import Result
+from lab.workloads import Session
+from replica_stub.block_pool import BlockPool, BlockRemoved, BlockStored, KVEvent
+from replica_stub.config import StubConfig
+from replica_stub.engine.simulated import SimEngine
+from replica_stub.kv_cache import KVCacheManager
+from replica_stub.request import Request, SamplingParams
+from replica_stub.scheduler import Scheduler, SchedulerOutput
+
+OnResult = Callable[[Result], None]
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """The simulated cluster. `stub` holds the replicas' settings (KV blocks, batch limits, timing,
+    speedup) with the replica stub's defaults; `scrape_interval_s` is the gateway's `load.interval_s`."""
+
+    replicas: int = 4
+    policy: str = "round_robin"
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    model: str = "stub-model"
+    stub: StubConfig = field(default_factory=lambda: StubConfig().resolved())
+    prefix: PrefixParams = field(default_factory=PrefixParams)
+    scrape_interval_s: float = 0.25
+    concurrency: int = 0  # > 0: closed loop, this many sessions at a time (start times ignored)
+    itl_every: int = 8  # keep every n-th inter-token gap (memory: 100k requests × 256 tokens)
+    seed: int = 0
+    kv_events: bool = False  # route from the replicas' KV events (token keys) instead of history
+
+
+@dataclass(slots=True)
+class _Replica:
+    name: str
+    scheduler: Scheduler
+    in_flight: int = 0
+    running: int = 0  # as last scraped
+    waiting: int = 0
+    kv_usage: float = 0.0
+    busy: bool = False
+
+
+@dataclass(slots=True)
+class _DecodeRun:
+    """Plain decode steps of one replica, fast-forwarded (`Scheduler.decode_only_steps`): each step
+    still has its own event at its own time, but the scheduler is only brought up to date (tokens,
+    inter-token gaps) when the run ends."""
+
+    requests: list[Request]
+    contexts: list[int]  # each request's context in the run's first step
+    steps: int  # at most this many
+    times: list[float]  # when the run started, then when each step ended
+
+
+@dataclass(slots=True)
+class _Active:
+    """A session in flight: its history so far, in stub tokens and in chat messages."""
+
+    session: Session
+    turn: int
+    messages: list[dict[str, str]]
+    token_ids: list[int]
+    answer_rng: random.Random
+    view: RequestView | None = None
+    replica: _Replica | None = None
+    request: Request | None = None  # the one in flight
+    result: Result | None = None
+    last_token_s: float = 0.0
+    answer_ids: list[int] = field(default_factory=list)
+
+
+class Simulation:
+    fast_forward = True  # run plain decode steps without the scheduler's per-step bookkeeping (same results)
+
+    def __init__(self, spec: SimSpec, on_result: OnResult | None = None) -> None:
+        self.spec = spec
+        self.now = 0.0
+        self.on_result = on_result
+        self.results: list[Result] = []
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        stub = spec.stub
+        self.engine = SimEngine(stub.timing, speedup=stub.speedup)
+        self.tokenizer = self.engine.tokenizer
+        self._encoded: dict[str, list[int]] = {}
+        self.prefix = dataclasses.replace(spec.prefix, block_tokens=stub.block_size)
+        self.exact = ExactTables(prefix.model_seed(spec.model), stub.block_size, self.prefix.speculative_ttl_s,
+                                 clock=self.clock) if spec.kv_events else None
+        self.replicas = {name: _Replica(name, Scheduler(
+            KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size, self._event_sink(name))),
+            max_num_seqs=stub.max_num_seqs, max_num_batched_tokens=stub.max_num_batched_tokens,
+            max_model_len=stub.max_model_len))
+            for name in (f"replica-{i}" for i in range(spec.replicas))}
+        self.router = Router(_policy(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
+        for name in self.replicas:
+            self.router.set_capacity(name, stub.num_gpu_blocks * stub.block_size)
+        self._active: dict[str, _Active] = {}
+        self._by_request: dict[str, _Active] = {}
+        self._vocab_ids = [self.tokenizer.encode(w)[0] for w in self.engine.vocab]
+        self._word = dict(zip(self._vocab_ids, self.engine.vocab))
+        self._generation_prompt = self.tokenizer.encode(f"{IM_START}assistant\n")
+        self._end_of_message = self.tokenizer.encode(f"{IM_END}\n")
+        self._queue: list[Session] = []
+        self._ids = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def _event_sink(self, name: str) -> Callable[[KVEvent], None] | None:
+        """The replica's KV events, delivered to the gateway's exact table at once."""
+        exact = self.exact
+        if exact is None:
+            return None
+        exact.set_certain(name, True)
+
+        def deliver(event: KVEvent) -> None:
+            if isinstance(event, BlockStored):
+                exact.stored(name, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+            elif isinstance(event, BlockRemoved):
+                exact.removed(name, event.block_hashes)
+            else:  # AllBlocksCleared
+                exact.cleared(name)
+        return deliver
+
+    def run(self, sessions: list[Session]) -> list[Result]:
+        """Simulate until every session has finished; returns one Result per request."""
+        if self.spec.concurrency > 0:
+            self._queue = list(reversed(sessions))
+            for _ in range(min(self.spec.concurrency, len(sessions))):
+                self._at(0.0, self._next_closed_loop)
+        else:
+            for session in sessions:
+                self._at(session.start_s, lambda s=session: self._start(s))  # type: ignore[misc]
+        self._at(0.0, self._scrape)
+        while self._heap:
+            self.now, _, action = heapq.heappop(self._heap)
+            action()
+        _sync(self.router.close())
+        return self.results
+
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, action))
+
+    def _scrape(self) -> None:
+        for r in self.replicas.values():
+            scheduler = r.scheduler
+            r.running, r.waiting = len(scheduler.running), len(scheduler.waiting)
+            r.kv_usage = scheduler.kv.pool.usage()
+        if self._heap:  # anything left to happen
+            self._at(self.now + self.spec.scrape_interval_s, self._scrape)
+
+    def _next_closed_loop(self) -> None:
+        if self._queue:
+            self._start(self._queue.pop())
+
+    def _start(self, session: Session) -> None:
+        seed = xxhash.xxh3_64_intdigest(f"{self.spec.seed}:{session.session_id}".encode())
+        messages = [{"role": "system", "content": session.system}] if session.system else []
+        tokens = [t for m in messages for t in self._encode_message(m, cache=True)]
+        active = _Active(session, 0, messages, tokens, random.Random(seed))
+        self._active[session.session_id] = active
+        self._send(active)
+
+    def _encode_message(self, message: dict[str, str], cache: bool = False) -> list[int]:
+        """The stub's ChatML rendering of one message, tokenized. Every message starts with a
+        special token, so encoding message by message equals encoding the whole template."""
+        text = f"{IM_START}{message['role']}\n{message['content']}{IM_END}\n"
+        if not cache:
+            return self.tokenizer.encode(text)
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = self.tokenizer.encode(text)
+        return ids
+
+    def _send(self, active: _Active) -> None:
+        session, spec = active.session, self.spec
+        message = {"role": "user", "content": session.user_turns[active.turn]}
+        active.messages.append(message)
+        active.token_ids += self._encode_message(message)
+        prompt_ids = active.token_ids + self._generation_prompt
+        self._ids += 1
+        request_id = f"sim-{self._ids}"
+        stub = spec.stub
+        if len(prompt_ids) + session.max_tokens > stub.max_model_len:  # the stub answers 400, as vLLM does
+            self._record(Result(session.session_id, active.turn, ok=False, status=400, scheduled_s=self.now,
+                                sent_s=self.now, error="prompt + max_tokens exceed max_model_len"))
+            self._end(active)
+            return
+        body = {"model": spec.model, "messages": list(active.messages), "max_tokens": session.max_tokens,
+                "stream": True}
+        view = RequestView(request_id, "chat", spec.model, True, body, b"", session_key=session.session_id)
+        if self.exact is not None:  # token keys, as a gateway with the model's tokenizer computes them
+            system = len(self._encode_message(active.messages[0], cache=True)) if session.system else 0
+            prefix.attach(view, prefix.from_tokens(view, self.prefix, TokenizedPrompt(tuple(prompt_ids), system)))
+        candidates = [Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage)
+                      for r in self.replicas.values()]
+        replica = self.replicas[_sync(self.router.route(view, candidates)).replica_id]
+        replica.in_flight += 1
+        max_tokens = session.max_tokens
+        request = Request(request_id, prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                          stub.block_size, eos_token_id=self.tokenizer.eos_token_id, arrival_time=self.now)
+        vocab = self._vocab_ids
+        active.answer_ids = [vocab[i] for i in workloads.below(active.answer_rng, len(vocab), max_tokens)]
+        active.view, active.replica, active.request = view, replica, request
+        active.result = Result(session.session_id, active.turn, ok=False, scheduled_s=self.now, sent_s=self.now,
+                               replica=replica.name)
+        self._by_request[request_id] = active
+        replica.scheduler.add_request(request)
+        if not replica.busy:
+            self._step(replica)
+
+    def _step(self, replica: _Replica) -> None:
+        if self.fast_forward:
+            steps = replica.scheduler.decode_only_steps()
+            if steps:
+                running = list(replica.scheduler.running)
+                replica.busy = True
+                self._decode_step(replica, _DecodeRun(running, [r.num_computed_tokens for r in running], steps,
+                                                      [self.now]))
+                return
+        out = replica.scheduler.schedule()
+        if not out.scheduled:
+            replica.busy = False
+            return
+        replica.busy = True
+        engine = self.engine
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + engine.step_ms(out) / 1000 / engine.speedup, self._seq,
+                                    lambda: self._step_done(replica, out)))
+
+    def _decode_step(self, replica: _Replica, run: _DecodeRun) -> None:
+        """Start the run's next step: what `_step` does for it (the engine's cost of a decode-only step)."""
+        done = len(run.times) - 1
+        engine = self.engine
+        step_ms = engine.timing.step_ms((), [context + done for context in run.contexts])
+        self._seq += 1
+        heapq.heappush(self._heap, (self.now + step_ms / 1000 / engine.speedup, self._seq,
+                                    lambda: self._decode_step_done(replica, run)))
+
+    def _decode_step_done(self, replica: _Replica, run: _DecodeRun) -> None:
+        run.times.append(self.now)
+        if len(run.times) - 1 < run.steps and not replica.scheduler.waiting:
+            self._decode_step(replica, run)  # the next step is a plain decode step too
+            return
+        # Bring the scheduler and the results to where `_step_done` would have left them after each step.
+        every, times, by_request = self.spec.itl_every, run.times, self._by_request
+        steps = len(times) - 1
+        for request in run.requests:
+            active = by_request[request.request_id]
+            result = active.result
+            assert result is not None and result.ttft_s is not None  # past its first token
+            done = len(request.output_token_ids)
+            replica.scheduler.advance_decode(request, active.answer_ids[done:done + steps])
+            last = active.last_token_s
+            for step in range(1, steps + 1):
+                if (done + step) % every == 0:
+                    result.itl_s.append(times[step] - last)
+                last = times[step]
+            active.last_token_s = last
+        self._step(replica)
+
+    def _step_done(self, replica: _Replica, out: SchedulerOutput) -> None:
+        by_request = self._by_request
+        sampled = {}
+        for s in out.scheduled:
+            stepped = s.request
+            if stepped.num_computed_tokens + s.num_new_tokens == len(stepped.all_token_ids):  # s.samples
+                request_id = stepped.request_id
+                sampled[request_id] = by_request[request_id].answer_ids[len(stepped.output_token_ids)]
+        every, now = self.spec.itl_every, self.now
+        for output in replica.scheduler.update_from_output(out, sampled):
+            active = by_request[output.request_id]
+            result, request = active.result, active.request
+            assert result is not None and request is not None
+            if result.ttft_s is None:
+                result.ttft_s = now - result.sent_s
+                assert active.view is not None
+                self.router.first_token(active.view, replica.name)
+            elif len(request.output_token_ids) % every == 0:
+                result.itl_s.append(now - active.last_token_s)
+            active.last_token_s = now
+            if output.finish_reason is not None:
+                self._finish(active, request)
+        self._step(replica)
+
+    def _finish(self, active: _Active, request: Request) -> None:
+        result, replica, view = active.result, active.replica, active.view
+        assert result is not None and replica is not None and view is not None
+        del self._by_request[request.request_id]
+        active.request = None
+        replica.in_flight -= 1
+        result.ok, result.status, result.e2e_s = True, 200, self.now - result.sent_s
+        result.prompt_tokens, result.completion_tokens = request.num_prompt_tokens, len(request.output_token_ids)
+        result.cached_tokens = request.num_cached_tokens or 0
+        answer = "".join(self._word[t] for t in request.output_token_ids)
+        predicted = self.router.finished(view, replica.name, Outcome(
+            ok=True, ttft_s=result.ttft_s, prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
+            answer=answer if self.router.records_answers else None))
+        if predicted is not None and self.router.policy.needs_index:
+            result.predicted_cached_tokens = predicted.cached_tokens
+        self._record(result)
+        active.messages.append({"role": "assistant", "content": answer})
+        # The tokenizer is prefix-stable and the answer is whole vocabulary words, so the next turn's
+        # prompt continues this request's tokens exactly, as the stub re-tokenizes it.
+        active.token_ids = [*request.prompt_token_ids, *request.output_token_ids, *self._end_of_message]
+        active.turn += 1
+        session = active.session
+        if active.turn < len(session.user_turns):
+            self._at(self.now + session.think_s, lambda: self._send(active))
+        else:
+            self._end(active)
+
+    def _record(self, result: Result) -> None:
+        self.results.append(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def _end(self, active: _Active) -> None:
+        del self._active[active.session.session_id]
+        if self.spec.concurrency > 0:
+            self._next_closed_loop()
+
+
+def _policy(spec: SimSpec, clock: Callable[[], float]) -> Policy:
+    params = dict(spec.policy_params)
+    policy = build_policy(spec.policy, params, "simulate")
+    if "seed" in {f.name for f in dataclasses.fields(policy.Params)} and "seed" not in params:
+        policy = build_policy(spec.policy, {**params, "seed": spec.seed}, "simulate")  # reproducible runs
+    # The prefix policy's prefill queue drains in (virtual) time: give it the simulation's clock.
+    cost = getattr(policy, "cost", None)
+    if isinstance(cost, CostModel):
+        cost.clock = clock
+    return policy
+
+
+def _sync(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never really waits (the in-memory index) to completion, synchronously."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the simulation needs an index that never waits (index.store: memory)")
+
+
+def simulate(sessions: list[Session], spec: SimSpec, on_result: OnResult | None = None) -> list[Result]:
+    return Simulation(spec, on_result).run(sessions)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-PEERS_DIR = Path(os.environ.get("AFFINITY_PEERS_DIR", Path(__file__).resolve().parents[2] / ".peers"))
+PEERS_DIR = Path(os.environ.get("AFFINITY_PEERS_DIR", Path(__file__).resolve().parents[1] / ".peers"))
 
 
 @dataclass(frozen=True)

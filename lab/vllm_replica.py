@@ -25,7 +25,7 @@ from gateway.prompt.model_cache import converted_dir
 from lab.peers import isolated
 from replica_stub.engine.cpu_dtype import resolve_dtype
 
-VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().parents[2] / ".vllm"))
+VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().parents[1] / ".vllm"))
 BLOCK_TOKENS = 128  # the CPU backend's block size (forced by the platform)
 MAX_MODEL_LEN = 4096
 KV_CACHE_GIB = 1

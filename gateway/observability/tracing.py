@@ -117,7 +117,6 @@ class RequestTrace:
         self._context = set_span_in_context(self.span, parent)
         self._attempt: Span | None = None
         self._attempts = 0
-        self._evidence = ""
         self.trace_id = format(self.span.get_span_context().trace_id, "032x")
         structlog.contextvars.bind_contextvars(trace_id=self.trace_id)
 
@@ -130,9 +129,7 @@ class RequestTrace:
         """One routing decision, with what it was based on."""
         with self._tracing.tracer.start_as_current_span("route", context=self._context) as span:
             decision = await deciding
-            predicted = route.router.prediction(view.request_id)
-            self._evidence = predicted[1] if predicted is not None else ""
-            span.set_attributes(_decision(decision, route.routing.policy, self._evidence))
+            span.set_attributes(_decision(decision, route.routing.policy))
             return decision
 
     async def attempt(self, replica: Replica, sending: Awaitable[T], exchange: Exchange) -> T:
@@ -175,7 +172,7 @@ class RequestTrace:
         span = self.span
         span.set_attribute("http.response.status_code", exchange.status)
         if exchange.decision is not None:
-            span.set_attributes(_decision(exchange.decision, policy, self._evidence))
+            span.set_attributes(_decision(exchange.decision, policy))
         if exchange.failed_replicas:
             span.set_attribute("gateway.retried_from", exchange.failed_replicas)
         if exchange.ttft_s is not None:
@@ -186,12 +183,12 @@ class RequestTrace:
         structlog.contextvars.unbind_contextvars("trace_id")
 
 
-def _decision(decision: Decision, policy: str, evidence: str) -> dict[str, Any]:
+def _decision(decision: Decision, policy: str) -> dict[str, Any]:
     """The decision's attributes: the same facts as the request log event's."""
     attributes: dict[str, Any] = {"gateway.route.policy": policy, "gateway.route.replica": decision.replica_id,
                                   "gateway.route.reason": decision.reason}
-    if evidence:
-        attributes["gateway.route.evidence"] = evidence
+    if decision.evidence:
+        attributes["gateway.route.evidence"] = decision.evidence
     chosen = decision.chosen()
     if chosen is not None:  # prefix_affinity's score is its predicted TTFT; others' are their own order
         attributes["gateway.route.predicted_ttft_s" if policy == "prefix_affinity" else "gateway.route.score"] = \

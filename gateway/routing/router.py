@@ -81,21 +81,21 @@ class Router:
         decision = self.policy.choose(view, candidates)
         chosen = decision.chosen()
         rung = evidence.get(decision.replica_id, "")
-        if chosen is not None:
-            self._track(view.request_id, chosen, rung)
+        if rung:
+            decision = dataclasses.replace(decision, evidence=rung)
         if self.metrics is not None:
             self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
 
-    def prediction(self, request_id: str) -> tuple[Score, str] | None:
-        """The chosen replica's row at the request's last decision and its evidence rung (observability.tracing)."""
-        return self._predicted.get(request_id)
-
     def dispatched(self, view: RequestView, decision: Decision) -> None:
-        """The request holds its slot on the chosen replica and is sent next: count its queued
-        prefill there and its blocks as warm there (so a burst of siblings follows it)."""
+        """Commit a decision: the request holds its slot on the chosen replica and is sent next. Count its
+        queued prefill there and its blocks as warm there (so a burst of siblings follows it), and keep
+        the prediction to check against the answer. Only a committed decision leaves a trace."""
         replica_id = decision.replica_id
-        self.policy.on_dispatched(view, replica_id)
+        chosen = decision.chosen()
+        if chosen is not None:
+            self._track(view.request_id, chosen, decision.evidence)
+        self.policy.on_dispatched(view, decision)
         if self.policy.needs_index and view.block_hashes:
             added = self.index.record(replica_id, view.block_hashes)
             view.recorded = (replica_id, added)

@@ -131,7 +131,9 @@ class Admission:
 
     async def choose(self, route: ModelRoute, view: RequestView, exclude: Collection[str],
                      config: AdmissionConfig, trace: RequestTrace | None = None) -> tuple[Replica, Decision] | None:
-        """Route among replicas with a free slot; None when no replica is healthy."""
+        """Decide among replicas with a free slot; None when no replica is healthy. The decision is not
+        committed: the caller commits it (`router.dispatched`) once it holds the slot (`PoolQueue.holding`),
+        with no await between this return and that."""
         queue = self.queue(route)
         while True:
             waiting = queue.candidates(exclude, config, route.model)
@@ -145,6 +147,5 @@ class Admission:
                 raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
             cap = config.max_in_flight_per_replica
             if not cap or replica.in_flight < cap:  # no await from here to pool.track: the slot is ours
-                route.router.dispatched(view, decision)
                 return replica, decision
 

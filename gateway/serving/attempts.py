@@ -1,5 +1,9 @@
-"""The attempt loop of one request: decide (a free slot, then the router), attempt, and on a retryable
-failure decide again, never on a replica already tried; `gateway.relay.proxy` makes each attempt and its relay.
+"""The attempt loop of one request: decide (a free slot, then the router), commit the decision once its
+slot is held, attempt, and on a retryable failure decide again, never on a replica already tried;
+`gateway.relay.proxy` makes each attempt and its relay.
+
+Only a committed decision reaches the router's bookkeeping (warm prefixes, queued prefill, the
+prediction): a client that leaves between deciding and holding the slot leaves nothing behind.
 
 Retries happen only before the first byte reaches the client, at most `limits.max_retries` of them. A
 retried 5xx is charged to its replica's breaker only once the request ends without proving poison (a
@@ -39,13 +43,14 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
             chosen = await _decide(request, view, route, exchange, config)
             if chosen is None:
                 break
-            replica, exchange.decision = chosen
-            exchange.replica_id = replica.replica_id  # from here on router.finished takes the decision back
+            replica, decision = chosen
             raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
-            attempt = Attempt(replica, exchange.decision, after_5xx=bool(deferred),
+            attempt = Attempt(replica, decision, after_5xx=bool(deferred),
                               last=number == config.limits.max_retries or not route.pool.candidates(
                                   _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})))
             with queue.holding(replica):  # its release lets the pool's next waiting request in
+                route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
+                exchange.decision, exchange.replica_id = decision, replica.replica_id  # router.finished undoes it
                 try:
                     return await proxy.attempt(request, view, attempt, exchange, config)
                 except Retryable as exc:

@@ -11,7 +11,7 @@ import builtins
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gateway.config import schema
@@ -51,6 +51,10 @@ class Decision:
     replica_id: str
     reason: str  # why this replica: "round_robin", "least_loaded", "prefix_hit", "load_bound", ...
     scores: tuple[Score, ...] = ()
+    evidence: str = ""  # the warm-prefix rung behind the chosen row's cached tokens (the Router fills it)
+    # What the policy worked out for this choice and needs again when it is committed (`on_dispatched`):
+    # it travels with the decision, so a decision that is never committed leaves nothing behind.
+    plan: Any = field(default=None, compare=False, repr=False)
 
     def explain(self) -> dict[str, Any]:
         return {"replica": self.replica_id, "reason": self.reason, "candidates": self.candidates()}
@@ -109,8 +113,9 @@ class Policy(ABC):
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         """Pick one of `candidates` (never empty). Pure: no I/O, no awaits."""
 
-    def on_dispatched(self, view: RequestView, replica_id: str) -> None:
-        """Called once the request holds its slot on `replica_id` and is about to be sent."""
+    def on_dispatched(self, view: RequestView, decision: Decision) -> None:
+        """The request holds its slot on `decision.replica_id` and is sent next: the decision is committed.
+        A decision that is never committed (the client left, the slot went elsewhere) reaches no hook."""
 
     def on_failed(self, view: RequestView, replica_id: str) -> None:
         """That attempt failed before any answer (connect error, 5xx): undo what `on_dispatched` counted."""

@@ -39,7 +39,8 @@ from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import CHARACTERS, TOKENS, PrefixParams
 from gateway.prompt.tokenizers import PromptKeys
-from gateway.routing.policies import Candidate, Decision, Outcome, Policy, Score
+from gateway.request.decision import Candidate, Decision, Outcome, Score
+from gateway.routing.policies import Policy
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.routing.router")
@@ -178,6 +179,10 @@ class Router:
     def token_ratio_of(self, view: RequestView) -> float:
         """The ratio the view's character-key estimate was scaled by."""
         return view.tokens_per_block / self.prefix_params.tokens_per_block
+
+    def prefill_s_per_token(self, replica_id: str) -> float | None:
+        """The prefill cost per token the policy has learned for the replica, if it models one."""
+        return self.policy.prefill_s_per_token(replica_id)
 
     def first_token(self, view: RequestView, replica_id: str) -> None:
         """The answer's first byte came from `replica_id`: its prefill is done (the cost model's

@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import time
 
-import structlog
 from aiohttp import web
 
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError
-from gateway.relay.proxy import Attempt, Exchange, Retryable
+from gateway.relay.proxy import Attempt, Retryable
 from gateway.replicas import Replica
-from gateway.routing.policies import Decision
+from gateway.request.decision import Decision
+from gateway.request.exchange import Exchange
 from gateway.routing.route_table import ModelRoute
-from gateway.serving.app_keys import ADMISSION, HOMES, PROXY, STATE
+from gateway.serving.app_keys import ADMISSION, HOMES, OBSERVERS, PROXY, STATE
 from gateway.serving.cancel import raise_lost_cancel
 from gateway.view import RequestView
-
-log = structlog.get_logger("gateway.serving.attempts")
 
 
 async def answer(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
@@ -58,9 +56,8 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
                     if proxy.attempt_failed(replica, exc, config):
                         deferred.append((replica, exc.kind, exc.error.message))
                     exchange.failed_replicas.append(replica.replica_id)
-                    route.router.failed(view, replica.replica_id)
-                    log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
-                             kind=exc.kind, error=exc.error.message)
+                    route.router.failed(view, replica.replica_id)  # undo the commit: it never ran there
+                    app[OBSERVERS].attempt_failed(exchange, replica.replica_id, exc.kind, exc.error.message)
         raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
                                         retry_after_s=1)
     finally:

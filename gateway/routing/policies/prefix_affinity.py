@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import ConfigError
+from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.cost import CostModel, CostParams
 from gateway.routing.policies import register
-from gateway.routing.policies.base import Candidate, Decision, Outcome, Policy, Score
+from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
 from gateway.view import RequestView
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.config.loader import parse_config
 from gateway.replicas import ReplicaPool
-from gateway.routing.policies import Decision
+from gateway.request.decision import Decision
 from gateway.routing.router import Router
 from gateway.serving.app import make_app
 from gateway.serving.app_keys import STATE

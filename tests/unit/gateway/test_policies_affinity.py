@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, Decision, Outcome, Policy, Score, build_policy
+from gateway.request.decision import Candidate, Decision, Outcome, Score
+from gateway.routing.policies import Policy, build_policy
 from gateway.routing.policies.bound import has_room, has_room_loads
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.routing.policies import Candidate, Decision
+from gateway.request.decision import Candidate, Decision
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
 from tests.unit.gateway.test_policies_affinity import (

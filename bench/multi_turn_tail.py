@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.policy_matrix import MULTI_TURN
-from gateway.routing.policies import Candidate, Decision
+from gateway.request.decision import Candidate, Decision
 from gateway.view import RequestView
 from lab.results import Result, quantile
 from lab.simulate import SimSpec, Simulation

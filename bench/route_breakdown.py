@@ -17,7 +17,8 @@ from typing import Any
 from gateway.index.memory import MemoryIndex
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import PrefixParams
-from gateway.routing.policies import Candidate, build_policy
+from gateway.request.decision import Candidate
+from gateway.routing.policies import build_policy
 from gateway.view import RequestView
 from lab.workloads import words
 

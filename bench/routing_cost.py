@@ -30,7 +30,8 @@ from redis.asyncio import Redis
 from gateway.index import IndexParams, WarmIndex, build_index
 from gateway.log import setup_logging
 from gateway.prompt.prefix_keys import PrefixParams
-from gateway.routing.policies import Candidate, build_policy
+from gateway.request.decision import Candidate
+from gateway.routing.policies import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab.results import quantile

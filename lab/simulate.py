@@ -33,8 +33,9 @@ from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import PrefixParams
 from gateway.prompt.sim_tokens import IM_END, IM_START
 from gateway.prompt.tokenizers import TokenizedPrompt
+from gateway.request.decision import Candidate, Outcome
 from gateway.routing.cost import CostModel
-from gateway.routing.policies import Candidate, Outcome, Policy, build_policy
+from gateway.routing.policies import Policy, build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab import workloads

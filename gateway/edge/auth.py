@@ -28,6 +28,7 @@ from functools import cached_property
 from gateway.admin.dashboard import DASHBOARD_PATHS
 from gateway.config.secret_files import secret_lines
 from gateway.errors import AuthenticationError, ConfigError, PermissionDeniedError
+from gateway.request.caller import ANONYMOUS, Caller
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", *DASHBOARD_PATHS})
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -97,20 +98,6 @@ class AuthConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.keys)
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """The authenticated caller of one request (`key` None when auth is off)."""
-
-    key: ApiKeyConfig | None = None
-
-    @property
-    def tenant(self) -> str | None:
-        return self.key.tenant if self.key else None
-
-
-ANONYMOUS = Caller()
 
 
 def hash_key(key: str) -> str:

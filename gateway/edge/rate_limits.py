@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from gateway.edge.auth import ApiKeyConfig
 from gateway.edge.shared_quota import SharedQuota
 from gateway.errors import RateLimitError
+from gateway.request.exchange import FinishedRequest
+from gateway.request.observers import RequestObserver
 
 
 @dataclass(slots=True)
@@ -33,7 +35,9 @@ class _Bucket:
         return max(0.0, (amount - self.level) * 60.0 / per_minute)
 
 
-class RateLimits:
+class RateLimits(RequestObserver):
+    """Admits requests within their key's rates, and charges each answer's completion tokens."""
+
     def __init__(self, shared: SharedQuota | None = None) -> None:
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self.shared = shared
@@ -76,6 +80,10 @@ class RateLimits:
                 raise RateLimitError(f"rate limit of {per_minute:g} {kind} per minute reached (all gateways)",
                                      retry_after_s=next_window_s)
         return True
+
+    def finished(self, done: FinishedRequest) -> None:
+        if done.caller.key is not None and done.usage.completion_tokens:
+            self.charge_tokens(done.caller.key, done.usage.completion_tokens)
 
     def charge_tokens(self, key: ApiKeyConfig, tokens: int) -> None:
         """The completion tokens of a finished answer."""

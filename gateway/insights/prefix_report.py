@@ -45,6 +45,8 @@ from aiohttp import web
 from gateway.errors import ConfigError
 from gateway.insights.token_costs import ANONYMOUS, Prices
 from gateway.prompt.prefix_keys import prompt_source
+from gateway.request.exchange import FinishedRequest
+from gateway.request.observers import RequestObserver
 from gateway.routing.cost import CostParams
 from gateway.serving.background import background
 
@@ -160,7 +162,9 @@ class _Finding:
                 **({"around": self.around} if self.around is not None else {})}
 
 
-class PrefixReport:
+class PrefixReport(RequestObserver):
+    """Offered every answered request's prefix chain; hashes and compares them off the request path."""
+
     def __init__(self, config: PrefixReportConfig, show_text: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.show_text = show_text  # logging.prompts now: keep a few characters around a divergence
@@ -176,6 +180,12 @@ class PrefixReport:
         report = cls(config, show_text)
         app.cleanup_ctx.append(background("prefix-report", report._loop))
         return report
+
+    def finished(self, done: FinishedRequest) -> None:
+        if done.replica_id is not None and done.status == 200:
+            pool = done.pool
+            self.offer(done.caller.tenant, done.model, done.view, done.routing.prefix.chars_per_token,
+                       done.router.prefill_s_per_token(done.replica_id), pool.prices if pool is not None else None)
 
     def offer(self, tenant: str | None, model: str, view: RequestView, chars_per_token: float,
               prefill_s_per_token: float | None, prices: Prices | None) -> None:

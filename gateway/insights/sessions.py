@@ -28,8 +28,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
 from gateway.errors import ConfigError
-from gateway.observability.request_timing import Timing, rounded
-from gateway.relay.usage import Usage
+from gateway.request.exchange import FinishedRequest
+from gateway.request.observers import RequestObserver
+from gateway.request.timing import Timing, rounded
+from gateway.request.usage import Usage
 from gateway.serving.background import background
 from gateway.view import RequestView
 
@@ -117,7 +119,9 @@ class Session:
                 "prefill_share": round(self.prefill_s / self.streamed_s, 4) if self.streamed_s > 0 else None}
 
 
-class Sessions:
+class Sessions(RequestObserver):
+    """Every session's timeline, from the requests that reached a replica."""
+
     def __init__(self, config: SessionsConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently active first
@@ -137,6 +141,10 @@ class Sessions:
         sessions = cls(config, registry)
         app.cleanup_ctx.append(background("sessions-sweep", sessions._sweep_loop))
         return sessions
+
+    def finished(self, done: FinishedRequest) -> None:
+        if done.replica_id is not None:
+            self.record(done.view, done.model, done.replica_id, done.status, done.usage, done.timing)
 
     def record(self, view: RequestView, model: str, replica: str | None, status: int, usage: Usage,
                timing: Timing) -> None:

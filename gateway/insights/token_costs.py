@@ -5,7 +5,7 @@ Prices are per pool (YAML `pools.<model>.prices`), in money per million tokens:
     cost  = ((prompt − cached) × input + cached × cached_input + completion × output) / 1e6
     saved = cached × (input − cached_input) / 1e6      what the cache hits would have cost more
 
-A finished request's usage (`gateway.relay.usage`) adds to counters in memory, a few dict updates and no
+A finished request's usage (`gateway.request.usage`) adds to counters in memory, a few dict updates and no
 I/O: lifetime totals per (tenant, model), exported as Prometheus counters at scrape time; one-minute
 buckets per (tenant, model) for the last 24 hours (older ones are dropped: about 200 bytes per
 active tenant and model per minute), behind `GET /admin/usage`; and, with a shared store, the deltas
@@ -35,7 +35,9 @@ from prometheus_client.registry import Collector
 
 from gateway.errors import BadRequestError, ConfigError
 from gateway.insights.shared_usage import SharedUsage
-from gateway.relay.usage import Usage
+from gateway.request.exchange import FinishedRequest
+from gateway.request.observers import RequestObserver
+from gateway.request.usage import Usage
 
 if TYPE_CHECKING:
     from gateway.config.loader import Config, PoolConfig
@@ -135,7 +137,9 @@ class UsageQuery:
         return range(int(self.start_s // BUCKET_S), int(self.now_s // BUCKET_S) + 1)
 
 
-class TokenCosts:
+class TokenCosts(RequestObserver):
+    """Tokens, cost and cache savings per tenant and model, from each finished request's usage."""
+
     def __init__(self, shared: SharedUsage | None = None) -> None:
         self.shared = shared
         self._totals: dict[Key, Counts] = {}  # since start: the Prometheus counters
@@ -153,6 +157,9 @@ class TokenCosts:
         registry.register(_CostCollector(costs))
         app.cleanup_ctx.append(costs._running)
         return costs
+
+    def finished(self, done: FinishedRequest) -> None:
+        self.record(done.caller.tenant, done.model, done.usage, done.pool)
 
     def record(self, tenant: str | None, model: str, usage: Usage, pool: PoolConfig | None) -> None:
         """One finished request (called once, from `gateway.serving.app._finished`); no usage: nothing to count."""

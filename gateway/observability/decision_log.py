@@ -13,9 +13,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.observability.request_timing import Timing, rounded
-from gateway.relay.usage import Usage
-from gateway.routing.policies import Decision
+from gateway.request.decision import Decision
+from gateway.request.exchange import FinishedRequest
+from gateway.request.observers import RequestObserver
+from gateway.request.timing import Timing, rounded
+from gateway.request.usage import Usage
 
 SIZE = 200
 
@@ -32,9 +34,15 @@ class _Entry:
     cached_tokens: int | None
 
 
-class DecisionLog:
+class DecisionLog(RequestObserver):
+    """The latest committed decisions, as their requests finish."""
+
     def __init__(self, size: int = SIZE) -> None:
         self._entries: deque[_Entry] = deque(maxlen=size)
+
+    def finished(self, done: FinishedRequest) -> None:
+        if done.decision is not None:
+            self.record(done.model, done.view.request_id, done.status, done.decision, done.timing, done.usage)
 
     def record(self, model: str, request_id: str, status: int, decision: Decision, timing: Timing,
                usage: Usage) -> None:

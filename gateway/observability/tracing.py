@@ -6,7 +6,7 @@ attempt (a CLIENT span per retry, whose context goes to the replica as `tracepar
 id is bound into structlog's context vars, so every event logged while it runs carries `trace_id`.
 
 Nothing here imports opentelemetry until a `Tracing` is built: a gateway with tracing off never loads it,
-and its request path pays one `is None` test per hook (`Exchange.trace`).
+registers no tracing observer, and its requests carry the null trace (`gateway.request.exchange.NO_TRACE`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import ConfigError
+from gateway.request.exchange import Exchange, FinishedRequest, RequestTrace
+from gateway.request.observers import RequestObserver
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span
 
-    from gateway.relay.proxy import Exchange
-    from gateway.replicas import Replica
-    from gateway.routing.policies import Decision
-    from gateway.routing.route_table import ModelRoute
+    from gateway.request.decision import Decision
     from gateway.view import RequestView
 
 T = TypeVar("T")
@@ -63,8 +62,9 @@ class TracingConfig:
                                   key=f"{key}.enabled") from None
 
 
-class Tracing:
-    """The app's tracer, on a provider of its own (never the global one: apps and tests do not share spans)."""
+class Tracing(RequestObserver):
+    """The app's tracer, on a provider of its own (never the global one: apps and tests do not share spans);
+    as an observer, it marks each request's first byte and ends its server span."""
 
     def __init__(self, config: TracingConfig, exporter: SpanExporter | None = None) -> None:
         """`exporter` replaces the OTLP one, exporting each span as it ends (tests: the in-memory exporter)."""
@@ -87,17 +87,24 @@ class Tracing:
         self.tracer = self.provider.get_tracer("affinity-gateway")
         self.propagator = TraceContextTextMapPropagator()
 
-    def request(self, request: web.Request, view: RequestView, started: float) -> RequestTrace:
+    def request(self, request: web.Request, view: RequestView, started: float) -> SpanTrace:
         """Open the request's server span, back-dated to `started` (a perf_counter reading)."""
-        return RequestTrace(self, request, view, started)
+        return SpanTrace(self, request, view, started)
+
+    def first_byte(self, exchange: Exchange, replica_id: str) -> None:
+        exchange.trace.first_byte(exchange.ttft_s or 0.0, replica_id)
+
+    def finished(self, done: FinishedRequest) -> None:
+        """Close the server span (after the request's log event, which carries the trace id)."""
+        done.trace.end(done)
 
     def shutdown(self) -> None:
         """Flush what is buffered to the collector (at the app's cleanup)."""
         self.provider.shutdown()
 
 
-class RequestTrace:
-    """One request's spans; its methods are the hooks of serving.app, serving.admission and relay.proxy."""
+class SpanTrace(RequestTrace):
+    """One request's spans; its methods are the hooks of serving.admission, serving.attempts and relay.proxy."""
 
     def __init__(self, tracing: Tracing, request: web.Request, view: RequestView, started: float) -> None:
         from opentelemetry.trace import SpanKind, set_span_in_context
@@ -117,7 +124,6 @@ class RequestTrace:
         self._context = set_span_in_context(self.span, parent)
         self._attempt: Span | None = None
         self._attempts = 0
-        self._evidence = ""
         self.trace_id = format(self.span.get_span_context().trace_id, "032x")
         structlog.contextvars.bind_contextvars(trace_id=self.trace_id)
 
@@ -126,24 +132,21 @@ class RequestTrace:
         with self._tracing.tracer.start_as_current_span("admission", context=self._context):
             return await waiting
 
-    async def routing(self, deciding: Awaitable[Decision], route: ModelRoute, view: RequestView) -> Decision:
+    async def routing(self, deciding: Awaitable[Decision], policy: str) -> Decision:
         """One routing decision, with what it was based on."""
         with self._tracing.tracer.start_as_current_span("route", context=self._context) as span:
             decision = await deciding
-            predicted = route.router.prediction(view.request_id)
-            self._evidence = predicted[1] if predicted is not None else ""
-            span.set_attributes(_decision(decision, route.routing.policy, self._evidence))
+            span.set_attributes(_decision(decision, policy))
             return decision
 
-    async def attempt(self, replica: Replica, sending: Awaitable[T], exchange: Exchange) -> T:
+    async def attempt(self, replica_id: str, url: str, sending: Awaitable[T], exchange: Exchange) -> T:
         """One upstream attempt, to its answer's end; its context is what `inject` sends the replica."""
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         self._attempts += 1
         span = self._attempt = self._tracing.tracer.start_span(
-            f"upstream {replica.replica_id}", context=self._context, kind=SpanKind.CLIENT,
-            attributes={"gateway.replica": replica.replica_id, "gateway.attempt": self._attempts,
-                        "server.address": replica.url})
+            f"upstream {replica_id}", context=self._context, kind=SpanKind.CLIENT,
+            attributes={"gateway.replica": replica_id, "gateway.attempt": self._attempts, "server.address": url})
         try:
             result = await sending
         except BaseException as exc:
@@ -168,30 +171,29 @@ class RequestTrace:
     def first_byte(self, ttft_s: float, replica_id: str) -> None:
         self.span.add_event("first_byte", {"gateway.ttft_s": ttft_s, "gateway.replica": replica_id})
 
-    def end(self, exchange: Exchange, policy: str) -> None:
-        """Close the server span (after the request's log event, which carries the trace id)."""
+    def end(self, done: FinishedRequest) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         span = self.span
-        span.set_attribute("http.response.status_code", exchange.status)
-        if exchange.decision is not None:
-            span.set_attributes(_decision(exchange.decision, policy, self._evidence))
-        if exchange.failed_replicas:
-            span.set_attribute("gateway.retried_from", exchange.failed_replicas)
-        if exchange.ttft_s is not None:
-            span.set_attribute("gateway.ttft_s", exchange.ttft_s)
-        if exchange.status >= 500 or exchange.error is not None:
-            span.set_status(Status(StatusCode.ERROR, exchange.error or f"status {exchange.status}"))
+        span.set_attribute("http.response.status_code", done.status)
+        if done.decision is not None:
+            span.set_attributes(_decision(done.decision, done.routing.policy))
+        if done.failed_replicas:
+            span.set_attribute("gateway.retried_from", done.failed_replicas)
+        if done.timing.ttft_s is not None:
+            span.set_attribute("gateway.ttft_s", done.timing.ttft_s)
+        if done.status >= 500 or done.error is not None:
+            span.set_status(Status(StatusCode.ERROR, done.error or f"status {done.status}"))
         span.end()
         structlog.contextvars.unbind_contextvars("trace_id")
 
 
-def _decision(decision: Decision, policy: str, evidence: str) -> dict[str, Any]:
+def _decision(decision: Decision, policy: str) -> dict[str, Any]:
     """The decision's attributes: the same facts as the request log event's."""
     attributes: dict[str, Any] = {"gateway.route.policy": policy, "gateway.route.replica": decision.replica_id,
                                   "gateway.route.reason": decision.reason}
-    if evidence:
-        attributes["gateway.route.evidence"] = evidence
+    if decision.evidence:
+        attributes["gateway.route.evidence"] = decision.evidence
     chosen = decision.chosen()
     if chosen is not None:  # prefix_affinity's score is its predicted TTFT; others' are their own order
         attributes["gateway.route.predicted_ttft_s" if policy == "prefix_affinity" else "gateway.route.score"] = \

@@ -32,9 +32,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import aiohttp
 import structlog
@@ -45,46 +44,18 @@ from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.relay import headers as h
 from gateway.relay.backend_auth import set_upstream_auth
-from gateway.relay.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
+from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
+from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.stream_usage import UsageStripper
-from gateway.relay.usage import SSEUsageScanner, Usage
 from gateway.relay.watch import Watch, Watches
 from gateway.replicas import Replica
-from gateway.routing.policies import Decision
+from gateway.request.decision import Decision
+from gateway.request.exchange import Exchange
 from gateway.view import RequestView
-
-if TYPE_CHECKING:
-    from gateway.observability.tracing import RequestTrace
 
 log = structlog.get_logger("gateway.relay.proxy")
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in logs and metrics only
-
-
-@dataclass(slots=True)
-class Exchange:
-    """What happened to one request upstream; filled in as it goes, read by finished/metrics/log."""
-
-    started: float = field(default_factory=time.perf_counter)
-    replica_id: str | None = None
-    decision: Decision | None = None
-    failed_replicas: list[str] = field(default_factory=list)
-    status: int = 0
-    streamed: bool = False
-    queue_s: float = 0.0  # waiting for a slot and deciding, every attempt's (gateway.observability.request_timing)
-    ttft_s: float | None = None  # first upstream body byte (streams) or response headers (whole bodies)
-    on_first_byte: Callable[[str], None] | None = None  # called with the replica id when ttft_s is taken
-    usage: Usage = field(default_factory=Usage)
-    error: str | None = None
-    poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
-    chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.relay.phrase_chunking)
-    first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
-    strip_usage: bool = False  # the gateway asked for this stream's usage: the client did not (relay.stream_usage)
-    trace: RequestTrace | None = None  # its spans, when tracing is on (gateway.observability.tracing)
-
-    def phrase_written(self) -> None:
-        if self.first_phrase_s is None:
-            self.first_phrase_s = time.perf_counter() - self.started
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +118,6 @@ def _cut(replica: Replica, watch: Watch) -> Exception:
     return Retryable(UpstreamTimeoutError(f"replica {replica.replica_id}: {watch.message}"), watch.kind or "timeout")
 
 
-def _first_byte(exchange: Exchange, replica: Replica) -> None:
-    exchange.ttft_s = time.perf_counter() - exchange.started
-    if exchange.on_first_byte is not None:
-        exchange.on_first_byte(replica.replica_id)
-    if exchange.trace is not None:
-        exchange.trace.first_byte(exchange.ttft_s, replica.replica_id)
-
-
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, on_upstream_error: Callable[[str, str], None],
                  on_poison: Callable[[], None] | None = None) -> None:
@@ -173,7 +136,7 @@ class Proxy:
         """Send the request to `attempt.replica` and relay its answer; raises `Retryable` while nothing has
         reached the client and another replica may answer."""
         sending = self._send_once(request, view, attempt, exchange, config)
-        return await (sending if exchange.trace is None else exchange.trace.attempt(attempt.replica, sending, exchange))
+        return await exchange.trace.attempt(attempt.replica.replica_id, attempt.replica.url, sending, exchange)
 
     def attempt_failed(self, replica: Replica, failure: Retryable, config: Config) -> bool:
         """Count a retried attempt's fault; True when its breaker charge waits for the request's end (a 5xx
@@ -189,8 +152,7 @@ class Proxy:
         replica = attempt.replica
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
-        if exchange.trace is not None:  # else a client's traceparent goes on as it came
-            exchange.trace.inject(out_headers)
+        exchange.trace.inject(out_headers)
         # the gateway's key is a credential for the gateway only
         set_upstream_auth(out_headers, config.backend_key(view.model, replica.replica_id), config.auth.enabled)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)  # silence: the watch
@@ -249,7 +211,7 @@ class Proxy:
                            exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error
         (and a cut one is retried)."""
-        _first_byte(exchange, replica)
+        exchange.first_byte(replica.replica_id)
         try:
             body = await upstream.read()
         except aiohttp.ClientError as exc:
@@ -280,7 +242,7 @@ class Proxy:
                 async for chunk in upstream.content.iter_any():
                     watch.touch()
                     if exchange.ttft_s is None:
-                        _first_byte(exchange, replica)
+                        exchange.first_byte(replica.replica_id)
                         await response.prepare(request)
                     await write(chunk)
                     scanner.feed(chunk)
@@ -289,7 +251,7 @@ class Proxy:
                 async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
                     watch.touch()
                     if exchange.ttft_s is None:
-                        _first_byte(exchange, replica)
+                        exchange.first_byte(replica.replica_id)
                         await response.prepare(request)
                     scanner.feed(chunk)
 

@@ -21,6 +21,8 @@ from gateway.errors import NotFoundError, UpstreamError
 from gateway.relay import headers as h
 from gateway.relay.backend_auth import set_upstream_auth
 from gateway.replicas import Replica
+from gateway.request.exchange import FinishedRequest
+from gateway.request.observers import RequestObserver
 from gateway.routing.route_table import GatewayState, ModelRoute
 from gateway.view import RequestView
 
@@ -29,12 +31,17 @@ BY_ID = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{resp
          ("POST", "/v1/responses/{response_id}/cancel"))
 
 
-class ResponseHomes:
-    """response id -> (pool, replica that stored it), newest last; bounded."""
+class ResponseHomes(RequestObserver):
+    """response id -> (pool, replica that stored it), newest last; bounded. It hears of each answer that
+    stored a response."""
 
     def __init__(self, limit: int = MAX_HOMES) -> None:
         self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._limit = limit
+
+    def finished(self, done: FinishedRequest) -> None:
+        if done.usage.response_id is not None and done.replica_id is not None:
+            self.remember(done.usage.response_id, done.model, done.replica_id)
 
     def remember(self, response_id: str, model: str, replica_id: str) -> None:
         self._homes[response_id] = (model, replica_id)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
 
-from gateway.relay.usage import Usage
+from gateway.request.usage import Usage
 
 log = structlog.get_logger("gateway.relay.usage_checks")
 

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 
 from gateway.replicas.replica import Replica
-from gateway.routing.policies import Candidate
+from gateway.request.decision import Candidate
 
 
 class ReplicaPool:

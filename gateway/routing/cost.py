@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.errors import ConfigError
-from gateway.routing.policies.base import Candidate
+from gateway.request.decision import Candidate
 
 
 @dataclass(frozen=True)

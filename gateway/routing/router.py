@@ -39,7 +39,8 @@ from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import CHARACTERS, TOKENS, PrefixParams
 from gateway.prompt.tokenizers import PromptKeys
-from gateway.routing.policies import Candidate, Decision, Outcome, Policy, Score
+from gateway.request.decision import Candidate, Decision, Outcome, Score
+from gateway.routing.policies import Policy
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.routing.router")
@@ -81,21 +82,21 @@ class Router:
         decision = self.policy.choose(view, candidates)
         chosen = decision.chosen()
         rung = evidence.get(decision.replica_id, "")
-        if chosen is not None:
-            self._track(view.request_id, chosen, rung)
+        if rung:
+            decision = dataclasses.replace(decision, evidence=rung)
         if self.metrics is not None:
             self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
 
-    def prediction(self, request_id: str) -> tuple[Score, str] | None:
-        """The chosen replica's row at the request's last decision and its evidence rung (observability.tracing)."""
-        return self._predicted.get(request_id)
-
     def dispatched(self, view: RequestView, decision: Decision) -> None:
-        """The request holds its slot on the chosen replica and is sent next: count its queued
-        prefill there and its blocks as warm there (so a burst of siblings follows it)."""
+        """Commit a decision: the request holds its slot on the chosen replica and is sent next. Count its
+        queued prefill there and its blocks as warm there (so a burst of siblings follows it), and keep
+        the prediction to check against the answer. Only a committed decision leaves a trace."""
         replica_id = decision.replica_id
-        self.policy.on_dispatched(view, replica_id)
+        chosen = decision.chosen()
+        if chosen is not None:
+            self._track(view.request_id, chosen, decision.evidence)
+        self.policy.on_dispatched(view, decision)
         if self.policy.needs_index and view.block_hashes:
             added = self.index.record(replica_id, view.block_hashes)
             view.recorded = (replica_id, added)
@@ -178,6 +179,10 @@ class Router:
     def token_ratio_of(self, view: RequestView) -> float:
         """The ratio the view's character-key estimate was scaled by."""
         return view.tokens_per_block / self.prefix_params.tokens_per_block
+
+    def prefill_s_per_token(self, replica_id: str) -> float | None:
+        """The prefill cost per token the policy has learned for the replica, if it models one."""
+        return self.policy.prefill_s_per_token(replica_id)
 
     def first_token(self, view: RequestView, replica_id: str) -> None:
         """The answer's first byte came from `replica_id`: its prefill is done (the cost model's

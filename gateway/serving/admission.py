@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.errors import ConfigError, RateLimitError
+from gateway.request.exchange import NO_TRACE, RequestTrace
 
 if TYPE_CHECKING:
-    from gateway.observability.tracing import RequestTrace
     from gateway.replicas import Replica, ReplicaPool
-    from gateway.routing.policies import Candidate, Decision
+    from gateway.request.decision import Candidate, Decision
     from gateway.routing.route_table import ModelRoute
     from gateway.view import RequestView
 
@@ -130,21 +130,22 @@ class Admission:
         return {model: len(queue) for model, queue in self._queues.items()}
 
     async def choose(self, route: ModelRoute, view: RequestView, exclude: Collection[str],
-                     config: AdmissionConfig, trace: RequestTrace | None = None) -> tuple[Replica, Decision] | None:
-        """Route among replicas with a free slot; None when no replica is healthy."""
+                     config: AdmissionConfig, trace: RequestTrace = NO_TRACE) -> tuple[Replica, Decision] | None:
+        """Decide among replicas with a free slot; None when no replica is healthy. The decision is not
+        committed: the caller commits it (`router.dispatched`) once it holds the slot (`PoolQueue.holding`),
+        with no await between this return and that."""
         queue = self.queue(route)
         while True:
             waiting = queue.candidates(exclude, config, route.model)
-            candidates = await (waiting if trace is None else trace.admission(waiting))
+            candidates = await trace.admission(waiting)
             if not candidates:
                 return None
             deciding = route.router.decide(view, candidates)
-            decision = await (deciding if trace is None else trace.routing(deciding, route, view))
+            decision = await trace.routing(deciding, route.routing.policy)
             replica = route.pool.get(decision.replica_id)
             if replica is None:
                 raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
             cap = config.max_in_flight_per_replica
             if not cap or replica.in_flight < cap:  # no await from here to pool.track: the slot is ours
-                route.router.dispatched(view, decision)
                 return replica, decision
 

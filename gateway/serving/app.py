@@ -22,7 +22,7 @@ from aiohttp import web
 from gateway.admin.dashboard import add_dashboard_routes
 from gateway.admin.ops_routes import add_ops_routes, reload
 from gateway.config.loader import Config
-from gateway.edge.auth import Caller, authenticate
+from gateway.edge.auth import authenticate
 from gateway.edge.limits import check_prompt, estimate_prompt, read_view
 from gateway.edge.rate_limits import RateLimits
 from gateway.edge.routes import add_model_routes
@@ -31,20 +31,21 @@ from gateway.errors import ConfigError, GatewayError, RateLimitError, error_body
 from gateway.insights.prefix_report import PrefixReport
 from gateway.insights.sessions import Sessions
 from gateway.insights.token_costs import TokenCosts
-from gateway.log import HotLogger
 from gateway.observability.decision_log import DecisionLog
 from gateway.observability.metrics import Metrics
-from gateway.observability.request_metrics import record_finished
-from gateway.observability.request_timing import Timing, rounded
+from gateway.observability.request_log import RequestLog
+from gateway.observability.request_metrics import RequestMetrics
 from gateway.observability.tracing import Tracing
 from gateway.relay import headers as h
 from gateway.relay.phrase_chunking import StreamChunking, chunking_for
-from gateway.relay.proxy import CLIENT_CLOSED, Exchange, Proxy
+from gateway.relay.proxy import CLIENT_CLOSED, Proxy
 from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.relay.stream_usage import ask_for_usage
 from gateway.replicas import Monitor
+from gateway.request.exchange import Exchange
+from gateway.request.observers import Observers
 from gateway.routing.adapters import named
-from gateway.routing.policies import Outcome
+from gateway.routing.feedback import RoutingFeedback
 from gateway.routing.route_table import GatewayState, ModelRoute
 from gateway.serving import attempts
 from gateway.serving.admission import Admission
@@ -54,6 +55,7 @@ from gateway.serving.app_keys import (
     DECISIONS,
     HOMES,
     METRICS,
+    OBSERVERS,
     PREFIX_REPORT,
     PROXY,
     RATE_LIMITS,
@@ -67,7 +69,6 @@ from gateway.serving.lifecycle import LIFECYCLE, Lifecycle
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.serving.app")
-request_log = HotLogger("gateway.serving.app")  # one event per request
 
 
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
@@ -84,15 +85,28 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
     app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
     app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
+    app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
+    app[OBSERVERS] = _observers(app)
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
     add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
-    app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
     add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
     add_ops_routes(app)  # /v1/models, /health, /ready, /metrics, /admin/*
     add_dashboard_routes(app)  # /dashboard: one page over the admin routes
     return app
+
+
+def _observers(app: web.Application) -> Observers:
+    """Who hears of every request, in this order: the router first (the learned costs the prefix report
+    reads are updated by then), the request's log event before its trace ends (the event carries the
+    trace id). A feature of its own adds itself with `app[OBSERVERS].add(...)`."""
+    observers = Observers()
+    for observer in (RoutingFeedback(), app[HOMES], RequestMetrics(app[METRICS]), app[TOKEN_COSTS], app[DECISIONS],
+                     app[SESSIONS], app[PREFIX_REPORT], app[RATE_LIMITS], RequestLog(), app[TRACING]):
+        if observer is not None:  # tracing off: no tracing observer
+            observers.add(observer)
+    return observers
 
 
 def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -104,23 +118,25 @@ def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResp
 
 async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     """The request's story, top to bottom (its caller is authenticated already: `auth_middleware`)."""
-    exchange = Exchange()  # starts the clock
-    state = request.app[STATE]
+    started = time.perf_counter()
+    app, caller = request.app, request[CALLER]
+    state = app[STATE]
     config = state.config
-    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], request[CALLER].tenant,
+    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant,
                            config.headers.session)  # parsed once
     route = _resolved(view, state)
+    exchange = Exchange(view, route.router, app[OBSERVERS].first_byte, started)
     _stream_options(request, view, route, exchange, config)
     with state.using(route.router):  # a reload closes this router only once the request is done
         await _within_limits(request, view, route, config)
-        _instrumented(route, view, exchange, request)
-        try:  # decide (admission, router) → attempt → on a retryable failure decide again → relay
+        _instrumented(route, exchange, request)
+        try:  # decide (admission, router) → commit → attempt → on a retryable failure undo, decide again → relay
             return await attempts.answer(request, view, route, exchange, config)
         except BaseException as exc:
-            _failed(request.app, view, exchange, exc)
+            _failed(app, view, exchange, exc)
             raise
-        finally:
-            _finished(request.app, route, view, exchange, config, request[CALLER])
+        finally:  # every observer hears of it, once
+            app[OBSERVERS].finished(exchange.finished(config, route.model, route.routing, caller))
 
 
 def _resolved(view: RequestView, state: GatewayState) -> ModelRoute:
@@ -143,8 +159,8 @@ def _stream_options(request: web.Request, view: RequestView, route: ModelRoute, 
 
 
 async def _within_limits(request: web.Request, view: RequestView, route: ModelRoute, config: Config) -> None:
-    """The prompt's size limits, then the caller's rate limits; a refusal is counted here and never reaches
-    `_finished` (nothing was routed)."""
+    """The prompt's size limits, then the caller's rate limits; a refusal is counted here and reaches no
+    observer (nothing was routed)."""
     app, caller = request.app, request[CALLER]
     try:
         check_prompt(view, route.routing.prefix, config.limits)
@@ -157,18 +173,17 @@ async def _within_limits(request: web.Request, view: RequestView, route: ModelRo
         raise
 
 
-def _instrumented(route: ModelRoute, view: RequestView, exchange: Exchange, request: web.Request) -> None:
-    """The router hears of the answer's first byte; answer texts are kept for a router that records them;
-    the request's trace starts (from here on every log event of the request carries its trace_id)."""
-    exchange.on_first_byte = partial(route.router.first_token, view)
+def _instrumented(route: ModelRoute, exchange: Exchange, request: web.Request) -> None:
+    """Answer texts are kept for a router that records them; the request's trace starts (from here on every
+    log event of the request carries its trace_id)."""
     if route.router.records_answers:
         exchange.usage.answer = []
     if (tracing := request.app[TRACING]) is not None:
-        exchange.trace = tracing.request(request, view, exchange.started)
+        exchange.trace = tracing.request(request, exchange.view, exchange.started)
 
 
 def _failed(app: web.Application, view: RequestView, exchange: Exchange, exc: BaseException) -> None:
-    """The status and error a request that got no answer ends with, for `_finished`."""
+    """The status and error a request that got no answer ends with, for the observers."""
     if isinstance(exc, GatewayError):
         exchange.status, exchange.error = exc.status, exc.message
         if isinstance(exc, RateLimitError):  # the admission queue's: full, or waited too long
@@ -177,50 +192,6 @@ def _failed(app: web.Application, view: RequestView, exchange: Exchange, exc: Ba
         exchange.status, exchange.error = CLIENT_CLOSED, "client disconnected"
     elif isinstance(exc, Exception):
         exchange.status, exchange.error = 500, f"internal error: {type(exc).__name__}"
-
-
-def _finished(app: web.Application, route: ModelRoute, view: RequestView, exchange: Exchange, config: Config,
-              caller: Caller) -> None:
-    """Close the loop once per request: policy feedback, rate-limit charge, metrics, token costs, one log event."""
-    usage = exchange.usage
-    if exchange.replica_id is not None:  # once per request, for the last replica tried (Router's contract)
-        ok = 0 < exchange.status < 500 and exchange.error is None
-        route.router.finished(view, exchange.replica_id, Outcome(
-            ok=ok, ttft_s=exchange.ttft_s if exchange.streamed and ok else None,
-            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-            completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
-    if usage.response_id is not None and exchange.replica_id is not None:
-        app[HOMES].remember(usage.response_id, route.model, exchange.replica_id)
-    timing = Timing.of(exchange.queue_s, exchange.ttft_s, time.perf_counter() - exchange.started, exchange.streamed,
-                       usage.completion_tokens)
-    record_finished(app[METRICS], view, exchange, timing, caller)
-    pool = config.pools.get(route.model)
-    app[TOKEN_COSTS].record(caller.tenant, route.model, usage, pool)
-    if exchange.decision is not None:
-        app[DECISIONS].record(route.model, view.request_id, exchange.status, exchange.decision, timing, usage)
-    if exchange.replica_id is not None:
-        app[SESSIONS].record(view, route.model, exchange.replica_id, exchange.status, usage, timing)
-        if exchange.status == 200:  # hashed and compared later, off the request path
-            app[PREFIX_REPORT].offer(caller.tenant, route.model, view, route.routing.prefix.chars_per_token,
-                                     route.router.policy.prefill_s_per_token(exchange.replica_id),
-                                     pool.prices if pool is not None else None)
-    if caller.key is not None and usage.completion_tokens:
-        app[RATE_LIMITS].charge_tokens(caller.key, usage.completion_tokens)
-    if config.logging.requests:
-        request_log.info("request", request_id=view.request_id, model=view.model, adapter=view.adapter,
-                 endpoint=view.endpoint, stream=view.stream, replica=exchange.replica_id, policy=route.routing.policy,
-                 reason=exchange.decision.reason if exchange.decision else None, status=exchange.status,
-                 queue_s=rounded(timing.queue_s), ttft_s=rounded(exchange.ttft_s),
-                 first_phrase_s=rounded(exchange.first_phrase_s), total_s=rounded(timing.total_s),
-                 tokens_per_s=rounded(timing.tokens_per_s), itl_s=rounded(timing.itl_s),
-                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                 cached_tokens=usage.cached_tokens,
-                 retried_from=exchange.failed_replicas or None, error=exchange.error,
-                 decision=exchange.decision.candidates() if exchange.decision else None,
-                 tenant=view.tenant, **({"prompt": view.body.get("messages", view.body.get("prompt"))}
-                                        if config.logging.prompts else {}))
-    if exchange.trace is not None:
-        exchange.trace.end(exchange, route.routing.policy)
 
 
 @web.middleware

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.edge.auth import Caller
 from gateway.edge.rate_limits import RateLimits
 from gateway.insights.prefix_report import PrefixReport
 from gateway.insights.sessions import Sessions
@@ -15,6 +14,8 @@ from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.relay.proxy import Proxy
 from gateway.relay.stored_responses import ResponseHomes
+from gateway.request.caller import Caller
+from gateway.request.observers import Observers
 from gateway.routing.route_table import GatewayState
 from gateway.serving.admission import Admission
 
@@ -28,6 +29,7 @@ TOKEN_COSTS = web.AppKey("token_costs", TokenCosts)
 SESSIONS = web.AppKey("sessions", Sessions)
 PREFIX_REPORT = web.AppKey("prefix_report", PrefixReport)
 DECISIONS = web.AppKey("decisions", DecisionLog)
+OBSERVERS = web.AppKey("observers", Observers)  # who hears of every request (gateway.request.observers)
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
 REQUEST_ID = web.RequestKey("request_id", str)
 CALLER = web.RequestKey("caller", Caller)

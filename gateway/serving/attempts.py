@@ -1,5 +1,9 @@
-"""The attempt loop of one request: decide (a free slot, then the router), attempt, and on a retryable
-failure decide again, never on a replica already tried; `gateway.relay.proxy` makes each attempt and its relay.
+"""The attempt loop of one request: decide (a free slot, then the router), commit the decision once its
+slot is held, attempt, and on a retryable failure decide again, never on a replica already tried;
+`gateway.relay.proxy` makes each attempt and its relay.
+
+Only a committed decision reaches the router's bookkeeping (warm prefixes, queued prefill, the
+prediction): a client that leaves between deciding and holding the slot leaves nothing behind.
 
 Retries happen only before the first byte reaches the client, at most `limits.max_retries` of them. A
 retried 5xx is charged to its replica's breaker only once the request ends without proving poison (a
@@ -10,20 +14,18 @@ from __future__ import annotations
 
 import time
 
-import structlog
 from aiohttp import web
 
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError
-from gateway.relay.proxy import Attempt, Exchange, Retryable
+from gateway.relay.proxy import Attempt, Retryable
 from gateway.replicas import Replica
-from gateway.routing.policies import Decision
+from gateway.request.decision import Decision
+from gateway.request.exchange import Exchange
 from gateway.routing.route_table import ModelRoute
-from gateway.serving.app_keys import ADMISSION, HOMES, PROXY, STATE
+from gateway.serving.app_keys import ADMISSION, HOMES, OBSERVERS, PROXY, STATE
 from gateway.serving.cancel import raise_lost_cancel
 from gateway.view import RequestView
-
-log = structlog.get_logger("gateway.serving.attempts")
 
 
 async def answer(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
@@ -39,13 +41,14 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
             chosen = await _decide(request, view, route, exchange, config)
             if chosen is None:
                 break
-            replica, exchange.decision = chosen
-            exchange.replica_id = replica.replica_id  # from here on router.finished takes the decision back
+            replica, decision = chosen
             raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
-            attempt = Attempt(replica, exchange.decision, after_5xx=bool(deferred),
+            attempt = Attempt(replica, decision, after_5xx=bool(deferred),
                               last=number == config.limits.max_retries or not route.pool.candidates(
                                   _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})))
             with queue.holding(replica):  # its release lets the pool's next waiting request in
+                route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
+                exchange.decision, exchange.replica_id = decision, replica.replica_id  # router.finished undoes it
                 try:
                     return await proxy.attempt(request, view, attempt, exchange, config)
                 except Retryable as exc:
@@ -53,9 +56,8 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
                     if proxy.attempt_failed(replica, exc, config):
                         deferred.append((replica, exc.kind, exc.error.message))
                     exchange.failed_replicas.append(replica.replica_id)
-                    route.router.failed(view, replica.replica_id)
-                    log.info("upstream_retry", request_id=view.request_id, replica=replica.replica_id,
-                             kind=exc.kind, error=exc.error.message)
+                    route.router.failed(view, replica.replica_id)  # undo the commit: it never ran there
+                    app[OBSERVERS].attempt_failed(exchange, replica.replica_id, exc.kind, exc.error.message)
         raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
                                         retry_after_s=1)
     finally:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import ConfigError
-from gateway.routing.policies.base import Candidate, Decision, Outcome, Policy, Score
+from gateway.routing.policies.base import Policy
 
 REGISTRY: dict[str, type[Policy]] = {}
 
@@ -27,7 +27,7 @@ def build_policy(type_: str, params: Mapping[str, Any] | None, key: str) -> Poli
 
 def _load_builtin() -> None:
     # Imported here so each policy module can `@register` itself without an import cycle.
-    from gateway.routing.policies import (  # noqa: F401  # noqa: F401
+    from gateway.routing.policies import (  # noqa: F401
         consistent_hash,
         least_loaded,
         power_of_two,
@@ -38,4 +38,4 @@ def _load_builtin() -> None:
     )
 
 
-__all__ = ["REGISTRY", "Candidate", "Decision", "Outcome", "Policy", "Score", "build_policy", "register"]
+__all__ = ["REGISTRY", "Policy", "build_policy", "register"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gateway.routing.policies.base import Candidate
+from gateway.request.decision import Candidate
 
 
 def has_room(candidates: Sequence[Candidate], epsilon: float, min_requests: int) -> list[bool]:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import xxhash
 
 from gateway.errors import ConfigError
+from gateway.request.decision import Candidate, Decision
 from gateway.routing.policies import register
-from gateway.routing.policies.base import Candidate, Decision, Policy, scores_by_load
+from gateway.routing.policies.base import Policy, scores_by_load
 from gateway.routing.policies.bound import has_room
 from gateway.view import RequestView
 

@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import ConfigError
+from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.cost import CostModel, CostParams
 from gateway.routing.policies import register
-from gateway.routing.policies.base import Candidate, Decision, Outcome, Policy, Score
+from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
 from gateway.view import RequestView
 
@@ -117,10 +118,6 @@ class PrefixAffinityPolicy(Policy):
         super().__init__(params)
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)
-        # The last choice's request, prompt tokens, candidates, their cached tokens and loads, and
-        # whether it had a home, for on_dispatched to queue the chosen one's uncached prefill (one
-        # slot, never grows).
-        self._last: tuple[str, int, list[str], list[int], list[float], bool] = ("", 0, [], [], [], False)
         # Requests sent to a replica that had nothing else: only their TTFTs teach the prefill cost.
         # Behind a queue, any error in the predicted wait is learned as a slower or faster prefill,
         # and the next waits are predicted with it: the estimate swung 700x within one run.
@@ -206,13 +203,14 @@ class PrefixAffinityPolicy(Policy):
             least = min(recent.values())
             tied = [i for i in tied if recent[i] == least]
         pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
-        self._last = (view.request_id, prompt, ids, cached, loads, has_home)
         if len(eligible) < len(rows) and min(effective) < effective[pick]:
             reason = "load_bound"  # the fastest-looking replica was over the bound
         else:
             common = max(min(cached), view.preamble_tokens)
             reason = "prefix_hit" if cached[pick] > common else "least_wait"
-        return Decision(ids[pick], reason, rows)
+        # The prompt, candidates, their cached tokens and loads, and whether it had a home: on_dispatched
+        # queues the chosen one's uncached prefill from them.
+        return Decision(ids[pick], reason, rows, plan=(prompt, ids, cached, loads, has_home))
 
     def _spread(self, view: RequestView, cached: Sequence[int], now: float) -> bool:
         """Should this preamble go to more replicas than hold it now? Yes while its share of the
@@ -269,7 +267,8 @@ class PrefixAffinityPolicy(Policy):
         continuing = _decay(self._continuing, now, window)
         return bool(continuing > self.params.conversation_share * _decayed(self._preambles, 0, now, window))
 
-    def on_dispatched(self, view: RequestView, replica_id: str) -> None:
+    def on_dispatched(self, view: RequestView, decision: Decision) -> None:
+        replica_id = decision.replica_id
         now = self.cost.clock()
         window = self.params.balance_window_s
         self._recent[replica_id] = (self._recent_work(replica_id, now) + 1.0, now)
@@ -281,10 +280,12 @@ class PrefixAffinityPolicy(Policy):
             self._preambles[key] = (seen, now)
         if view.preamble_key:
             _put_newest(self._homes, view.preamble_key, replica_id)
-        request_id, prompt, ids, cached, loads, has_home = self._last
-        if request_id == view.request_id and has_home:
+        if decision.plan is None:  # a decision this policy did not make: counted, nothing queued
+            return
+        prompt, ids, cached, loads, has_home = decision.plan
+        if has_home:
             self._continuing = (_decay(self._continuing, now, window) + 1.0, now)
-        if request_id == view.request_id and replica_id in ids:
+        if replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
             done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
             self._idle.pop(view.request_id, None)

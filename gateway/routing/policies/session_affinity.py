@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import xxhash
 
+from gateway.request.decision import Candidate, Decision, Score
 from gateway.routing.policies import register
-from gateway.routing.policies.base import Candidate, Decision, Policy, Score
+from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room
 from gateway.view import RequestView
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gateway.request.decision import Candidate
 from gateway.routing.cost import CostModel
-from gateway.routing.policies.base import Candidate
 
 
 def predict(cost: CostModel, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:

@@ -192,7 +192,8 @@ async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id
     from gateway.index import MemoryIndex
     from gateway.prompt.prefix_keys import PrefixParams
     from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
-    from gateway.routing.policies import Candidate, build_policy
+    from gateway.request.decision import Candidate
+    from gateway.routing.policies import build_policy
     from gateway.routing.router import HISTORY, Router
 
     params = PrefixParams(tokenizer="sim", block_tokens=BS)

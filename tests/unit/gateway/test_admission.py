@@ -125,6 +125,7 @@ async def test_a_decision_that_loses_its_slot_records_nothing_for_that_replica()
 
     router.decide = decide_then_lose_the_slot  # type: ignore[method-assign]
     replica, decision = await admission.choose(route, view, (), CONFIG)  # type: ignore[misc]
+    router.dispatched(view, decision)  # the attempt loop commits it once it holds the slot
     lost = "b" if replica.replica_id == "a" else "a"
     taken[0].__exit__(None, None, None)  # the other request is gone: only what was committed remains
     explained = (await router.explain(view, pool.candidates(())))["candidates"]

@@ -7,7 +7,7 @@ import pytest
 from gateway.edge.routes import RoutesConfig
 from gateway.errors import ConfigError
 from gateway.prompt.prefix_keys import prompt_source
-from gateway.relay.usage import Usage
+from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
 TOOLS = [{"name": "lookup", "description": "find a drawer", "input_schema": {"type": "object"}}]

@@ -1,9 +1,13 @@
 """The attempt loop: a retried 5xx goes to another replica, is taken back from the router and charged to
-its breaker once the request ends; a second 5xx makes the request poison and charges no breaker."""
+its breaker once the request ends; a second 5xx makes the request poison and charges no breaker; a
+decision is committed only once its slot is held."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -11,6 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.config.loader import parse_config
 from gateway.replicas import ReplicaPool
+from gateway.request.decision import Decision
 from gateway.routing.router import Router
 from gateway.serving.app import make_app
 from gateway.serving.app_keys import STATE
@@ -68,3 +73,42 @@ async def test_a_second_5xx_answers_the_client_and_charges_no_breaker(
             assert resp.status == 500
     assert [len(fake.seen) for fake in fakes] == [1, 1]
     assert [replica.last_error for replica in pool] == ["", ""]
+
+
+async def test_a_client_that_leaves_during_routing_leaves_no_warm_prefix_and_nothing_in_flight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client leaves as the router decides and the cancel is swallowed (asyncio.wait_for drops one on
+    Python 3.11: bpo-42130), so the request only notices once the decision is made. The decision was never
+    committed: no replica holds a warm-prefix record of the prompt, nothing is in flight, no replica saw it."""
+    fake = FakeReplica("r0")
+    upstream = TestServer(fake.app)
+    await upstream.start_server()
+    app = make_app(parse_config({"pools": {"m1": {
+        "replicas": [{"url": str(upstream.make_url("")).rstrip("/"), "name": "r0"}],
+        "routing": {"policy": "prefix_affinity"}}}}))
+    server = TestServer(app)
+    await server.start_server()
+    decide, seen = Router.decide, []
+
+    async def decide_as_the_client_leaves(self: Router, view: RequestView, candidates: Any) -> Decision:
+        decision = await decide(self, view, candidates)
+        seen.append(view)
+        asyncio.current_task().cancel()  # type: ignore[union-attr]  # lands with no await left to raise it
+        return decision
+
+    monkeypatch.setattr(Router, "decide", decide_as_the_client_leaves)
+    try:
+        async with aiohttp.ClientSession() as session:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.post(server.make_url("/v1/chat/completions"),
+                                        json={**CHAT, "messages": [{"role": "user", "content": "hello " * 300}]}):
+                    pass
+        route = app[STATE].routes["m1"]
+        (view,) = seen
+        assert view.block_hashes and (await route.router.index.match(view.block_hashes, ["r0"]))["r0"] == 0
+        assert route.router.in_flight.match(view.block_hashes, "r0") == 0
+        assert route.pool.get("r0").in_flight == 0  # type: ignore[union-attr]
+        assert not route.router._predicted and fake.seen == []
+    finally:
+        await server.close()
+        await upstream.close()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.config.loader import parse_config
-from gateway.edge.auth import ANONYMOUS, ApiKeyConfig, AuthConfig, authenticate, hash_key
+from gateway.edge.auth import ApiKeyConfig, AuthConfig, authenticate, hash_key
 from gateway.errors import AuthenticationError, ConfigError, PermissionDeniedError
+from gateway.request.caller import ANONYMOUS
 
 USER, ADMIN = "sk-user", "sk-admin"
 CONFIG = AuthConfig((ApiKeyConfig(hash_key(USER), "acme"), ApiKeyConfig(hash_key(ADMIN), "ops", admin=True)))

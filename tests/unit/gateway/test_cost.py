@@ -8,8 +8,8 @@ import pytest
 
 from gateway.config import schema
 from gateway.errors import ConfigError
+from gateway.request.decision import Candidate
 from gateway.routing.cost import CostModel, CostParams
-from gateway.routing.policies.base import Candidate
 from tests.unit.gateway.predictions import predict, wait_s
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.observability.decision_log import DecisionLog
-from gateway.observability.request_timing import Timing
-from gateway.relay.usage import Usage
-from gateway.routing.policies import Decision
-from gateway.routing.policies.base import Score
+from gateway.request.decision import Decision, Score
+from gateway.request.timing import Timing
+from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(10)
 

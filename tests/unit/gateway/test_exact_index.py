@@ -19,7 +19,8 @@ from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import PrefixParams
 from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
-from gateway.routing.policies import Candidate, Outcome, build_policy
+from gateway.request.decision import Candidate, Outcome
+from gateway.routing.policies import build_policy
 from gateway.routing.router import CHARACTERS, HISTORY, Router
 from gateway.view import RequestView
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, Outcome, Policy, Score, build_policy
+from gateway.request.decision import Candidate, Decision, Outcome, Score
+from gateway.routing.policies import Policy, build_policy
 from gateway.routing.policies.bound import has_room, has_room_loads
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
@@ -41,7 +42,7 @@ def prefix_policy(**params: Any) -> PrefixAffinityPolicy:
 
 def dispatch(policy: Policy, view: RequestView, candidates: list[Candidate]) -> str:
     decision = policy.choose(view, candidates)
-    policy.on_dispatched(view, decision.replica_id)
+    policy.on_dispatched(view, decision)
     return decision.replica_id
 
 
@@ -222,7 +223,7 @@ def test_choice_and_rows_match_the_rule_per_candidate(preamble_weight: float) ->
                                         for c in candidates)
         if expected[0] != "tie":
             assert (decision.replica_id, decision.reason) == expected
-        policy.on_dispatched(view, decision.replica_id)
+        policy.on_dispatched(view, decision)
         if rng.random() < 0.3:
             policy.on_finished(view, decision.replica_id, Outcome(
                 ok=True, ttft_s=rng.random(), prompt_tokens=view.prompt_tokens_estimate,
@@ -288,11 +289,11 @@ def test_near_saturation_a_preamble_goes_back_to_its_last_replica_instead_of_a_c
     policy = prefix_policy(delay_weight=delay_weight)
     now = [1000.0]
     policy.cost.clock = lambda: now[0]
-    policy.on_dispatched(preamble_view(2000, 2100, key=7), "a")
+    policy.on_dispatched(preamble_view(2000, 2100, key=7), Decision("a", "test"))
     for _ in range(60):  # one request a second to each replica, for the last minute
         now[0] += 0.25
         for replica in IDS:
-            policy.on_dispatched(preamble_view(2000, 2100, key=next(_ids)), replica)
+            policy.on_dispatched(preamble_view(2000, 2100, key=next(_ids)), Decision(replica, "test"))
     decision = policy.choose(preamble_view(2000, 2100, key=7), make_candidates(in_flight=[7, 3, 7, 7]))
     assert decision.replica_id == expected
 

@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, Policy, build_policy
+from gateway.request.decision import Candidate
+from gateway.routing.policies import Policy, build_policy
 from gateway.view import RequestView
 
 

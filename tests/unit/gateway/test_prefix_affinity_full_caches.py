@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, build_policy
+from gateway.request.decision import Candidate
+from gateway.routing.policies import build_policy
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -5,11 +5,12 @@ history attracts; a new conversation goes to the least full cache when conversat
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 import pytest
 
-from gateway.routing.policies import Candidate
+from gateway.request.decision import Candidate, Decision
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
 from tests.unit.gateway.test_policies_affinity import (
@@ -26,7 +27,7 @@ def popular_preamble_policy(**params: Any) -> PrefixAffinityPolicy:
     """A policy that has seen the preamble carried by every recent request (it wants replicas)."""
     policy = prefix_policy(**params)
     for _ in range(policy.params.shared_preamble_requests):
-        policy.on_dispatched(preamble_view(), "c")
+        policy.on_dispatched(preamble_view(), Decision("c", "test"))
     return policy
 
 
@@ -52,7 +53,7 @@ def test_a_preamble_with_enough_holders_for_its_traffic_attracts_again() -> None
         for _ in range(40):  # other traffic: the preamble now carries a tenth of it
             other = make_view()
             other.preamble_tokens, other.preamble_key = 500, 7
-            policy.on_dispatched(other, "c")
+            policy.on_dispatched(other, Decision("c", "test"))
         assert policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0, 0, 0])).replica_id == "a"
 
 
@@ -85,8 +86,8 @@ def test_a_preamble_counts_as_shared_only_once_enough_requests_carried_it() -> N
         policy = prefix_policy(seed=seed, shared_preamble_requests=3)
         for _ in range(2):  # seen twice: still private, the replica holding it wins
             assert policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id == "a"
-            policy.on_dispatched(preamble_view(), "c")
-        policy.on_dispatched(preamble_view(), "c")  # the third request makes it shared
+            policy.on_dispatched(preamble_view(), Decision("c", "test"))
+        policy.on_dispatched(preamble_view(), Decision("c", "test"))  # the third request makes it shared
         picks[policy.choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id] += 1
     assert picks["a"] > 2 and picks["b"] > 2
 
@@ -123,8 +124,8 @@ def test_a_new_conversation_goes_to_the_least_full_cache_when_conversations_come
         policy = prefix_policy(seed=seed, **params)
         for replica in IDS * 3:  # recent traffic, spread evenly (equal recent work everywhere)
             view = continuing_view() if conversational else make_view()
-            policy.choose(view, make_candidates(cached_tokens=[0] * 4))
-            policy.on_dispatched(view, replica)
+            decision = policy.choose(view, make_candidates(cached_tokens=[0] * 4))
+            policy.on_dispatched(view, dataclasses.replace(decision, replica_id=replica))
         candidates = make_candidates(cache_fill=[0.9, 0.2, 0.6, 0.5])
         picks[policy.choose(make_view(), candidates).replica_id] += 1
     assert (set(picks) == {"b"}) == always_b, picks

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.config.loader import parse_config
 from gateway.replicas import Replica
-from gateway.routing.policies.base import Decision
+from gateway.request.decision import Decision
 from gateway.routing.router import Router
 from gateway.serving.app import STATE, make_app
 from tests.upstream import FakeReplica, until

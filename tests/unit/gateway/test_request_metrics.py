@@ -1,24 +1,32 @@
-"""A finished request's metrics, from the one call that records them."""
+"""A finished request's metrics, from the one observer that records them."""
 
 from __future__ import annotations
 
-from gateway.edge.auth import ANONYMOUS, ApiKeyConfig, Caller
+from gateway.config.loader import RoutingConfig, parse_config
+from gateway.edge.auth import ApiKeyConfig
 from gateway.observability.metrics import Metrics
-from gateway.observability.request_metrics import record_finished
-from gateway.observability.request_timing import Timing
-from gateway.relay.proxy import Exchange
+from gateway.observability.request_metrics import RequestMetrics
+from gateway.request.caller import ANONYMOUS, Caller
+from gateway.request.exchange import NO_TRACE, FinishedRequest
+from gateway.request.timing import Timing
+from gateway.request.usage import Usage
 from gateway.view import RequestView
 
+CONFIG = parse_config({"pools": {"m1": {"replicas": [{"url": "http://127.0.0.1:9"}]}}})
 
-def _view() -> RequestView:
-    return RequestView("id-1", "chat", "m1", True, {}, b"{}")
+
+def _done(replica_id: str | None, status: int, failed: tuple[str, ...], usage: Usage, timing: Timing,
+          caller: Caller) -> FinishedRequest:
+    view = RequestView("id-1", "chat", "m1", True, {}, b"{}")
+    return FinishedRequest(view, CONFIG, "m1", RoutingConfig(), None, caller, replica_id,  # type: ignore[arg-type]
+                           None, failed, status, None, True, usage, timing, None, NO_TRACE)
 
 
 def test_a_retried_stream_of_a_tenant_counts_its_outcome_retries_and_tokens() -> None:
-    metrics, exchange = Metrics(), Exchange(replica_id="r1", status=200, ttft_s=0.2, failed_replicas=["r0"])
-    exchange.usage.prompt_tokens, exchange.usage.completion_tokens = 30, 11
-    timing = Timing.of(0.0, 0.2, 1.2, True, 11)
-    record_finished(metrics, _view(), exchange, timing, Caller(ApiKeyConfig(tenant="t")))
+    metrics = Metrics()
+    usage = Usage(prompt_tokens=30, completion_tokens=11)
+    RequestMetrics(metrics).finished(_done("r1", 200, ("r0",), usage, Timing.of(0.0, 0.2, 1.2, True, 11),
+                                           Caller(ApiKeyConfig(tenant="t"))))
     sample = metrics.registry.get_sample_value
     assert sample("affinity_gateway_requests_total", {"model": "m1", "replica": "r1", "status": "200"}) == 1
     assert sample("affinity_gateway_retries_total", {"model": "m1"}) == 1
@@ -30,8 +38,8 @@ def test_a_retried_stream_of_a_tenant_counts_its_outcome_retries_and_tokens() ->
 
 
 def test_a_request_no_replica_answered_counts_once_without_a_replica_or_a_tenant() -> None:
-    metrics, exchange = Metrics(), Exchange(status=503)
-    record_finished(metrics, _view(), exchange, Timing.of(0.0, None, 0.01, False, None), ANONYMOUS)
+    metrics = Metrics()
+    RequestMetrics(metrics).finished(_done(None, 503, (), Usage(), Timing.of(0.0, None, 0.01, False, None), ANONYMOUS))
     sample = metrics.registry.get_sample_value
     assert sample("affinity_gateway_requests_total", {"model": "m1", "replica": "", "status": "503"}) == 1
     assert sample("affinity_gateway_request_duration_seconds_count", {"model": "m1"}) == 1

@@ -13,7 +13,8 @@ from gateway.index import IndexParams, MemoryIndex, build_index
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import PrefixParams
-from gateway.routing.policies import Candidate, Outcome, build_policy
+from gateway.request.decision import Candidate, Outcome
+from gateway.routing.policies import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from tests.helpers import free_port

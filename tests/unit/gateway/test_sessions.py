@@ -1,4 +1,4 @@
-"""insights.sessions and observability.request_timing: bounded memory, ends, inference, decode speeds."""
+"""insights.sessions and request.timing: bounded memory, ends, inference, decode speeds."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.insights.sessions import Sessions, SessionsConfig
-from gateway.observability.request_timing import Timing
-from gateway.relay.usage import Usage
+from gateway.request.timing import Timing
+from gateway.request.usage import Usage
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

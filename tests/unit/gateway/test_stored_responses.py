@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.stored_responses import ResponseHomes
-from gateway.relay.usage import SSEUsageScanner, Usage
 from gateway.replicas import Replica, ReplicaPool
+from gateway.request.usage import Usage
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -14,7 +14,7 @@ from gateway.config.loader import PoolConfig, ReplicaConfig, parse_config
 from gateway.errors import BadRequestError, ConfigError
 from gateway.insights.shared_usage import SharedUsage
 from gateway.insights.token_costs import ANONYMOUS, RETENTION_S, Prices, TokenCosts, UsageQuery, _CostCollector
-from gateway.relay.usage import Usage
+from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
 PRICES = Prices(input=3.0, cached_input=0.3, output=15.0)

@@ -19,7 +19,7 @@ from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
 from gateway.observability.tracing import Tracing, TracingConfig
 from gateway.serving.app import make_app
-from gateway.serving.app_keys import TRACING
+from gateway.serving.app_keys import OBSERVERS, TRACING
 from tests.upstream import FakeReplica, serve_fakes
 
 pytestmark = pytest.mark.timeout(30)
@@ -49,7 +49,8 @@ async def traced() -> AsyncIterator[Start]:
                     **overrides: Any) -> tuple[Client, InMemorySpanExporter]:
         app = make_app(parse_config(config_data(await serve_fakes(fakes, servers), **overrides)))
         exporter = InMemorySpanExporter()
-        app[TRACING] = Tracing(TracingConfig(enabled=True, sampling_ratio=sampling_ratio), exporter)
+        app[TRACING] = tracing = Tracing(TracingConfig(enabled=True, sampling_ratio=sampling_ratio), exporter)
+        app[OBSERVERS].add(tracing)  # make_app adds the tracing observer when the config turns tracing on
         client = TestClient(TestServer(app))
         await client.start_server()
         clients.append(client)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.relay.usage import SSEUsageScanner, Usage
+from gateway.relay.sse_usage import SSEUsageScanner
+from gateway.request.usage import Usage
 
 USAGE = {"prompt_tokens": 40, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 32}}
 

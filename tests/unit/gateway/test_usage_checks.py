@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.relay.usage import Usage
 from gateway.relay.usage_checks import CachedTokensCheck
+from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
 

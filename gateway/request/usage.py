@@ -1,8 +1,7 @@
-"""Token counts (and, when asked, the answer's text) read from answers on their way through,
-without touching or delaying the bytes.
+"""Token counts (and, when asked, the answer's text) read from answers on their way through.
 
 Non-streamed: the JSON body's `usage`. Streamed: the SSE event that carries a non-null `usage`
-(the last one with `stream_options.include_usage`); chunks are scanned after they were written.
+(the last one with `stream_options.include_usage`), found by `gateway.relay.sse_usage`.
 `cached_tokens` is `usage.prompt_tokens_details.cached_tokens` (vLLM: --enable-prompt-tokens-details).
 The answer's text is collected only for prefix policies: the replica caches the answer's KV too,
 and the next turn of the conversation starts with it.
@@ -15,8 +14,6 @@ from typing import Any
 
 import orjson
 
-_MAX_TAIL_BYTES = 1 << 20  # an SSE event larger than this is not scanned
-_BATCH_BYTES = 1 << 16  # streamed bytes scanned together
 _MAX_ANSWER_CHARS = 1 << 18  # answer text kept for the warm-prefix index; the rest is not needed
 
 
@@ -99,53 +96,6 @@ class Usage:
             if self.answer_chars + len(text) <= _MAX_ANSWER_CHARS:
                 self.answer.append(text)
                 self.answer_chars += len(text)
-
-
-class SSEUsageScanner:
-    """Feed it every relayed chunk, `flush()` it once the stream is over. Chunks are read in batches (of
-    `_BATCH_BYTES`, and the rest at `flush()`): a short stream is split into events and parsed once, at its
-    end, where a scan per chunk cost more than the relay itself. Between batches it keeps only the
-    unfinished last event."""
-
-    def __init__(self, usage: Usage) -> None:
-        self.usage = usage
-        self._tail = b""
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    def feed(self, chunk: bytes) -> None:
-        if self.usage.answer is None and not self._chunks and not self._tail and chunk.endswith(b"\n\n") \
-                and _no_usage(chunk):
-            return  # whole events, none with a usage to read (vLLM's every event but the last): nothing to keep
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        if self._size >= _BATCH_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        """Read what was fed since the last batch (an unfinished last event waits for more, or stays unread)."""
-        if not self._chunks:
-            return
-        data = self._tail + b"".join(self._chunks)
-        self._chunks.clear()
-        self._size = 0
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._tail = data if len(data) <= _MAX_TAIL_BYTES else b""
-            return
-        self._tail = data[end + 2:]
-        complete = data[:end]
-        collect = self.usage.answer is not None
-        if not collect and _no_usage(complete):
-            return
-        self.usage.read_events([line[5:].strip() for event in complete.split(b"\n\n")
-                                if collect or (b'"usage"' in event and b'"usage":null' not in event)
-                                for line in event.split(b"\n") if line.startswith(b"data:")])
-
-
-def _no_usage(events: bytes) -> bool:
-    """No event here has a usage to read: each one that names it says null (vLLM's every event but the last)."""
-    return events.count(b'"usage"') == events.count(b'"usage":null')
 
 
 def _int(value: Any, default: int | None) -> int | None:

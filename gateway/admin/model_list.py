@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from gateway.config.loader import Config
+from gateway.config.model_names import exact_aliases
 from gateway.routing.adapters import AdapterMap
-from gateway.routing.model_names import exact_aliases
 from gateway.routing.route_table import ModelRoute
 
 _STARTED = int(time.time())

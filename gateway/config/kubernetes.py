@@ -39,7 +39,7 @@ def is_label_value(text: str) -> bool:
 
 
 @dataclass(frozen=True)
-class KubernetesDiscovery:
+class KubernetesDiscoveryConfig:
     """The endpoints of the EndpointSlices selected by `service` and `labels`, watched through the API
     (`gateway.replicas.discovery.kubernetes`); each pod's name is its replica id."""
 

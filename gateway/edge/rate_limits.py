@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gateway.edge.auth import ApiKeyConfig
+from gateway.config.features import ApiKeyConfig
 from gateway.edge.shared_quota import SharedQuota
 from gateway.errors import RateLimitError
 

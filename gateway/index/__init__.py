@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.index.base import IndexParams, WarmIndex, build_index
+from gateway.config.features import IndexConfig
+from gateway.index.base import WarmIndex, build_index
 from gateway.index.memory import MemoryIndex
 
-__all__ = ["IndexParams", "MemoryIndex", "WarmIndex", "build_index"]
+__all__ = ["IndexConfig", "MemoryIndex", "WarmIndex", "build_index"]

@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.config.env import mask_url_password
-from gateway.index.base import IndexParams
+from gateway.config.features import IndexConfig
 from gateway.index.memory import MemoryIndex
 from gateway.index.redis_wire import (
     MARKER,
@@ -76,7 +76,7 @@ _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 class RedisIndex:
-    def __init__(self, params: IndexParams) -> None:
+    def __init__(self, params: IndexConfig) -> None:
         self.params = params
         self._where = mask_url_password(params.store)  # for logs: the URL may carry a password
         self.local = MemoryIndex(params.capacity_blocks)  # every table (mirror), else own writes

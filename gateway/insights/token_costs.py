@@ -33,12 +33,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.errors import BadRequestError, ConfigError
+from gateway.errors import BadRequestError
 from gateway.insights.shared_usage import SharedUsage
 from gateway.relay.usage import Usage
 
 if TYPE_CHECKING:
-    from gateway.config.loader import Config, PoolConfig
+    from gateway.config.loader import Config
+    from gateway.config.pools import PoolConfig
 
 log = structlog.get_logger("gateway.insights.token_costs")
 ANONYMOUS = "anonymous"
@@ -48,29 +49,6 @@ FLUSH_S = 1.0  # deltas go to Redis this often: other gateways' counts are at mo
 _RETENTION_MINUTES = RETENTION_S // BUCKET_S
 _PER_MILLION = 1e6
 Key = tuple[str, str]  # (tenant, model)
-
-
-@dataclass(frozen=True)
-class Prices:
-    """YAML `pools.<model>.prices`: money per million tokens (one currency for every pool)."""
-
-    input: float
-    cached_input: float
-    output: float
-
-    def validate(self, key: str) -> None:
-        for name in ("input", "cached_input", "output"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"must be >= 0, got {getattr(self, name)}", key=f"{key}.{name}")
-        if self.cached_input > self.input:
-            raise ConfigError(f"must not exceed input ({self.input:g}): a cache hit is never dearer",
-                              key=f"{key}.cached_input")
-
-    def cost(self, prompt: int, cached: int, completion: int) -> float:
-        return ((prompt - cached) * self.input + cached * self.cached_input + completion * self.output) / _PER_MILLION
-
-    def saved(self, cached: int) -> float:
-        return cached * (self.input - self.cached_input) / _PER_MILLION
 
 
 @dataclass(slots=True)

@@ -42,10 +42,11 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.config.loader import Config
+from gateway.config.pools import StreamChunkingConfig
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.relay import headers as h
 from gateway.relay.backend_auth import set_upstream_auth
-from gateway.relay.phrase_chunking import PhraseChunker, StreamChunking, relay_phrases
+from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.stream_usage import UsageStripper
 from gateway.relay.usage import SSEUsageScanner, Usage
 from gateway.relay.watch import Watch, Watches
@@ -77,7 +78,7 @@ class Exchange:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
-    chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.relay.phrase_chunking)
+    chunking: StreamChunkingConfig | None = None  # the stream re-chunked into phrases (gateway.relay.phrase_chunking)
     first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
     strip_usage: bool = False  # the gateway asked for this stream's usage: the client did not (relay.stream_usage)
     trace: RequestTrace | None = None  # its spans, when tracing is on (gateway.observability.tracing)
@@ -233,7 +234,7 @@ class Proxy:
                      attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         replica, decision = attempt.replica, attempt.decision
         exchange.status = upstream.status
-        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
         back[h.REQUEST_ID] = view.request_id
         if config.headers.replica_id:
             back[h.REPLICA_ID] = replica.replica_id

@@ -101,7 +101,7 @@ async def _send(request: web.Request, body: bytes, model: str, replica: Replica,
                                timeout=timeout, allow_redirects=False) as upstream:
         if upstream.status == 404:
             return None
-        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
         back[h.REPLICA_ID] = replica.replica_id
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
         await response.prepare(request)

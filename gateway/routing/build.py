@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.config.loader import Config, PoolConfig
+from gateway.config.loader import Config
+from gateway.config.pools import PoolConfig
 from gateway.index import build_index
 from gateway.index.exact import ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import structlog
 
-from gateway.config.loader import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
+from gateway.config.loader import Config, load_config
+from gateway.config.pools import DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index.kv_events.feeds import KVFeeds
 from gateway.log import setup_logging

@@ -22,6 +22,7 @@ from aiohttp import web
 from gateway.admin.dashboard import add_dashboard_routes
 from gateway.admin.ops_routes import add_ops_routes, reload
 from gateway.config.loader import Config
+from gateway.config.pools import StreamChunkingConfig
 from gateway.edge.auth import Caller, authenticate
 from gateway.edge.limits import check_prompt, estimate_prompt, read_view
 from gateway.edge.rate_limits import RateLimits
@@ -38,7 +39,7 @@ from gateway.observability.request_metrics import record_finished
 from gateway.observability.request_timing import Timing, rounded
 from gateway.observability.tracing import Tracing
 from gateway.relay import headers as h
-from gateway.relay.phrase_chunking import StreamChunking, chunking_for
+from gateway.relay.phrase_chunking import chunking_for
 from gateway.relay.proxy import CLIENT_CLOSED, Exchange, Proxy
 from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.relay.stream_usage import ask_for_usage
@@ -138,7 +139,7 @@ def _stream_options(request: web.Request, view: RequestView, route: ModelRoute, 
     asked for it for the accounts."""
     pool = config.pools.get(route.model)
     exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
-                                     pool.stream_chunking if pool is not None else StreamChunking())
+                                     pool.stream_chunking if pool is not None else StreamChunkingConfig())
     exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)
 
 

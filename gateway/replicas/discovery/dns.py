@@ -24,8 +24,7 @@ from typing import Any
 import structlog
 
 from gateway.config.kubernetes import Role
-from gateway.config.loader import DiscoveryConfig, ReplicaConfig
-from gateway.index.kv_events.subscriber import KVEventsConfig
+from gateway.config.pools import DiscoveryConfig, KVEventsConfig, ReplicaConfig
 
 log = structlog.get_logger("gateway.replicas.discovery.dns")
 

@@ -1,41 +1,34 @@
-"""Policy registry: the one table from YAML `type` to class."""
+"""Routing policies, and the one table from YAML `type` to policy class.
+
+Each policy's parameters are its config class (`gateway.config.policy_params`), validated with the
+config; `build_policy` builds the parameters, then the policy.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import ConfigError
+from gateway.config.policy_params import policy_config
 from gateway.routing.policies.base import Candidate, Decision, Outcome, Policy, Score
+from gateway.routing.policies.consistent_hash import ConsistentHashPolicy
+from gateway.routing.policies.least_loaded import LeastLoadedPolicy
+from gateway.routing.policies.power_of_two import PowerOfTwoPolicy
+from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
+from gateway.routing.policies.random_choice import RandomPolicy
+from gateway.routing.policies.round_robin import RoundRobinPolicy
+from gateway.routing.policies.session_affinity import SessionAffinityPolicy
 
-REGISTRY: dict[str, type[Policy]] = {}
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    REGISTRY[cls.type] = cls
-    return cls
+REGISTRY: dict[str, type[Policy]] = {cls.type: cls for cls in (
+    ConsistentHashPolicy, LeastLoadedPolicy, PowerOfTwoPolicy, PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
+    SessionAffinityPolicy,
+)}
 
 
 def build_policy(type_: str, params: Mapping[str, Any] | None, key: str) -> Policy:
-    """Instantiate a policy from config; errors name the key."""
-    _load_builtin()
-    cls = REGISTRY.get(type_)
-    if cls is None:
-        raise ConfigError(f"unknown policy {type_!r} (known: {', '.join(sorted(REGISTRY))})", key=f"{key}.policy")
-    return cls.from_config(params, f"{key}.params")
+    """Instantiate a policy from config; errors name the key (`key.policy`, `key.params...`)."""
+    config = policy_config(type_, params, key)  # first: an unknown name is a ConfigError naming the key
+    return REGISTRY[type_](config)
 
 
-def _load_builtin() -> None:
-    # Imported here so each policy module can `@register` itself without an import cycle.
-    from gateway.routing.policies import (  # noqa: F401  # noqa: F401
-        consistent_hash,
-        least_loaded,
-        power_of_two,
-        prefix_affinity,
-        random_choice,
-        round_robin,
-        session_affinity,
-    )
-
-
-__all__ = ["REGISTRY", "Candidate", "Decision", "Outcome", "Policy", "Score", "build_policy", "register"]
+__all__ = ["REGISTRY", "Candidate", "Decision", "Outcome", "Policy", "Score", "build_policy"]

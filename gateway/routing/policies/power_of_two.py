@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.routing.policies import register
 from gateway.routing.policies.base import Candidate, Decision, SeededPolicy, scores_by_load
 from gateway.view import RequestView
 
 
-@register
 class PowerOfTwoPolicy(SeededPolicy):
     type = "power_of_two"
 

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.index import IndexParams, MemoryIndex, WarmIndex, build_index
+from gateway.config.features import IndexConfig
+from gateway.index import MemoryIndex, WarmIndex, build_index
 from gateway.index.redis_store import RedisIndex
 from tests.helpers import Proc, free_port, redis_server_binary
 
@@ -26,7 +27,7 @@ def chain(tag: int, n: int) -> list[int]:
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[WarmIndex]:
     """Memory; Redis with its mirror; Redis asked on every lookup (`mirror: false`)."""
     store = "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
-    idx = build_index(IndexParams(store=store, key_prefix=f"test{next(_prefixes)}:", capacity_blocks=1000,
+    idx = build_index(IndexConfig(store=store, key_prefix=f"test{next(_prefixes)}:", capacity_blocks=1000,
                                   mirror=request.param != "redis-lookups"))
     yield idx
     await idx.close()
@@ -98,7 +99,7 @@ async def test_memory_set_capacity_trims_now() -> None:
 # --- Redis only -------------------------------------------------------------------------------
 
 def redis_index(url: str, **kw: object) -> RedisIndex:
-    params = IndexParams(store=url, key_prefix=f"test{next(_prefixes)}:", **kw)  # type: ignore[arg-type]
+    params = IndexConfig(store=url, key_prefix=f"test{next(_prefixes)}:", **kw)  # type: ignore[arg-type]
     index = build_index(params)
     assert isinstance(index, RedisIndex)
     return index

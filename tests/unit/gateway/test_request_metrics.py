@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.edge.auth import ANONYMOUS, ApiKeyConfig, Caller
+from gateway.config.features import ApiKeyConfig
+from gateway.edge.auth import ANONYMOUS, Caller
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import record_finished
 from gateway.observability.request_timing import Timing

@@ -33,7 +33,7 @@ from gateway.config.pools import PrefixConfig
 from gateway.index.exact import ExactTables
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.sim_tokens import IM_END, IM_START
-from gateway.prompt.tokenizers import TokenizedPrompt
+from gateway.prompt.tokenized import TokenizedPrompt
 from gateway.routing.cost import CostModel
 from gateway.routing.policies import Candidate, Outcome, Policy, build_policy
 from gateway.routing.router import Router

@@ -1,4 +1,4 @@
-"""The WarmIndex interface, its config, and the factory that picks a store.
+"""The WarmIndex interface (its config is `gateway.config.features.IndexConfig`, its factory `build`).
 
 An index answers "how many leading blocks of this prefix does each replica hold?" for all
 candidates in one call (one network round trip for a remote store), and learns what a
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Protocol
-
-from gateway.config.features import IndexConfig
 
 
 class WarmIndex(Protocol):
@@ -53,12 +51,3 @@ class WarmIndex(Protocol):
         """Flush what can be flushed and release connections."""
 
 
-def build_index(params: IndexConfig) -> WarmIndex:
-    """The store named by `params.store`. Redis connects lazily, on first use inside the event loop."""
-    from gateway.index.memory import MemoryIndex
-
-    if params.store == "memory":
-        return MemoryIndex(params.capacity_blocks)
-    from gateway.index.redis_store import RedisIndex
-
-    return RedisIndex(params)

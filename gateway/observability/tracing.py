@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, MutableMapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 from aiohttp import web
@@ -24,13 +24,28 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span
 
-    from gateway.relay.proxy import Exchange
     from gateway.replicas import Replica
+    from gateway.routing.model_route import ModelRoute
     from gateway.routing.policies import Decision
-    from gateway.routing.route_table import ModelRoute
     from gateway.view import RequestView
 
 T = TypeVar("T")
+
+
+class Upstream(Protocol):
+    """What a trace reads of a request's upstream exchange (`gateway.relay.proxy.Exchange`, which holds
+    the trace: the relay imports tracing, never the reverse)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def decision(self) -> Decision | None: ...
+    @property
+    def failed_replicas(self) -> list[str]: ...
+    @property
+    def ttft_s(self) -> float | None: ...
 
 
 class Tracing:
@@ -105,7 +120,7 @@ class RequestTrace:
             span.set_attributes(_decision(decision, route.routing.policy, self._evidence))
             return decision
 
-    async def attempt(self, replica: Replica, sending: Awaitable[T], exchange: Exchange) -> T:
+    async def attempt(self, replica: Replica, sending: Awaitable[T], exchange: Upstream) -> T:
         """One upstream attempt, to its answer's end; its context is what `inject` sends the replica."""
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -138,7 +153,7 @@ class RequestTrace:
     def first_byte(self, ttft_s: float, replica_id: str) -> None:
         self.span.add_event("first_byte", {"gateway.ttft_s": ttft_s, "gateway.replica": replica_id})
 
-    def end(self, exchange: Exchange, policy: str) -> None:
+    def end(self, exchange: Upstream, policy: str) -> None:
         """Close the server span (after the request's log event, which carries the trace id)."""
         from opentelemetry.trace import Status, StatusCode
 

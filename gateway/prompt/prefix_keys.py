@@ -36,7 +36,7 @@ from gateway.prompt.api_shapes import CHAT_SHAPED
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
-    from gateway.prompt.tokenizers import TokenizedPrompt
+    from gateway.prompt.tokenized import TokenizedPrompt
 
 _hash = xxhash.xxh3_64_intdigest
 _ROLE = "\x1e"  # record separator: cannot be confused with JSON or ordinary prompt text

@@ -21,7 +21,8 @@ from gateway.errors import NotFoundError, UpstreamError
 from gateway.relay import headers as h
 from gateway.relay.backend_auth import set_upstream_auth
 from gateway.replicas import Replica
-from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.routing.model_route import ModelRoute
+from gateway.routing.route_table import GatewayState
 from gateway.view import RequestView
 
 MAX_HOMES = 100_000

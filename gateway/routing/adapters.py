@@ -34,7 +34,7 @@ from gateway.view import RequestView
 
 if TYPE_CHECKING:
     from gateway.config.loader import Config
-    from gateway.routing.route_table import ModelRoute
+    from gateway.routing.model_route import ModelRoute
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,12 @@ import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from gateway.config.loader import Config, load_config
-from gateway.config.pools import DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig
+from gateway.config.pools import DiscoveryConfig, PoolConfig, ReplicaConfig
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index.kv_events.feeds import KVFeeds
 from gateway.log import setup_logging
@@ -33,19 +32,10 @@ from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.discovery.dns import Discovery, Resolver, resolve_dns
 from gateway.routing.adapters import AdapterMap
 from gateway.routing.build import build_router
+from gateway.routing.model_route import ModelRoute
 from gateway.routing.router import Router
 
 log = structlog.get_logger("gateway.routing.route_table")
-
-
-@dataclass(slots=True)
-class ModelRoute:
-    """Everything needed to route one model's requests."""
-
-    model: str
-    pool: ReplicaPool
-    router: Router
-    routing: RoutingConfig
 
 
 class GatewayState:

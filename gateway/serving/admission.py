@@ -21,8 +21,8 @@ from gateway.errors import RateLimitError
 if TYPE_CHECKING:
     from gateway.observability.tracing import RequestTrace
     from gateway.replicas import Replica, ReplicaPool
+    from gateway.routing.model_route import ModelRoute
     from gateway.routing.policies import Candidate, Decision
-    from gateway.routing.route_table import ModelRoute
     from gateway.view import RequestView
 
 

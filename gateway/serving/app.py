@@ -45,8 +45,9 @@ from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.relay.stream_usage import ask_for_usage
 from gateway.replicas import Monitor
 from gateway.routing.adapters import named
+from gateway.routing.model_route import ModelRoute
 from gateway.routing.policies import Outcome
-from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.routing.route_table import GatewayState
 from gateway.serving import attempts
 from gateway.serving.admission import Admission
 from gateway.serving.app_keys import (

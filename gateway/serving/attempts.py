@@ -17,8 +17,8 @@ from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError
 from gateway.relay.proxy import Attempt, Exchange, Retryable
 from gateway.replicas import Replica
+from gateway.routing.model_route import ModelRoute
 from gateway.routing.policies import Decision
-from gateway.routing.route_table import ModelRoute
 from gateway.serving.app_keys import ADMISSION, HOMES, PROXY, STATE
 from gateway.serving.cancel import raise_lost_cancel
 from gateway.view import RequestView

@@ -31,7 +31,7 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 
 from gateway.config.kubernetes import ROLES, KubernetesDiscoveryConfig, Role
 from gateway.config.pools import DiscoveryConfig, ReplicaConfig
-from gateway.replicas.discovery.dns import Apply, discovered_replica
+from gateway.replicas.discovery.discovered import Apply, discovered_replica
 
 log = structlog.get_logger("gateway.replicas.discovery.kubernetes")
 

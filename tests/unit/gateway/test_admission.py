@@ -106,7 +106,7 @@ async def test_a_decision_that_loses_its_slot_records_nothing_for_that_replica()
     holds it: the decision is made again elsewhere, and the first choice keeps no phantom warm
     prefix and no phantom queued prefill (the decision committed nothing)."""
     from gateway.config.pools import RoutingConfig
-    from gateway.routing.route_table import ModelRoute
+    from gateway.routing.model_route import ModelRoute
     from gateway.serving.admission import Admission
     from tests.unit.gateway.test_routing import SYSTEM, chat_view, make_router
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.config.features import IndexConfig
+from gateway.config.features import IndexConfig, IndexStore
 from gateway.config.pools import PrefixConfig
 from gateway.index import WarmIndex, build_index
 from gateway.log import setup_logging
@@ -65,8 +65,8 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
     rng = random.Random(0)
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     gateways = 1 if store == "memory" else args.gateways
-    indexes = [TimedIndex(build_index(IndexConfig(store=store, key_prefix=prefix, mirror=mirror,
-                                                    capacity_blocks=args.capacity_blocks)))
+    params = IndexConfig(mirror=mirror, capacity_blocks=args.capacity_blocks)
+    indexes = [TimedIndex(build_index(IndexStore(params, None if store == "memory" else store, prefix)))
                for _ in range(gateways)]
     routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixConfig(), index)
                for g, index in enumerate(indexes)]

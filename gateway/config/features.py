@@ -1,6 +1,6 @@
 """The config's sections for features at the edge and beside the request path: client keys (`auth`),
 extra routes (`routes`), response headers (`headers`), the warm-prefix index store (`index`), agent
-sessions (`sessions`) and the prefix report (`prefix_report`).
+sessions (`sessions`), the prefix report (`prefix_report`), and the Redis the gateways share (`redis`).
 
 The features import their section from here (`gateway.edge.auth`, `gateway.edge.routes`, ...); the
 route table below (`MODEL_ROUTES`, `RESERVED`) is the one `gateway.edge.routes` serves.
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 from urllib.parse import urlsplit
 
 from gateway.config.secret_files import read_secret_file, secret_lines
@@ -185,42 +186,47 @@ class PrefixReportConfig:
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
-_URL_FILE_KEY = "index.redis_url_file"  # IndexConfig is the config's top-level `index`
+@dataclass(frozen=True)
+class RedisConfig:
+    """YAML top-level `redis`: the one Redis the gateways share. When it is set, the gateways share their
+    token-cost counters (`gateway.insights.shared_usage`) and, with client keys, their quotas
+    (`gateway.edge.shared_quota`); `index.store: redis` keeps the warm-prefix index there too."""
+
+    url: str | None = None  # redis://host:port/db (rediss://, unix:// too)
+    url_file: str | None = None  # or the URL (with its password) in this file: a mounted Secret
+    key_prefix: str = "affinity:"  # every key and channel of the gateways starts with this
+
+    @cached_property
+    def resolved_url(self) -> str:
+        """`url`, or the URL in `url_file`: read once per loaded config, by validate."""
+        if self.url_file is not None:
+            return read_secret_file(self.url_file, "redis.url_file")
+        assert self.url is not None, "validated: url or url_file"
+        return self.url
+
+    def validate(self, key: str) -> None:
+        if (self.url is None) == (self.url_file is None):
+            raise ConfigError("set url or url_file (one of them)", key=f"{key}.url")
+        if self.url_file is not None:
+            if urlsplit(self.resolved_url).scheme not in _REDIS_SCHEMES:  # a secret: not in the message
+                raise ConfigError("the file must hold a redis://, rediss:// or unix:// URL", key=f"{key}.url_file")
+        elif urlsplit(self.resolved_url).scheme not in _REDIS_SCHEMES:
+            raise ConfigError(f"expected a redis://, rediss:// or unix:// URL, got {self.url!r}", key=f"{key}.url")
 
 
 @dataclass(frozen=True)
 class IndexConfig:
-    """YAML top-level `index`: where the warm-prefix tables live."""
+    """YAML top-level `index`: where the warm-prefix tables live, and how a shared store is used."""
 
-    store: str = "memory"  # "memory" (one gateway) or redis://host:port/db (shared by many)
-    key_prefix: str = "affinity:"  # Redis key namespace
+    store: Literal["memory", "redis"] = "memory"  # memory (one gateway) or the top-level `redis` (shared by many)
     capacity_blocks: int = 65536  # per replica, until set_capacity() learns the real KV pool size
     ttl_s: float = 3600.0  # a Redis table untouched this long disappears (removed replicas)
     timeout_s: float = 0.05  # Redis socket timeout; on expiry the lookup falls back to the local table
     max_pending_writes: int = 10000  # records queued for Redis while it is slow or down
     reconnect_max_s: float = 5.0  # backoff cap between reconnect attempts
     mirror: bool = True  # keep every table in memory, fed by the others' writes: lookups skip Redis
-    redis_url_file: str | None = None  # or the redis:// URL (with its password) in this file: a mounted Secret
-
-    @cached_property
-    def resolved_store(self) -> str:
-        """`store`, or the URL in `redis_url_file`: read once per loaded config, by validate."""
-        return self.store if self.redis_url_file is None else read_secret_file(self.redis_url_file, _URL_FILE_KEY)
-
-    def for_pool(self, model: str) -> IndexConfig:
-        """A pool's tables and its mirror's feed live under `<key_prefix><model>:`, so each pool
-        mirrors its own replicas only. The store is resolved: the file is not read again."""
-        return dataclasses.replace(self, key_prefix=f"{self.key_prefix}{model}:", store=self.resolved_store,
-                                   redis_url_file=None)
 
     def validate(self, key: str) -> None:
-        if self.redis_url_file is not None:
-            if self.store != "memory":
-                raise ConfigError("set store or redis_url_file, not both", key=f"{key}.redis_url_file")
-            if urlsplit(self.resolved_store).scheme not in _REDIS_SCHEMES:  # a secret: not in the message
-                raise ConfigError("the file must hold a redis://, rediss:// or unix:// URL", key=_URL_FILE_KEY)
-        elif self.store != "memory" and urlsplit(self.store).scheme not in _REDIS_SCHEMES:
-            raise ConfigError(f"expected 'memory' or a redis:// URL, got {self.store!r}", key=f"{key}.store")
         for name in ("capacity_blocks", "max_pending_writes"):
             if getattr(self, name) < 1:
                 raise ConfigError("must be at least 1", key=f"{key}.{name}")
@@ -229,5 +235,16 @@ class IndexConfig:
                 raise ConfigError("must be > 0", key=f"{key}.{name}")
 
 
-__all__ = ["MODEL_ROUTES", "RESERVED", "ApiKeyConfig", "AuthConfig", "HeadersConfig", "IndexConfig",
-           "PrefixReportConfig", "RoutesConfig", "SessionsConfig"]
+@dataclass(frozen=True)
+class IndexStore:
+    """Where one pool's warm-prefix tables live (`Config.index_store`; not a YAML section): in memory
+    (`url` None), or in the shared Redis under `<redis.key_prefix><model>:`, so each pool's mirror
+    follows its own replicas only. The URL is resolved: a rotated `redis.url_file` makes a new store."""
+
+    params: IndexConfig = field(default_factory=IndexConfig)
+    url: str | None = None
+    key_prefix: str = "affinity:"
+
+
+__all__ = ["MODEL_ROUTES", "RESERVED", "ApiKeyConfig", "AuthConfig", "HeadersConfig", "IndexConfig", "IndexStore",
+           "PrefixReportConfig", "RedisConfig", "RoutesConfig", "SessionsConfig"]

@@ -28,7 +28,9 @@ from gateway.config.features import (
     AuthConfig,
     HeadersConfig,
     IndexConfig,
+    IndexStore,
     PrefixReportConfig,
+    RedisConfig,
     RoutesConfig,
     SessionsConfig,
 )
@@ -64,6 +66,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     index: IndexConfig = field(default_factory=IndexConfig)  # the warm-prefix index store
+    redis: RedisConfig | None = None  # the Redis the gateways share: index, quotas, token costs
     auth: AuthConfig = field(default_factory=AuthConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
@@ -79,6 +82,12 @@ class Config:
         pool = self.pools.get(model)
         return pool.backend_key(replica_id) if pool is not None else None
 
+    def index_store(self, model: str) -> IndexStore:
+        """Where this model's pool keeps its warm-prefix tables (gateway.index.build)."""
+        if self.index.store == "memory" or self.redis is None:
+            return IndexStore(self.index)
+        return IndexStore(self.index, self.redis.resolved_url, f"{self.redis.key_prefix}{model}:")
+
     @cached_property
     def model_names(self) -> ModelNames:
         """Which pool a request's `model` names (aliases, patterns, the default pool)."""
@@ -87,6 +96,8 @@ class Config:
     def validate(self, key: str) -> None:
         if not self.pools:
             raise ConfigError("at least one model pool is required", key="pools")
+        if self.index.store == "redis" and self.redis is None:
+            raise ConfigError("needs the top-level `redis` section (its url or url_file)", key="index.store")
         check_names({name: pool.aliases for name, pool in self.pools.items()}, self.routes.default_pool, "routes")
         check_adapters(self.pools, list(self.model_names.exact))
         for name, pool in self.pools.items():
@@ -115,8 +126,26 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
     if isinstance(data, dict) and "state" in data:  # the section's name until the store was called what it is
         raise ConfigError("renamed: the warm-prefix store is configured under `index` now, with the same keys",
                           key="state")
+    _moved_to_redis(data.get("index") if isinstance(data, dict) else None)
     config = schema.build(Config, data)
     return apply_env(config, env or {})
+
+
+def _moved_to_redis(index: Any) -> None:
+    """The shared Redis was `index.store: redis://...`, `index.redis_url_file` and `index.key_prefix`
+    until it was named for what it is: the top-level `redis`, which quotas and token costs use too."""
+    if not isinstance(index, dict):
+        return
+    store = index.get("store")
+    if isinstance(store, str) and "://" in store:
+        raise ConfigError("moved: the Redis URL is the top-level `redis.url` now; `index.store: redis` uses it",
+                          key="index.store")
+    if "redis_url_file" in index:
+        raise ConfigError("moved: the Redis URL's file is the top-level `redis.url_file` now; "
+                          "`index.store: redis` uses it", key="index.redis_url_file")
+    if "key_prefix" in index:
+        raise ConfigError("moved: the Redis key namespace is the top-level `redis.key_prefix` now",
+                          key="index.key_prefix")
 
 
 def apply_env(config: Config, env: Mapping[str, str]) -> Config:

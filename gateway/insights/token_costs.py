@@ -124,10 +124,11 @@ class TokenCosts:
 
     @classmethod
     def attach(cls, app: web.Application, config: Config, registry: CollectorRegistry) -> TokenCosts:
-        """One per app: shared through Redis where the index is (a store change needs a restart),
-        exported on `registry`, its flush task running with the app."""
-        store = config.index.resolved_store
-        costs = cls(SharedUsage(store, config.index.key_prefix, RETENTION_S + 3600) if store != "memory" else None)
+        """One per app: shared through the gateways' Redis if they share one (`redis`; a change needs a
+        restart), exported on `registry`, its flush task running with the app."""
+        redis = config.redis
+        shared = SharedUsage(redis.resolved_url, redis.key_prefix, RETENTION_S + 3600) if redis is not None else None
+        costs = cls(shared)
         registry.register(_CostCollector(costs))
         app.cleanup_ctx.append(costs._running)
         return costs

@@ -189,7 +189,7 @@ class GatewayState:
     def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:
         """Keep the running router when its routing section and store are unchanged, else build one."""
         current = self.routes.get(model)
-        same_store = config.index.for_pool(model) == self.config.index.for_pool(model)  # resolved: sees a rotated file
+        same_store = config.index_store(model) == self.config.index_store(model)  # resolved: sees a rotated file
         if current is not None and current.routing == pool.routing and same_store:
             return current.router
         return build_router(model, pool, config, self._routing_metrics, lambda: self._urls(model))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.config.features import IndexConfig
+from gateway.config.features import IndexConfig, IndexStore
 from gateway.config.pools import PrefixConfig
 from gateway.index import MemoryIndex, build_index
 from gateway.observability.routing_metrics import RoutingMetrics
@@ -198,8 +198,8 @@ async def test_consistent_hash_hashes_but_needs_no_index() -> None:
 
 @pytest.mark.redis
 async def test_two_gateways_sharing_redis_keep_a_conversation_together(redis_url: str) -> None:
-    params = IndexConfig(store=redis_url, key_prefix=f"router-test-{next(_ids)}:")
-    one, two = make_router(index=build_index(params), seed=1), make_router(index=build_index(params), seed=2)
+    store = IndexStore(IndexConfig(), redis_url, f"router-test-{next(_ids)}:")
+    one, two = make_router(index=build_index(store), seed=1), make_router(index=build_index(store), seed=2)
     try:
         replicas = set()
         for turn in range(1, 5):
@@ -214,8 +214,8 @@ async def test_two_gateways_sharing_redis_keep_a_conversation_together(redis_url
 
 
 async def test_routing_continues_when_redis_is_unreachable() -> None:
-    params = IndexConfig(store=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.05, reconnect_max_s=0.05)
-    router = make_router(index=build_index(params))
+    params = IndexConfig(timeout_s=0.05, reconnect_max_s=0.05)
+    router = make_router(index=build_index(IndexStore(params, f"redis://127.0.0.1:{free_port()}/0")))
     try:
         first = await turn_done(router, chat_view(conversation(1, "down")), candidates())
         second = await router.route(chat_view(conversation(2, "down")), candidates())

@@ -17,7 +17,8 @@ from typing import Any
 from gateway.config.pools import PrefixConfig
 from gateway.index.memory import MemoryIndex
 from gateway.prompt import prefix_keys as prefix
-from gateway.routing.policies import Candidate, build_policy
+from gateway.routing.policies import Candidate
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 from lab.workloads import words
 

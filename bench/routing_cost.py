@@ -31,7 +31,8 @@ from gateway.config.features import IndexConfig, IndexStore
 from gateway.config.pools import PrefixConfig
 from gateway.index import WarmIndex, build_index
 from gateway.log import setup_logging
-from gateway.routing.policies import Candidate, build_policy
+from gateway.routing.policies import Candidate
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab.results import quantile

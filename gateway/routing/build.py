@@ -17,7 +17,7 @@ from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.replica_tokenizer import ReplicaTokenizer
 from gateway.prompt.tokenizers import PromptKeys, build_prompt_tokenizer
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 
 

@@ -193,7 +193,8 @@ async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id
     from gateway.config.pools import PrefixConfig
     from gateway.index import MemoryIndex
     from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
-    from gateway.routing.policies import Candidate, build_policy
+    from gateway.routing.policies import Candidate
+    from gateway.routing.policies.registry import build_policy
     from gateway.routing.router import HISTORY, Router
 
     params = PrefixConfig(tokenizer="sim", block_tokens=BS)

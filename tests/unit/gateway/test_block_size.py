@@ -11,7 +11,7 @@ from gateway.config.pools import PrefixConfig
 from gateway.index.exact import ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 
 pytestmark = pytest.mark.timeout(30)

@@ -19,7 +19,8 @@ from gateway.index.exact import EVENTS, SPECULATIVE, ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
-from gateway.routing.policies import Candidate, Outcome, build_policy
+from gateway.routing.policies import Candidate, Outcome
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import CHARACTERS, HISTORY, Router
 from gateway.view import RequestView
 

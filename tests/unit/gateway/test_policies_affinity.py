@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, Outcome, Policy, Score, build_policy
+from gateway.routing.policies import Candidate, Outcome, Policy, Score
 from gateway.routing.policies.bound import has_room, has_room_loads
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 from tests.unit.gateway.predictions import predict, wait_s
 

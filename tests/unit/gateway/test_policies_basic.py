@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, Policy, build_policy
+from gateway.routing.policies import Candidate, Policy
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 
 
@@ -92,6 +93,6 @@ def test_bad_policy_config_names_the_key(type_: str, params: dict[str, object], 
 
 def test_every_policy_has_its_config_class_and_no_more() -> None:
     from gateway.config.policy_params import POLICY_CONFIGS
-    from gateway.routing.policies import REGISTRY
+    from gateway.routing.policies.registry import REGISTRY
 
     assert set(REGISTRY) == set(POLICY_CONFIGS), "gateway.config.policy_params.POLICY_CONFIGS and the policies differ"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import ConfigError
-from gateway.routing.policies import Candidate, build_policy
+from gateway.routing.policies import Candidate
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -14,7 +14,8 @@ from gateway.config.pools import PrefixConfig
 from gateway.index import MemoryIndex, build_index
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.routing.policies import Candidate, Outcome, build_policy
+from gateway.routing.policies import Candidate, Outcome
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from tests.helpers import free_port

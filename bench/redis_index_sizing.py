@@ -22,7 +22,7 @@ import time
 
 import redis
 
-from gateway.index.base import IndexParams
+from gateway.config.features import IndexConfig, IndexStore
 from gateway.index.redis_store import RedisIndex
 from lab.cluster import free_port
 
@@ -37,7 +37,7 @@ def _stats(client: redis.Redis) -> dict[str, tuple[int, int]]:
 
 async def run(replicas: int, blocks: int, requests: int, port: int) -> None:
     client = redis.Redis(port=port)
-    index = RedisIndex(IndexParams(store=f"redis://127.0.0.1:{port}/0", capacity_blocks=blocks * 2, timeout_s=1.0))
+    index = RedisIndex(IndexStore(IndexConfig(capacity_blocks=blocks * 2, timeout_s=1.0), f"redis://127.0.0.1:{port}/0"))
     rng = random.Random(7)
     before = int(client.info("memory")["used_memory"])
     for r in range(replicas):

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.config.pools import PrefixConfig
 from gateway.index.memory import MemoryIndex
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.request.decision import Candidate
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 from lab.workloads import words
 
@@ -42,7 +42,7 @@ def main() -> None:
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": words(rng, 480)} for i in range(9)]
     body = {"model": "m", "messages": [system, *turns]}
     view = RequestView("r", "chat", "m", True, body, b"")
-    params = PrefixParams()
+    params = PrefixConfig()
     text, _ = prefix.render_chat(body)
     keyed = prefix.compute(view, params)
     print(f"prompt: {len(text)} characters, {len(keyed.block_hashes)} character blocks, ~{keyed.prompt_tokens} tokens")

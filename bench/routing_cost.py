@@ -27,11 +27,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from gateway.index import IndexParams, WarmIndex, build_index
+from gateway.config.features import IndexConfig, IndexStore
+from gateway.config.pools import PrefixConfig
+from gateway.index import WarmIndex, build_index
 from gateway.log import setup_logging
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.request.decision import Candidate
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab.results import quantile
@@ -65,14 +66,14 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
     rng = random.Random(0)
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     gateways = 1 if store == "memory" else args.gateways
-    indexes = [TimedIndex(build_index(IndexParams(store=store, key_prefix=prefix, mirror=mirror,
-                                                    capacity_blocks=args.capacity_blocks)))
+    params = IndexConfig(mirror=mirror, capacity_blocks=args.capacity_blocks)
+    indexes = [TimedIndex(build_index(IndexStore(params, None if store == "memory" else store, prefix)))
                for _ in range(gateways)]
-    routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixParams(), index)
+    routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixConfig(), index)
                for g, index in enumerate(indexes)]
     replicas = [f"replica-{i}" for i in range(args.replicas)]
     # Sized by the gateway's own estimate (characters / 4), the number the Router and policy see.
-    words_per_token = 1000 / (len(words(random.Random(1), 1000)) / PrefixParams().chars_per_token)
+    words_per_token = 1000 / (len(words(random.Random(1), 1000)) / PrefixConfig().chars_per_token)
     system = [{"role": "system", "content": words(rng, int(1000 * words_per_token))}]
     per_turn = int((args.prompt_tokens - 1000) / args.turns * words_per_token)
     convs = [system + [{"role": "user", "content": words(rng, per_turn)}] for _ in range(args.conversations)]
@@ -124,7 +125,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8000)
     parser.add_argument("--conversations", type=int, default=256)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--capacity-blocks", type=int, default=IndexParams().capacity_blocks,
+    parser.add_argument("--capacity-blocks", type=int, default=IndexConfig().capacity_blocks,
                         help="each replica's table size (smaller: tables at capacity, evicting as they record)")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--policy", default="prefix_affinity")

@@ -20,7 +20,7 @@ import orjson
 import yaml
 
 if TYPE_CHECKING:
-    from gateway.insights.token_costs import Prices
+    from gateway.config.pools import PricesConfig
 
 ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity",
                 "prefix_affinity")
@@ -195,8 +195,8 @@ def _simulate(args: argparse.Namespace) -> int:
 def _policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
     """`-P policy.name=value` flags → {policy: {name: value}}, values read as YAML scalars (as the
     config file would give them) and checked by the policy now, not when a run starts."""
+    from gateway.config.policy_params import policy_config
     from gateway.errors import ConfigError
-    from gateway.routing.policies import build_policy
 
     params: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -207,21 +207,21 @@ def _policy_params(items: list[str]) -> dict[str, dict[str, Any]]:
         params.setdefault(policy, {})[name] = yaml.safe_load(value)
     for policy, values in params.items():
         try:
-            build_policy(policy, values, f"-P {policy}")
+            policy_config(policy, values, f"-P {policy}")
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
     return params
 
 
-def _prices(value: str) -> Prices:
-    """`--prices 3,0.3,15` → Prices, checked as the config file's `pools.<model>.prices`."""
+def _prices(value: str) -> PricesConfig:
+    """`--prices 3,0.3,15` → PricesConfig, checked as the config file's `pools.<model>.prices`."""
     from gateway.config import schema
+    from gateway.config.pools import PricesConfig
     from gateway.errors import ConfigError
-    from gateway.insights.token_costs import Prices
 
     try:
         input_, cached, output = (float(part) for part in value.split(","))
-        return schema.build(Prices, {"input": input_, "cached_input": cached, "output": output}, "--prices")
+        return schema.build(PricesConfig, {"input": input_, "cached_input": cached, "output": output}, "--prices")
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:

@@ -106,13 +106,15 @@ def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memo
         if spec.engine == "vllm":
             prefix["block_tokens"] = vllm_replica.BLOCK_TOKENS
         routing["prefix"] = prefix
+    shared: dict[str, object] = {} if store == "memory" else {"redis": {"url": store}}
     return {
         "listen": {"host": spec.host, "port": spec.port},
         "pools": {spec.model: {"replicas": replicas, "routing": routing}},
         "health": {"interval_s": 1.0},
         "load": {"interval_s": 0.25},
         "logging": {"level": spec.log_level},
-        "index": {"store": store},
+        "index": {"store": "memory" if store == "memory" else "redis"},
+        **shared,
     }
 
 

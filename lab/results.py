@@ -14,9 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.insights.token_costs import Prices
+from gateway.config.pools import PricesConfig
 
-EXAMPLE_PRICES = Prices(input=3.0, cached_input=0.3, output=15.0)  # per million tokens: `bench --prices`' default
+EXAMPLE_PRICES = PricesConfig(input=3.0, cached_input=0.3, output=15.0)  # per million tokens: `bench --prices`' default
 
 @dataclass(slots=True)
 class Result:
@@ -71,7 +71,7 @@ class Summary:
     saved_by_cache: float | None = None
     saved_share_of_prompt_cost: float | None = None  # saved / what the prompts would cost uncached
 
-    def price(self, prices: Prices) -> None:
+    def price(self, prices: PricesConfig) -> None:
         """Cost and savings of the run's reported usage (`gateway.insights.token_costs` arithmetic)."""
         self.cost = prices.cost(self.prompt_tokens, self.cached_tokens, self.completion_tokens)
         self.saved_by_cache = prices.saved(self.cached_tokens)

@@ -28,14 +28,16 @@ from typing import Any
 
 import xxhash
 
+from gateway.config.policy_params import policy_config
+from gateway.config.pools import PrefixConfig
 from gateway.index.exact import ExactTables
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.prompt.sim_tokens import IM_END, IM_START
-from gateway.prompt.tokenizers import TokenizedPrompt
+from gateway.prompt.tokenized import TokenizedPrompt
 from gateway.request.decision import Candidate, Outcome
 from gateway.routing.cost import CostModel
-from gateway.routing.policies import Policy, build_policy
+from gateway.routing.policies import Policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab import workloads
@@ -61,7 +63,7 @@ class SimSpec:
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     model: str = "stub-model"
     stub: StubConfig = field(default_factory=lambda: StubConfig().resolved())
-    prefix: PrefixParams = field(default_factory=PrefixParams)
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
     scrape_interval_s: float = 0.25
     concurrency: int = 0  # > 0: closed loop, this many sessions at a time (start times ignored)
     itl_every: int = 8  # keep every n-th inter-token gap (memory: 100k requests × 256 tokens)
@@ -364,9 +366,10 @@ class Simulation:
 
 def _policy(spec: SimSpec, clock: Callable[[], float]) -> Policy:
     params = dict(spec.policy_params)
+    config = policy_config(spec.policy, params, "simulate")
+    if "seed" in {f.name for f in dataclasses.fields(config)} and "seed" not in params:
+        params["seed"] = spec.seed  # reproducible runs
     policy = build_policy(spec.policy, params, "simulate")
-    if "seed" in {f.name for f in dataclasses.fields(policy.Params)} and "seed" not in params:
-        policy = build_policy(spec.policy, {**params, "seed": spec.seed}, "simulate")  # reproducible runs
     # The prefix policy's prefill queue drains in (virtual) time: give it the simulation's clock.
     cost = getattr(policy, "cost", None)
     if isinstance(cost, CostModel):

@@ -22,9 +22,13 @@ def module_files(root: Path, packages: Iterable[str]) -> dict[str, Path]:
 
 def imports_of(name: str, path: Path, known: Mapping[str, Path]) -> set[str]:
     """The known modules `name` imports: `from a.b import c` is a.b.c when that is a module, else a.b."""
+    return _resolve(name, path, ast.walk(ast.parse(path.read_text(), str(path))), known)
+
+
+def _resolve(name: str, path: Path, nodes: Iterable[ast.AST], known: Mapping[str, Path]) -> set[str]:
     is_package = path.name == "__init__.py"
     targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in nodes:
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -44,6 +48,36 @@ def imports_of(name: str, path: Path, known: Mapping[str, Path]) -> set[str]:
         if target and target != name:
             resolved.add(target)
     return resolved
+
+
+def _eager_nodes(body: list[ast.stmt]) -> Iterable[ast.AST]:
+    """The import statements run when the module loads: at top level, in top-level `try`/`if` blocks,
+    not under `if TYPE_CHECKING:` and not in functions or classes."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                yield from _eager_nodes(node.body)
+            yield from _eager_nodes(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                yield from _eager_nodes(block)
+
+
+def eager_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
+    """What loading each module loads at once: its eager imports, and for each, the packages above it
+    (importing a.b.c runs a/b/__init__.py first), but not the module's own parents (already loading).
+    A circle here is an ImportError of a partly initialised module, whichever module is imported first."""
+    known = module_files(root, packages)
+    result: dict[str, set[str]] = {}
+    for name, path in known.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        tree = ast.parse(path.read_text(), str(path))
+        targets = _resolve(name, path, _eager_nodes(tree.body), known)
+        above = {".".join(t.split(".")[:i]) for t in targets for i in range(1, t.count(".") + 1)}
+        result[name] = (targets | {p for p in above if p in known}) - own - {name}
+    return result
 
 
 def graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:

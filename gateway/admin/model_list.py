@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from gateway.config.loader import Config
+from gateway.config.model_names import exact_aliases
 from gateway.routing.adapters import AdapterMap
-from gateway.routing.model_names import exact_aliases
-from gateway.routing.route_table import ModelRoute
+from gateway.routing.model_route import ModelRoute
 
 _STARTED = int(time.time())
 

@@ -20,7 +20,8 @@ from gateway.insights.token_costs import UsageQuery
 from gateway.observability.metrics import CONTENT_TYPE
 from gateway.replicas import Replica
 from gateway.routing.adapters import named
-from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.routing.model_route import ModelRoute
+from gateway.routing.route_table import GatewayState
 from gateway.serving.app_keys import (
     ADMISSION,
     DECISIONS,

@@ -9,18 +9,10 @@ load-balancer check), 404 for a model the gateway does not serve. A SIGTERM make
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.routing.route_table import GatewayState
-
-
-@dataclass(frozen=True)
-class ReadinessConfig:
-    """YAML `readiness`."""
-
-    require_all_pools: bool = False  # 503 as soon as any one pool has no replica taking traffic
 
 
 def report(state: GatewayState, model: str | None, draining: bool, queued: Mapping[str, int],

@@ -1,6 +1,6 @@
 """`${VAR}` in config values, and the resolved config as `affinity-gateway check` prints it.
 
-Secrets (a Redis password, a token) stay out of the YAML: `store: redis://:${REDIS_PASSWORD}@redis:6379/0`.
+Secrets (a Redis password, a token) stay out of the YAML: `url: redis://:${REDIS_PASSWORD}@redis:6379/0`.
 `${VAR:-default}` gives a default; `$${` is a literal `${`. A variable that is neither set nor
 defaulted is a config error naming the key, like every other config mistake. Interpolation
 applies to string values only (never to keys), before the schema checks types, so a whole value

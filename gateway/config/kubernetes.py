@@ -1,6 +1,6 @@
 """YAML `pools.<model>.discovery.kubernetes`: which EndpointSlices feed a pool, and how their labels map
-to the pool, its adapters and each replica's role. Kept apart from `gateway.config.loader` (which imports it)
-so the config module stays one screenful per section; no Kubernetes client is imported here.
+to the pool, its adapters and each replica's role. Kept apart from `gateway.config.pools` (which imports it)
+so each config module stays about one group of sections; no Kubernetes client is imported here.
 
     discovery:
       kubernetes:
@@ -39,7 +39,7 @@ def is_label_value(text: str) -> bool:
 
 
 @dataclass(frozen=True)
-class KubernetesDiscovery:
+class KubernetesDiscoveryConfig:
     """The endpoints of the EndpointSlices selected by `service` and `labels`, watched through the API
     (`gateway.replicas.discovery.kubernetes`); each pod's name is its replica id."""
 

@@ -7,6 +7,8 @@ key, never the content.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.errors import ConfigError
@@ -28,3 +30,19 @@ def secret_lines(path: str, key: str) -> list[tuple[int, str]]:
     """(line number, text) of the file's lines that are neither blank nor `#` comments."""
     lines = read_secret_file(path, key).splitlines()
     return [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
+
+
+def read_key(env_name: str | None, file_path: str | None, key: str,
+             env: Mapping[str, str] | None = None) -> str | None:
+    """A replica's key (`api_key_env` or `api_key_file`), or None when neither is set; ConfigError naming
+    `key` otherwise. Read at load (the sections' `validate`) and again when a pool's keys are first used."""
+    if env_name is not None and file_path is not None:
+        raise ConfigError("set api_key_env or api_key_file, not both", key=f"{key}.api_key_env")
+    if env_name is not None:
+        value = (os.environ if env is None else env).get(env_name, "")
+        if not value.strip():
+            raise ConfigError(f"environment variable {env_name!r} is not set or empty", key=f"{key}.api_key_env")
+        return value.strip()
+    if file_path is not None:
+        return read_secret_file(file_path, f"{key}.api_key_file")
+    return None

@@ -14,11 +14,12 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.config.loader import LimitsConfig
+from gateway.config.pools import PrefixConfig
+from gateway.config.sections import LimitsConfig
 from gateway.edge.encoding import decode_body
 from gateway.edge.multipart_form import form_fields
 from gateway.errors import BadRequestError, PayloadTooLargeError, RequestTimeoutError, json_object
-from gateway.prompt.prefix_keys import PrefixParams, prompt_source
+from gateway.prompt.prefix_keys import prompt_source
 from gateway.view import RequestView
 
 
@@ -77,7 +78,7 @@ async def _read_body(request: web.Request, limits: LimitsConfig) -> bytes:
     return bytes(received)
 
 
-def estimate_prompt(view: RequestView, params: PrefixParams) -> int:
+def estimate_prompt(view: RequestView, params: PrefixConfig) -> int:
     """Prompt tokens as the prefix hasher counts them: token ids exactly, text by characters."""
     if not view.prompt_tokens_estimate:
         source, _ = prompt_source(view.endpoint, view.body)
@@ -86,7 +87,7 @@ def estimate_prompt(view: RequestView, params: PrefixParams) -> int:
     return view.prompt_tokens_estimate
 
 
-def check_prompt(view: RequestView, params: PrefixParams, limits: LimitsConfig) -> None:
+def check_prompt(view: RequestView, params: PrefixConfig, limits: LimitsConfig) -> None:
     if limits.max_prompt_tokens and estimate_prompt(view, params) > limits.max_prompt_tokens:
         param = {"chat": "messages", "embeddings": "input"}.get(view.endpoint, "prompt")
         raise BadRequestError(f"the prompt is about {view.prompt_tokens_estimate} tokens, over the limit of "

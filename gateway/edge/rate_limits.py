@@ -6,7 +6,7 @@ estimate at admission and the completion tokens the replica reported once the an
 key whose token bucket is empty (or below zero after a long answer) waits for it to refill.
 Rates are read from the live config on every request, so a reload applies at once.
 
-With a shared store (`index.store: redis://…`) the quota is the fleet's, not each gateway's: see
+With a shared Redis (the top-level `redis:`) the quota is the fleet's, not each gateway's: see
 `gateway.edge.shared_quota` (fixed minute windows there; these buckets again while Redis is down).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gateway.edge.auth import ApiKeyConfig
+from gateway.config.features import ApiKeyConfig
 from gateway.edge.shared_quota import SharedQuota
 from gateway.errors import RateLimitError
 from gateway.request.exchange import FinishedRequest

@@ -60,9 +60,9 @@ class SharedQuota:
 
     @classmethod
     def for_config(cls, config: Config) -> SharedQuota | None:
-        """Rate limits are the fleet's where the warm-prefix index is shared (a change needs a restart)."""
-        store = config.index.resolved_store
-        return cls(store, config.index.key_prefix) if store != "memory" and config.auth.enabled else None
+        """Rate limits are the fleet's where the gateways share a Redis (`redis`; a change needs a restart)."""
+        redis = config.redis
+        return cls(redis.resolved_url, redis.key_prefix) if redis is not None and config.auth.enabled else None
 
     async def admit(self, digest: str, kind: str, per_minute: float, amount: int, *, whole: bool) -> bool | None:
         """Charge `amount` to the key's quota of `kind` this minute. `whole`: all of it must fit (requests);

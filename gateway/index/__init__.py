@@ -1,8 +1,10 @@
-"""Warm-prefix index: which replica holds which prefix blocks. See `base` for the interface."""
+"""Warm-prefix index: which replica holds which prefix blocks. See `base` for the interface, `build` for
+the store the config names."""
 
 from __future__ import annotations
 
-from gateway.index.base import IndexParams, WarmIndex, build_index
+from gateway.index.base import WarmIndex
+from gateway.index.build import build_index
 from gateway.index.memory import MemoryIndex
 
-__all__ = ["IndexParams", "MemoryIndex", "WarmIndex", "build_index"]
+__all__ = ["MemoryIndex", "WarmIndex", "build_index"]

@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.config.env import mask_url_password
-from gateway.index.base import IndexParams
+from gateway.config.features import IndexStore
 from gateway.index.memory import MemoryIndex
 from gateway.index.redis_wire import (
     MARKER,
@@ -76,25 +76,28 @@ _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 class RedisIndex:
-    def __init__(self, params: IndexParams) -> None:
-        self.params = params
-        self._where = mask_url_password(params.store)  # for logs: the URL may carry a password
+    def __init__(self, store: IndexStore) -> None:
+        assert store.url is not None, "a Redis index needs the shared Redis's URL"
+        self.store = store
+        params = self.params = store.params
+        url, self.key_prefix = store.url, store.key_prefix
+        self._where = mask_url_password(url)  # for logs: the URL may carry a password
         self.local = MemoryIndex(params.capacity_blocks)  # every table (mirror), else own writes
         no_retry = Retry(NoBackoff(), 0)  # a dead Redis must cost one timeout, not three
         self._sender = os.urandom(8)
         # Named per index and role, so Redis's CLIENT LIST tells which index owns a connection.
-        name = re.sub(r"[^!-~]", "_", f"{params.key_prefix}{self._sender.hex()}:")
-        self._reader = Redis.from_url(params.store, socket_timeout=params.timeout_s, client_name=f"{name}read",
+        name = re.sub(r"[^!-~]", "_", f"{self.key_prefix}{self._sender.hex()}:")
+        self._reader = Redis.from_url(url, socket_timeout=params.timeout_s, client_name=f"{name}read",
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         write_timeout = max(1.0, 20 * params.timeout_s)
-        self._writer = Redis.from_url(params.store, socket_timeout=write_timeout, client_name=f"{name}write",
+        self._writer = Redis.from_url(url, socket_timeout=write_timeout, client_name=f"{name}write",
                                       socket_connect_timeout=params.timeout_s, retry=no_retry)
         # The subscription waits for messages as long as there are none; a dead Redis breaks it.
-        self._subscriber = Redis.from_url(params.store, socket_timeout=None, client_name=f"{name}follow",
+        self._subscriber = Redis.from_url(url, socket_timeout=None, client_name=f"{name}follow",
                                           socket_connect_timeout=params.timeout_s, retry=no_retry)
         self._match = self._reader.register_script(MATCH_LUA)
         self._record = self._writer.register_script(RECORD_LUA)
-        self._channel = f"{params.key_prefix}ops"
+        self._channel = f"{self.key_prefix}ops"
         self._closed = False  # for good: nothing may start a task or a connection after close()
         self._pending: deque[Op] = deque()
         self._wake = asyncio.Event()
@@ -120,7 +123,7 @@ class RedisIndex:
         return self._mirrored and not self._degraded
 
     def key(self, replica_id: str) -> str:
-        return f"{self.params.key_prefix}blocks:{replica_id}"
+        return f"{self.key_prefix}blocks:{replica_id}"
 
     async def match(self, hashes: Sequence[int], replica_ids: Iterable[str]) -> dict[str, int]:
         self._start_follower()

@@ -42,12 +42,13 @@ import structlog
 import xxhash
 from aiohttp import web
 
-from gateway.errors import ConfigError
-from gateway.insights.token_costs import ANONYMOUS, Prices
+from gateway.config.features import PrefixReportConfig
+from gateway.config.policy_params import CostModelConfig
+from gateway.config.pools import PricesConfig
+from gateway.insights.token_costs import ANONYMOUS
 from gateway.prompt.prefix_keys import prompt_source
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
-from gateway.routing.cost import CostParams
 from gateway.serving.background import background
 
 if TYPE_CHECKING:
@@ -60,23 +61,7 @@ _MAX_BODY_BYTES = 1 << 20  # a larger request is not analysed (skipped): the que
 _ANCHORS = 4
 _ANCHOR_CHARS = 24  # pieces this long or longer may be anchors (short ones repeat across unrelated prompts)
 _AROUND_CHARS = 24  # before the divergence (and twice that of the piece from it), with logging.prompts only
-_DEFAULT_RATE = CostParams().prefill_s_per_token
-
-
-@dataclass(frozen=True)
-class PrefixReportConfig:
-    """YAML `prefix_report` (read at start)."""
-
-    enabled: bool = True
-    families: int = 128  # (tenant, pool) pairs with samples kept, and findings kept; least recently seen go
-    samples: int = 8  # prompts kept per (tenant, pool), one per content family, to compare new ones with
-    queue: int = 64  # finished requests waiting for analysis; more are skipped
-    min_tokens: int = 256  # fewer shared tokens after the divergence are no finding
-
-    def validate(self, key: str) -> None:
-        for name in ("families", "samples", "queue", "min_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"must be an integer >= 1, got {getattr(self, name)}", key=f"{key}.{name}")
+_DEFAULT_RATE = CostModelConfig().prefill_s_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +76,7 @@ class _Offered:
     tokens_per_block: float
     chars_per_token: float
     prefill_s_per_token: float
-    prices: Prices | None
+    prices: PricesConfig | None
 
 
 @dataclass(slots=True)
@@ -188,7 +173,7 @@ class PrefixReport(RequestObserver):
                        done.router.prefill_s_per_token(done.replica_id), pool.prices if pool is not None else None)
 
     def offer(self, tenant: str | None, model: str, view: RequestView, chars_per_token: float,
-              prefill_s_per_token: float | None, prices: Prices | None) -> None:
+              prefill_s_per_token: float | None, prices: PricesConfig | None) -> None:
         """A finished request with a prefix chain (from `gateway.serving.app._finished`): O(1), no hashing here."""
         if not self.config.enabled or not view.block_hashes:
             return

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
-from gateway.errors import ConfigError
+from gateway.config.features import SessionsConfig
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.request.timing import Timing, rounded
@@ -39,24 +39,6 @@ GENERATION = frozenset({"chat", "completions", "messages", "responses"})  # an a
 _SCAN_BLOCKS = 256  # how far back in a prompt's chain the previous prompt's end is looked for
 _HOPS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 _SESSION_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
-
-@dataclass(frozen=True)
-class SessionsConfig:
-    """YAML `sessions` (read at start)."""
-
-    enabled: bool = True
-    max_sessions: int = 1000  # sessions kept, least recently active dropped first
-    max_requests: int = 64  # hops kept per session (its totals count them all)
-    idle_s: float = 300.0  # a session this long without a request has ended (metrics observed)
-    infer: bool = True  # a request without a session key joins the session whose prompt it extends
-
-    def validate(self, key: str) -> None:
-        for name in ("max_sessions", "max_requests"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"must be an integer >= 1, got {getattr(self, name)}", key=f"{key}.{name}")
-        if self.idle_s <= 0:
-            raise ConfigError(f"must be > 0, got {self.idle_s}", key=f"{key}.idle_s")
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""The fleet's token and cost counters in Redis, when the index is shared (`index.store: redis://…`).
+"""The fleet's token and cost counters in Redis, when the gateways share one (the top-level `redis:`).
 
 One hash per wall-clock minute, `<key_prefix>usage:<minute>`, field `["tenant","model","kind"]` (JSON:
 any tenant or model name round-trips), expiring a day and an hour after its minute. Each gateway adds

@@ -33,14 +33,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.errors import BadRequestError, ConfigError
+from gateway.errors import BadRequestError
 from gateway.insights.shared_usage import SharedUsage
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.request.usage import Usage
 
 if TYPE_CHECKING:
-    from gateway.config.loader import Config, PoolConfig
+    from gateway.config.loader import Config
+    from gateway.config.pools import PoolConfig
 
 log = structlog.get_logger("gateway.insights.token_costs")
 ANONYMOUS = "anonymous"
@@ -50,29 +51,6 @@ FLUSH_S = 1.0  # deltas go to Redis this often: other gateways' counts are at mo
 _RETENTION_MINUTES = RETENTION_S // BUCKET_S
 _PER_MILLION = 1e6
 Key = tuple[str, str]  # (tenant, model)
-
-
-@dataclass(frozen=True)
-class Prices:
-    """YAML `pools.<model>.prices`: money per million tokens (one currency for every pool)."""
-
-    input: float
-    cached_input: float
-    output: float
-
-    def validate(self, key: str) -> None:
-        for name in ("input", "cached_input", "output"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"must be >= 0, got {getattr(self, name)}", key=f"{key}.{name}")
-        if self.cached_input > self.input:
-            raise ConfigError(f"must not exceed input ({self.input:g}): a cache hit is never dearer",
-                              key=f"{key}.cached_input")
-
-    def cost(self, prompt: int, cached: int, completion: int) -> float:
-        return ((prompt - cached) * self.input + cached * self.cached_input + completion * self.output) / _PER_MILLION
-
-    def saved(self, cached: int) -> float:
-        return cached * (self.input - self.cached_input) / _PER_MILLION
 
 
 @dataclass(slots=True)
@@ -150,10 +128,11 @@ class TokenCosts(RequestObserver):
 
     @classmethod
     def attach(cls, app: web.Application, config: Config, registry: CollectorRegistry) -> TokenCosts:
-        """One per app: shared through Redis where the index is (a store change needs a restart),
-        exported on `registry`, its flush task running with the app."""
-        store = config.index.resolved_store
-        costs = cls(SharedUsage(store, config.index.key_prefix, RETENTION_S + 3600) if store != "memory" else None)
+        """One per app: shared through the gateways' Redis if they share one (`redis`; a change needs a
+        restart), exported on `registry`, its flush task running with the app."""
+        redis = config.redis
+        shared = SharedUsage(redis.resolved_url, redis.key_prefix, RETENTION_S + 3600) if redis is not None else None
+        costs = cls(shared)
         registry.register(_CostCollector(costs))
         app.cleanup_ctx.append(costs._running)
         return costs

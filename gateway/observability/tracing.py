@@ -11,17 +11,14 @@ registers no tracing observer, and its requests carry the null trace (`gateway.r
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Awaitable, MutableMapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from aiohttp import web
 
-from gateway.errors import ConfigError
+from gateway.config.sections import TracingConfig
 from gateway.request.exchange import Exchange, FinishedRequest, RequestTrace
 from gateway.request.observers import RequestObserver
 
@@ -33,33 +30,6 @@ if TYPE_CHECKING:
     from gateway.view import RequestView
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TracingConfig:
-    """YAML `tracing`: where spans go (OTLP over HTTP) and how many traces are kept. Read at start only."""
-
-    enabled: bool = False
-    endpoint: str = "http://collector:4318"  # the collector's OTLP/HTTP base URL (`/v1/traces` is added)
-    protocol: Literal["http/protobuf"] = "http/protobuf"
-    sampling_ratio: float = 1.0  # of the traces the gateway starts; a client's sampled flag is followed
-    service_name: str = "affinity-gateway"
-
-    def validate(self, key: str) -> None:
-        url = urlsplit(self.endpoint)
-        if url.scheme not in ("http", "https") or not url.netloc:
-            raise ConfigError(f"expected an http(s) URL, got {self.endpoint!r}", key=f"{key}.endpoint")
-        if not 0.0 <= self.sampling_ratio <= 1.0:
-            raise ConfigError(f"must be 0..1, got {self.sampling_ratio}", key=f"{key}.sampling_ratio")
-        if not self.service_name:
-            raise ConfigError("must not be empty", key=f"{key}.service_name")
-        if self.enabled:
-            try:
-                for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
-                    importlib.import_module(module)
-            except ImportError:
-                raise ConfigError("needs the otel extra: pip install 'affinity-gateway[otel]'",
-                                  key=f"{key}.enabled") from None
 
 
 class Tracing(RequestObserver):

@@ -25,70 +25,23 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
 
-from gateway.errors import BadRequestError, ConfigError
+from gateway.config.pools import PrefixConfig
+from gateway.errors import BadRequestError
 from gateway.prompt.api_shapes import CHAT_SHAPED
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
-    from gateway.prompt.tokenizers import TokenizedPrompt
+    from gateway.prompt.tokenized import TokenizedPrompt
 
 _hash = xxhash.xxh3_64_intdigest
 _ROLE = "\x1e"  # record separator: cannot be confused with JSON or ordinary prompt text
 _FIELD = "\x1f"
 TOKENS, CHARACTERS = "tokens", "characters"
-
-
-DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size (its CPU backend uses 128)
-
-
-@dataclass(frozen=True)
-class PrefixParams:
-    """YAML `pools.<name>.routing.prefix`."""
-
-    block_chars: int = 64  # ≈ 4 chars/token × vLLM's default block of 16 tokens
-    chars_per_token: float = 4.0
-    # The replica's KV block size: blocks of token keys. None: learned from the replicas
-    # (vllm:cache_config_info, BlockStored events), vLLM's default 16 until then.
-    block_tokens: int | None = None
-    salt_by_tenant: bool = False
-    max_blocks: int = 4096  # bounds hashing work per request (≈ 64k tokens at the defaults)
-    # Token-exact keys: "replica" (the replicas' own /tokenize), "sim" (the replica stub's
-    # simulator), a folder with the model's tokenizer.json (+ chat template), its .gguf, or
-    # "model:smollm2"; None = character blocks.
-    tokenizer: str | None = None
-    tokenize_budget_ms: float = 50.0  # slower than this: character blocks for this request (counted)
-    speculative_ttl_s: float = 2.0  # KV-event replicas: a dispatched prompt counts as cached this long
-
-    def validate(self, key: str) -> None:
-        for name in ("block_chars", "block_tokens", "max_blocks"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError("must be at least 1", key=f"{key}.{name}")
-        for name in ("chars_per_token", "tokenize_budget_ms", "speculative_ttl_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError("must be > 0", key=f"{key}.{name}")
-        spec = self.tokenizer
-        if (spec is not None and spec not in ("sim", "replica") and not spec.startswith("model:")
-                and not Path(spec).expanduser().exists()):
-            raise ConfigError(f"{spec!r}: no such file or folder (expected \"replica\", \"sim\", \"model:smollm2\" "
-                              "or the path of the model's tokenizer.json, its folder or its .gguf)",
-                              key=f"{key}.tokenizer")
-
-    @property
-    def block(self) -> int:
-        """The token block size in use: the configured or learned one, else vLLM's default."""
-        return self.block_tokens or DEFAULT_BLOCK_TOKENS
-
-    @property
-    def tokens_per_block(self) -> float:
-        """Prompt tokens one character block stands for."""
-        return self.block_chars / self.chars_per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +54,7 @@ class Prefix:
     kind: str = CHARACTERS  # or "tokens": keys comparable with the replica's KV blocks (events)
 
 
-def compute(view: RequestView, params: PrefixParams) -> Prefix:
+def compute(view: RequestView, params: PrefixConfig) -> Prefix:
     """Hash `view`'s prompt. Unknown shapes give no blocks (the request still routes, by load)."""
     seed = _seed(view, params)
     source, preamble = prompt_source(view.endpoint, view.body)
@@ -122,7 +75,7 @@ def attach(view: RequestView, keyed: Prefix) -> None:
     view.prompt_tokens_estimate = view.prompt_tokens_estimate or keyed.prompt_tokens
 
 
-def from_tokens(view: RequestView, params: PrefixParams, prompt: TokenizedPrompt) -> Prefix:
+def from_tokens(view: RequestView, params: PrefixConfig, prompt: TokenizedPrompt) -> Prefix:
     """Hash a token-exact prompt in the replica's KV blocks (`block_tokens`)."""
     blocks = chain_hash_tokens(prompt.token_ids, params.block, _seed(view, params), params.max_blocks)
     inside = min(prompt.preamble_tokens // params.block, len(blocks))
@@ -140,7 +93,7 @@ def adapter_seed(seed: int, adapter: str) -> int:
     return _hash(adapter.encode(), seed)
 
 
-def is_salted(view: RequestView, params: PrefixParams) -> bool:
+def is_salted(view: RequestView, params: PrefixConfig) -> bool:
     """Whether `view`'s chain is seeded with more than the model (tenant or cache_salt): its keys
     can never equal keys derived from KV events, which do not carry the salt."""
     return (params.salt_by_tenant and bool(view.tenant)) or isinstance(view.body.get("cache_salt"), str)
@@ -159,7 +112,7 @@ def body_with_answer(view: RequestView, answer: str) -> dict[str, Any] | None:
     return {**view.body, "prompt": prompt + answer} if isinstance(prompt, str) else None
 
 
-def with_answer(view: RequestView, params: PrefixParams, answer: str) -> tuple[int, ...]:
+def with_answer(view: RequestView, params: PrefixConfig, answer: str) -> tuple[int, ...]:
     """The character chain of `view`'s prompt followed by its answer. Only the blocks past
     `view.block_hashes` are hashed (the chain continues from its last)."""
     body = body_with_answer(view, answer)
@@ -173,7 +126,7 @@ def with_answer(view: RequestView, params: PrefixParams, answer: str) -> tuple[i
     return view.block_hashes + rest
 
 
-def _seed(view: RequestView, params: PrefixParams) -> int:
+def _seed(view: RequestView, params: PrefixConfig) -> int:
     parts = [view.model]
     if params.salt_by_tenant and view.tenant:
         parts.append(view.tenant)

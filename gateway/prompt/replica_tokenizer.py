@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 import xxhash
 
-from gateway.prompt.tokenizers import PREAMBLE_ROLES, TokenizedPrompt, completion_prompt
+from gateway.prompt.tokenized import PREAMBLE_ROLES, TokenizedPrompt, completion_prompt
 
 
 class ReplicaTokenizer:

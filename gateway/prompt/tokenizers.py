@@ -46,22 +46,14 @@ from gateway.errors import ConfigError
 from gateway.prompt.chat_render import chat_templates, compile_template, engine_message, token_text, vllm_conversation
 from gateway.prompt.model_cache import converted_dir
 from gateway.prompt.sim_tokens import PIECE_RE, SPECIAL_TOKENS, apply_chat_template, piece_id
+from gateway.prompt.tokenized import PREAMBLE_ROLES, TokenizedPrompt, completion_prompt
 
 if TYPE_CHECKING:
     from gateway.prompt.replica_tokenizer import ReplicaTokenizer
 
 log = structlog.get_logger("gateway.prompt.tokenizers")
 
-PREAMBLE_ROLES = frozenset(("system", "developer"))
 MODEL_ALIASES = ("model:smollm2", "model:smollm2-135m-instruct")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenizedPrompt:
-    """The ids the engine computes for a request's prompt."""
-
-    token_ids: tuple[int, ...]
-    preamble_tokens: int  # tokens of the tools + leading system/developer messages rendered alone (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,18 +171,6 @@ class PromptTokenizer(ABC):
         while self._cache and (len(self._cache) > self.max_entries or self._cached_tokens > self.max_cached_tokens):
             _, old = self._cache.popitem(last=False)
             self._cached_tokens -= len(old.head)
-
-
-def completion_prompt(body: Mapping[str, Any]) -> str | list[int] | None:
-    """A completions request's prompt: text, token ids as given, or None for another shape."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch: route by the first, as prefix.prompt_source does
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        return prompt
-    return None
 
 
 def _prefix_keys(messages: list[dict[str, Any]], tools: Any, kwargs: Mapping[str, Any]) -> list[int]:

@@ -11,30 +11,9 @@ in place of whatever the client sent: the client's key is never forwarded to a k
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-
 from multidict import CIMultiDict
 
-from gateway.config.secret_files import read_secret_file
-from gateway.errors import ConfigError
-
 CLIENT_KEY_HEADERS = ("Authorization", "X-API-Key")
-
-
-def read_key(env_name: str | None, file_path: str | None, key: str,
-             env: Mapping[str, str] | None = None) -> str | None:
-    """The configured key, or None when neither source is set; ConfigError naming `key` otherwise."""
-    if env_name is not None and file_path is not None:
-        raise ConfigError("set api_key_env or api_key_file, not both", key=f"{key}.api_key_env")
-    if env_name is not None:
-        value = (os.environ if env is None else env).get(env_name, "")
-        if not value.strip():
-            raise ConfigError(f"environment variable {env_name!r} is not set or empty", key=f"{key}.api_key_env")
-        return value.strip()
-    if file_path is not None:
-        return read_secret_file(file_path, f"{key}.api_key_file")
-    return None
 
 
 def set_upstream_auth(headers: CIMultiDict[str], backend_key: str | None, strip_client_key: bool) -> None:

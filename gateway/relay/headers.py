@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 
 from multidict import CIMultiDict
 
-from gateway.errors import ConfigError
+from gateway.config.features import HeadersConfig
 
 # RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
 HOP_BY_HOP = frozenset(h.lower() for h in (
@@ -24,32 +23,20 @@ REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding", STREA
 RESPONSE_DROP = HOP_BY_HOP | {"content-length", "server", "set-cookie", "x-replica-id", "x-affinity-reason",
                               "x-gateway-route"}
 
-@dataclass(frozen=True)
-class HeadersConfig:
-    """YAML `headers`: what a client learns from response headers (public deployments turn the ids off)."""
-
-    drop_response: tuple[str, ...] = ()  # more replica response headers never to pass on (e.g. debug ones)
-    replica_id: bool = True  # X-Replica-Id: the replica that answered
-    affinity_reason: bool = True  # X-Affinity-Reason: why the policy chose it
-    session: str = "X-Session-ID"  # the request header naming a conversation (session_affinity's key)
-
-    def validate(self, key: str) -> None:
-        if not _TOKEN.fullmatch(self.session):
-            raise ConfigError(f"not a header name: {self.session!r}", key=f"{key}.session")
-        for i, name in enumerate(self.drop_response):
-            if not _TOKEN.fullmatch(name):
-                raise ConfigError(f"not a header name: {name!r}", key=f"{key}.drop_response[{i}]")
-
-    @cached_property
-    def response_drop(self) -> frozenset[str]:
-        return RESPONSE_DROP | {name.lower() for name in self.drop_response}
-
-
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 REQUEST_ID = "X-Request-Id"
 REPLICA_ID = "X-Replica-Id"
 ROUTE_REASON = "X-Affinity-Reason"
 ROUTE_EXPLAIN = "X-Gateway-Route"  # opt-in: routing.explain_header
+
+
+def response_drop(config: HeadersConfig) -> frozenset[str]:
+    """The replica's response headers never passed on: `RESPONSE_DROP` and the config's `drop_response`."""
+    return _response_drop(config.dropped)
+
+
+@lru_cache(maxsize=8)
+def _response_drop(extra: frozenset[str]) -> frozenset[str]:
+    return RESPONSE_DROP | extra
 
 
 def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:

@@ -15,12 +15,13 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import orjson
 
-from gateway.errors import BadRequestError, ConfigError
+from gateway.config.pools import StreamChunkingConfig
+from gateway.errors import BadRequestError
 from gateway.relay.headers import STREAM_CHUNKING as HEADER
 from gateway.view import RequestView
 
@@ -30,25 +31,7 @@ _UNSET: tuple[object, ...] = (None, [], {})
 _CHOICE_KEYS = frozenset(("index", "delta", "text", "finish_reason", "stop_reason"))
 
 
-@dataclass(frozen=True)
-class StreamChunking:
-    """YAML `pools.<model>.stream_chunking`; `X-Stream-Chunking: phrase` uses the pool's bounds."""
-
-    mode: Literal["phrase", "none"] = "none"
-    boundaries: str = ",.!?;:\n"  # each character ends a phrase (it stays at the phrase's end)
-    max_wait_ms: float = 300.0  # pending text is sent this long after its first piece came, boundary or not
-    max_chars: int = 200  # ...or once it is this long
-
-    def validate(self, key: str) -> None:
-        if not self.boundaries:
-            raise ConfigError("needs at least one boundary character", key=f"{key}.boundaries")
-        if self.max_wait_ms <= 0:
-            raise ConfigError(f"must be > 0, got {self.max_wait_ms}", key=f"{key}.max_wait_ms")
-        if self.max_chars < 1:
-            raise ConfigError(f"must be >= 1, got {self.max_chars}", key=f"{key}.max_chars")
-
-
-def chunking_for(view: RequestView, header: str | None, pool: StreamChunking) -> StreamChunking | None:
+def chunking_for(view: RequestView, header: str | None, pool: StreamChunkingConfig) -> StreamChunkingConfig | None:
     """The chunking a request gets: None unless it streams chat or completions and opted in. A header
     value other than phrase or none is the client's mistake, answered 400 whatever the request."""
     if header is not None:
@@ -71,7 +54,7 @@ class _Pending:
 class PhraseChunker:
     """Upstream SSE bytes in, re-chunked SSE bytes out; time comes from the caller (loop time)."""
 
-    def __init__(self, config: StreamChunking) -> None:
+    def __init__(self, config: StreamChunkingConfig) -> None:
         self._boundaries = tuple(config.boundaries)
         self._wait_s, self._max_chars = config.max_wait_ms / 1000, config.max_chars
         self._pending: dict[int, _Pending] = {}  # by choice index, in arrival order

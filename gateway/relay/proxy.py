@@ -195,7 +195,7 @@ class Proxy:
                      attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         replica, decision = attempt.replica, attempt.decision
         exchange.status = upstream.status
-        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
         back[h.REQUEST_ID] = view.request_id
         if config.headers.replica_id:
             back[h.REPLICA_ID] = replica.replica_id

@@ -23,7 +23,8 @@ from gateway.relay.backend_auth import set_upstream_auth
 from gateway.replicas import Replica
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
-from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.routing.model_route import ModelRoute
+from gateway.routing.route_table import GatewayState
 from gateway.view import RequestView
 
 MAX_HOMES = 100_000
@@ -108,7 +109,7 @@ async def _send(request: web.Request, body: bytes, model: str, replica: Replica,
                                timeout=timeout, allow_redirects=False) as upstream:
         if upstream.status == 404:
             return None
-        back = h.filtered(upstream.headers.items(), config.headers.response_drop)
+        back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
         back[h.REPLICA_ID] = replica.replica_id
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
         await response.prepare(request)

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.config.loader import HealthConfig, ReplicaConfig
+from gateway.config.pools import ReplicaConfig
+from gateway.config.sections import HealthConfig
 from gateway.replicas.breaker import CircuitBreaker
 
 

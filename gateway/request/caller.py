@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.edge.auth import ApiKeyConfig
+    from gateway.config.features import ApiKeyConfig
 
 
 @dataclass(frozen=True, slots=True)

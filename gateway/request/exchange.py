@@ -16,8 +16,8 @@ from gateway.request.usage import Usage
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
-    from gateway.config.loader import Config, PoolConfig, RoutingConfig
-    from gateway.relay.phrase_chunking import StreamChunking
+    from gateway.config.loader import Config
+    from gateway.config.pools import PoolConfig, RoutingConfig, StreamChunkingConfig
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ class Exchange:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     poison: bool = False  # a second replica answered 5xx: the request's fault, charged to no breaker
-    chunking: StreamChunking | None = None  # the stream is re-chunked into phrases (gateway.relay.phrase_chunking)
+    chunking: StreamChunkingConfig | None = None  # the stream is re-chunked in phrases (relay.phrase_chunking)
     first_phrase_s: float | None = None  # the first phrase written to the client, chunked streams only
     strip_usage: bool = False  # the gateway asked for this stream's usage: the client did not (relay.stream_usage)
     trace: RequestTrace = NO_TRACE

@@ -25,17 +25,16 @@ model (404); a known one whose replicas are all down or ejected gets 503 with Re
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.errors import ConfigError
 from gateway.routing.model_names import renamed
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
-    from gateway.config.loader import Config, PoolConfig
-    from gateway.routing.route_table import ModelRoute
+    from gateway.config.loader import Config
+    from gateway.routing.model_route import ModelRoute
 
 
 @dataclass(frozen=True)
@@ -95,16 +94,3 @@ def named(view: RequestView, pool: str, adapters: AdapterMap) -> None:
         renamed(view, pool)
 
 
-def check_adapters(pools: Mapping[str, PoolConfig], exact: Sequence[str]) -> None:
-    """Declared adapters are names no pool or exact alias has, each in one pool only. Errors name the key."""
-    owner: dict[str, tuple[str | None, str]] = {name: (None, "a pool or an exact alias") for name in exact}
-    for model, pool in pools.items():
-        declared = [(f"pools.{model}.adapters[{i}]", name) for i, name in enumerate(pool.adapters)]
-        declared += [(f"pools.{model}.replicas[{j}].adapters[{i}]", name)
-                     for j, replica in enumerate(pool.replicas) for i, name in enumerate(replica.adapters)]
-        for key, name in declared:
-            if not isinstance(name, str) or not name.strip():
-                raise ConfigError("an adapter is a non-empty model name (vLLM's --lora-modules NAME=path)", key=key)
-            pool_name, what = owner.setdefault(name, (model, f"an adapter of pool {model!r}"))
-            if pool_name != model:
-                raise ConfigError(f"{name!r} already names {what}", key=key)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.config.loader import Config, PoolConfig
+from gateway.config.loader import Config
+from gateway.config.pools import PoolConfig
 from gateway.index import build_index
 from gateway.index.exact import ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.replica_tokenizer import ReplicaTokenizer
 from gateway.prompt.tokenizers import PromptKeys, build_prompt_tokenizer
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 
 
@@ -27,14 +28,15 @@ def build_router(model: str, pool: PoolConfig, config: Config, metrics: RoutingM
     key = f"pools.{model}.routing"
     policy = build_policy(pool.routing.policy, pool.routing.params, key)
     params = pool.routing.prefix
-    index = build_index(config.index.for_pool(model))
+    store = config.index_store(model)
+    index = build_index(store)
     keys = exact = None
     if params.tokenizer is not None:
         tokenizer = (ReplicaTokenizer(model, urls) if params.tokenizer == "replica"
                      else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"))
         keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
         if pool.has_kv_events:
-            shared = config.index.resolved_store != "memory"  # other gateways read what the events say
+            shared = store.url is not None  # other gateways read what the events say
             exact = ExactTables(prefix.model_seed(model), params.block, params.speculative_ttl_s,
                                 share=index.record if shared else None)
     return Router(policy, params, index, metrics, pool=model, keys=keys, exact=exact)

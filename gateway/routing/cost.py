@@ -26,28 +26,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
-from gateway.errors import ConfigError
+from gateway.config.policy_params import CostModelConfig
 from gateway.request.decision import Candidate
-
-
-@dataclass(frozen=True)
-class CostParams:
-    prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
-    calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
-    per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens (scales with speed)
-    learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
-    min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
-
-    def validate(self, key: str) -> None:
-        if self.prefill_s_per_token <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.prefill_s_per_token")
-        if self.per_request_tokens < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.per_request_tokens")
-        if not 0 <= self.learn_alpha <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.learn_alpha")
 
 
 class CostModel:
@@ -57,7 +38,7 @@ class CostModel:
     # (a TTFT dominated by an unpredicted queue) cannot swing the estimate by orders of magnitude.
     CLAMP = 50.0
 
-    def __init__(self, params: CostParams, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, params: CostModelConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.params = params
         self.clock = clock
         self._per_token: dict[str, float] = {}

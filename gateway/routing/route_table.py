@@ -18,12 +18,12 @@ import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from gateway.config.loader import Config, DiscoveryConfig, PoolConfig, ReplicaConfig, RoutingConfig, load_config
+from gateway.config.loader import Config, load_config
+from gateway.config.pools import DiscoveryConfig, PoolConfig, ReplicaConfig
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index.kv_events.feeds import KVFeeds
 from gateway.log import setup_logging
@@ -32,19 +32,10 @@ from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.discovery.dns import Discovery, Resolver, resolve_dns
 from gateway.routing.adapters import AdapterMap
 from gateway.routing.build import build_router
+from gateway.routing.model_route import ModelRoute
 from gateway.routing.router import Router
 
 log = structlog.get_logger("gateway.routing.route_table")
-
-
-@dataclass(slots=True)
-class ModelRoute:
-    """Everything needed to route one model's requests."""
-
-    model: str
-    pool: ReplicaPool
-    router: Router
-    routing: RoutingConfig
 
 
 class GatewayState:
@@ -198,7 +189,7 @@ class GatewayState:
     def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:
         """Keep the running router when its routing section and store are unchanged, else build one."""
         current = self.routes.get(model)
-        same_store = config.index.for_pool(model) == self.config.index.for_pool(model)  # resolved: sees a rotated file
+        same_store = config.index_store(model) == self.config.index_store(model)  # resolved: sees a rotated file
         if current is not None and current.routing == pool.routing and same_store:
             return current.router
         return build_router(model, pool, config, self._routing_metrics, lambda: self._urls(model))

@@ -31,13 +31,14 @@ from typing import Any
 
 import structlog
 
+from gateway.config.features import IndexConfig
+from gateway.config.pools import PrefixConfig
 from gateway.index import MemoryIndex, WarmIndex
-from gateway.index.base import IndexParams
 from gateway.index.exact import ExactTables
 from gateway.index.in_flight import InFlightBlocks
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import CHARACTERS, TOKENS, PrefixParams
+from gateway.prompt.prefix_keys import CHARACTERS, TOKENS
 from gateway.prompt.tokenizers import PromptKeys
 from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.policies import Policy
@@ -49,14 +50,14 @@ HISTORY = "history"  # the warm index of routed requests; CHARACTERS (prefix) wh
 
 
 class Router:
-    def __init__(self, policy: Policy, prefix_params: PrefixParams | None = None, index: WarmIndex | None = None,
+    def __init__(self, policy: Policy, prefix_params: PrefixConfig | None = None, index: WarmIndex | None = None,
                  metrics: RoutingMetrics | None = None, pool: str = "default", keys: PromptKeys | None = None,
                  exact: ExactTables | None = None) -> None:
         """`index` and `keys` are owned (closed by `close()`); a fresh in-memory index when not given.
         `keys`: token-exact prompts; `exact`: tables fed by the replicas' KV events (needs `keys`)."""
         self.policy = policy
-        self.prefix_params = prefix_params or PrefixParams()
-        self.index: WarmIndex = index if index is not None else MemoryIndex(IndexParams().capacity_blocks)
+        self.prefix_params = prefix_params or PrefixConfig()
+        self.index: WarmIndex = index if index is not None else MemoryIndex(IndexConfig().capacity_blocks)
         self.metrics = metrics
         self.pool = pool
         self.keys = keys

@@ -13,35 +13,17 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.errors import ConfigError, RateLimitError
+from gateway.config.sections import AdmissionConfig
+from gateway.errors import RateLimitError
 from gateway.request.exchange import NO_TRACE, RequestTrace
 
 if TYPE_CHECKING:
     from gateway.replicas import Replica, ReplicaPool
     from gateway.request.decision import Candidate, Decision
-    from gateway.routing.route_table import ModelRoute
+    from gateway.routing.model_route import ModelRoute
     from gateway.view import RequestView
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    """YAML `admission`."""
-
-    max_in_flight_per_replica: int = 0  # 0 = no cap, and so no queue
-    max_queue: int = 256  # requests waiting per pool; one more gets 429
-    queue_timeout_s: float = 10.0  # longest wait in the queue, then 429
-    retry_after_s: float = 1.0  # the Retry-After of those 429s
-
-    def validate(self, key: str) -> None:
-        if self.max_in_flight_per_replica < 0 or self.max_queue < 0:
-            name = "max_in_flight_per_replica" if self.max_in_flight_per_replica < 0 else "max_queue"
-            raise ConfigError("must be >= 0", key=f"{key}.{name}")
-        for name in ("queue_timeout_s", "retry_after_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError("must be > 0", key=f"{key}.{name}")
 
 
 class PoolQueue:

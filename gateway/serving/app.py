@@ -22,6 +22,7 @@ from aiohttp import web
 from gateway.admin.dashboard import add_dashboard_routes
 from gateway.admin.ops_routes import add_ops_routes, reload
 from gateway.config.loader import Config
+from gateway.config.pools import StreamChunkingConfig
 from gateway.edge.auth import authenticate
 from gateway.edge.limits import check_prompt, estimate_prompt, read_view
 from gateway.edge.rate_limits import RateLimits
@@ -37,7 +38,7 @@ from gateway.observability.request_log import RequestLog
 from gateway.observability.request_metrics import RequestMetrics
 from gateway.observability.tracing import Tracing
 from gateway.relay import headers as h
-from gateway.relay.phrase_chunking import StreamChunking, chunking_for
+from gateway.relay.phrase_chunking import chunking_for
 from gateway.relay.proxy import CLIENT_CLOSED, Proxy
 from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.relay.stream_usage import ask_for_usage
@@ -46,7 +47,8 @@ from gateway.request.exchange import Exchange
 from gateway.request.observers import Observers
 from gateway.routing.adapters import named
 from gateway.routing.feedback import RoutingFeedback
-from gateway.routing.route_table import GatewayState, ModelRoute
+from gateway.routing.model_route import ModelRoute
+from gateway.routing.route_table import GatewayState
 from gateway.serving import attempts
 from gateway.serving.admission import Admission
 from gateway.serving.app_keys import (
@@ -154,7 +156,7 @@ def _stream_options(request: web.Request, view: RequestView, route: ModelRoute, 
     asked for it for the accounts."""
     pool = config.pools.get(route.model)
     exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
-                                     pool.stream_chunking if pool is not None else StreamChunking())
+                                     pool.stream_chunking if pool is not None else StreamChunkingConfig())
     exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)
 
 

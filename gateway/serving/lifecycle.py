@@ -18,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 from aiohttp import web
 
-from gateway.errors import ConfigError
 from gateway.serving.http_server import GatewayRunner
 
 if TYPE_CHECKING:
@@ -33,20 +31,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("gateway.serving.lifecycle")
 CUT_S = 0.5  # after the grace period: time for cut streams to write their error event before connections close
-
-
-@dataclass(frozen=True)
-class ShutdownConfig:
-    """YAML `shutdown` (read once, at start)."""
-
-    grace_s: float = 30.0  # accepted requests may run this long after SIGTERM
-    ready_delay_s: float = 0.0  # /ready is 503 this long before the listener closes
-
-    def validate(self, key: str) -> None:
-        if self.grace_s <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.grace_s")
-        if self.ready_delay_s < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.ready_delay_s")
 
 
 class Lifecycle:

@@ -226,12 +226,12 @@ def test_a_restarted_stub_resets_the_table(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 def test_with_redis_what_the_events_say_reaches_gateways_without_a_feed(tmp_path: Path, redis_url: str) -> None:
-    state = {"store": redis_url, "key_prefix": f"kv-events-{free_port()}:"}
+    shared = {"redis": {"url": redis_url, "key_prefix": f"kv-events-{free_port()}:"}, "index": {"store": "redis"}}
     with running() as track:
         replica = start_replica()
         track(replica.stub)
-        subscribed = track(gateway_for(tmp_path, replica, index=state))
-        unsubscribed = track(gateway_for(tmp_path, replica, subscribe=False, index=state))
+        subscribed = track(gateway_for(tmp_path, replica, **shared))
+        unsubscribed = track(gateway_for(tmp_path, replica, subscribe=False, **shared))
         eventually(lambda: feed(subscribed, replica)["certain"], timeout_s=10)
         messages = prompt("direct")
         chat(replica.stub.url, messages)  # straight to the replica: no gateway routed it

@@ -55,8 +55,8 @@ def test_redis_frozen_then_killed_and_restarted_under_load(tmp_path: Path) -> No
             routing = {"replicas": pool(*((s.replica_id, s.url) for s in stubs))["replicas"],
                        "routing": {"policy": "prefix_affinity"}}
             gateway = track(start_gateway(tmp_path, {MODEL: routing},
-                                          index={"store": redis_server.url, "timeout_s": 0.05,
-                                                 "reconnect_max_s": 0.3}))
+                                          redis={"url": redis_server.url},
+                                          index={"store": "redis", "timeout_s": 0.05, "reconnect_max_s": 0.3}))
             threads = [threading.Thread(target=client, args=(n, gateway.url)) for n in range(CLIENTS)]
             for t in threads:
                 t.start()

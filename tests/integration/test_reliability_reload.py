@@ -160,7 +160,8 @@ def test_twenty_reloads_under_load_release_every_redis_client_and_subscription(
     with running() as track:
         stubs = [track(start_stub(f"replica-{i}", speedup=40)) for i in range(2)]
         pools = {MODEL: {**pool(*((s.replica_id, s.url) for s in stubs)), "routing": {"policy": "prefix_affinity"}}}
-        gateway = track(start_gateway(tmp_path, pools, index={"store": server.url}, logging={"requests": False}))
+        gateway = track(start_gateway(tmp_path, pools, redis={"url": server.url}, index={"store": "redis"},
+                                      logging={"requests": False}))
         # 64 / 66 characters a block: a different routing section each time
         run = _reloads_under_load(gateway, client, lambda i: {"policy": "prefix_affinity",
                                                               "prefix": {"block_chars": 64 + i % 2 * 2}})
@@ -190,7 +191,8 @@ def test_twenty_reloads_under_load_release_the_kv_event_feeds(
         pools = {MODEL: {"routing": routing(-2), "replicas": [
             {"url": r.stub.url, "name": r.stub.replica_id,
              "kv_events": {"endpoint": r.events, "replay_endpoint": r.replay}} for r in replicas]}}
-        gateway = track(start_gateway(tmp_path, pools, index={"store": server.url}, logging={"requests": False}))
+        gateway = track(start_gateway(tmp_path, pools, redis={"url": server.url}, index={"store": "redis"},
+                                      logging={"requests": False}))
         feeds: list[int] = []
         process = psutil.Process(gateway.proc.popen.pid)
         threads_before = process.num_threads()

@@ -84,8 +84,8 @@ def test_two_gateways_sharing_redis_keep_a_conversation_on_one_replica(tmp_path:
     with running() as track:
         stubs = [track(start_stub(f"r{i}")) for i in range(3)]
         pools = {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")}
-        state = {"store": redis_url, "key_prefix": f"test-{tmp_path.name}:"}
-        gateways = [track(start_gateway(tmp_path, pools, index=state)) for _ in range(2)]
+        shared = {"redis": {"url": redis_url, "key_prefix": f"test-{tmp_path.name}:"}, "index": {"store": "redis"}}
+        gateways = [track(start_gateway(tmp_path, pools, **shared)) for _ in range(2)]
         for _ in range(3):
             replicas = conversation_turns([g.url for g in gateways], turns=4)
             assert len(set(replicas)) == 1, replicas

@@ -27,10 +27,10 @@ def a_fresh_minute() -> None:
 
 
 def test_two_gateways_sharing_redis_enforce_one_quota(tmp_path: Path, redis_url: str) -> None:
-    state = {"store": redis_url, "key_prefix": f"rl-{uuid.uuid4().hex}:"}
+    shared = {"redis": {"url": redis_url, "key_prefix": f"rl-{uuid.uuid4().hex}:"}, "index": {"store": "redis"}}
     with running() as track:
         stub = track(start_stub("s-0"))
-        gateways = [track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=AUTH, index=state))
+        gateways = [track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=AUTH, **shared))
                     for _ in range(2)]
         a_fresh_minute()
         statuses = [httpx.post(f"{gateways[i % 2].url}/v1/chat/completions", json=CHAT, timeout=10,
@@ -44,7 +44,7 @@ def test_with_redis_unreachable_a_gateway_enforces_its_own_and_ready_says_so(tmp
     with running() as track:
         stub = track(start_stub("s-0"))
         gateway = track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=AUTH,
-                                      index={"store": "redis://127.0.0.1:9/0"}))
+                                      redis={"url": "redis://127.0.0.1:9/0"}, index={"store": "redis"}))
         statuses = [httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, timeout=10,
                                headers={"Authorization": f"Bearer {KEY}"}).status_code for _ in range(8)]
         assert statuses == [200] * 6 + [429] * 2  # its own bucket: the full quota, then no more

@@ -99,10 +99,10 @@ def test_cost_and_savings_equal_the_arithmetic_on_the_reported_usage(tmp_path: P
 
 @pytest.mark.redis
 def test_two_gateways_sharing_redis_add_up(tmp_path: Path, redis_url: str) -> None:
-    state = {"store": redis_url, "key_prefix": f"costs-{tmp_path.name[-12:]}:"}
+    shared = {"redis": {"url": redis_url, "key_prefix": f"costs-{tmp_path.name[-12:]}:"}, "index": {"store": "redis"}}
     with running() as track:
         stub = track(start_stub("only"))
-        gateways = [track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS}, index=state))
+        gateways = [track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS}, **shared))
                     for _ in range(2)]
         first = [ask(gateways[0], ACME, stream=False, turn=t) for t in range(3)]
         second = [ask(gateways[1], ACME, stream=True, turn=t) for t in range(2)] + [ask(gateways[1], BETA, False, 7)]
@@ -129,7 +129,7 @@ def test_with_redis_down_a_gateway_answers_its_own_counts_and_catches_up(tmp_pat
     with running() as track:
         stub = track(start_stub("only"))
         gateway = track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS},
-                                      index={"store": redis_server.url}))
+                                      redis={"url": redis_server.url}, index={"store": "redis"}))
         try:
             before = [ask(gateway, ACME, stream=False, turn=t) for t in range(2)]
             assert usage_of(gateway)["source"] == "redis"

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import structlog
 import zmq.asyncio
 
-from gateway.config.loader import ReplicaConfig
+from gateway.config.pools import KVEventsConfig, ReplicaConfig
 from gateway.index.exact import ExactTables
-from gateway.index.kv_events.subscriber import KVEventsConfig, KVEventSubscriber
+from gateway.index.kv_events.subscriber import KVEventSubscriber
 from gateway.replicas import ReplicaPool
 from gateway.routing.router import Router
 

@@ -38,39 +38,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 import zmq
 import zmq.asyncio
 
-from gateway.errors import ConfigError
+from gateway.config.pools import KVEventsConfig
 from gateway.index.kv_events.decode import DecodeError, EngineHash, Removed, Stored, decode_batch
 
 log = structlog.get_logger("gateway.index.kv_events.subscriber")
 
-_SCHEMES = ("tcp://", "ipc://", "inproc://")
 _END_SEQ = -1
-
-
-@dataclass(frozen=True)
-class KVEventsConfig:
-    """YAML `kv_events` of one replica: where its engine publishes (vLLM `--kv-events-config`)."""
-
-    endpoint: str  # e.g. tcp://10.0.0.5:5557 (the address to connect to, not vLLM's bind form tcp://*:5557)
-    replay_endpoint: str | None = None
-    topic: str = ""
-
-    def validate(self, key: str) -> None:
-        for name in ("endpoint", "replay_endpoint"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if not value.startswith(_SCHEMES):
-                raise ConfigError(f"must start with one of {', '.join(_SCHEMES)}", key=f"{key}.{name}")
-            if value.startswith("tcp://*"):
-                raise ConfigError("needs the replica's address, not a bind wildcard", key=f"{key}.{name}")
 
 
 class EventSink(Protocol):

@@ -16,24 +16,19 @@ set, so a DNS hiccup never takes every replica out of rotation.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import structlog
 
-from gateway.config.kubernetes import Role
-from gateway.config.loader import DiscoveryConfig, ReplicaConfig
-from gateway.index.kv_events.subscriber import KVEventsConfig
+from gateway.config.pools import DiscoveryConfig, ReplicaConfig
+from gateway.replicas.discovery.discovered import Apply, discovered_replica
 
 log = structlog.get_logger("gateway.replicas.discovery.dns")
 
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 """(name, port) -> addresses; raises `NameNotFound` when the name has no records."""
-
-Apply = Callable[[str, list[ReplicaConfig], frozenset[str]], Awaitable[None]]
-"""(model, the pool's discovered replicas, the ids among them that must take no traffic yet)."""
 
 _NO_RECORDS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
@@ -57,18 +52,6 @@ async def resolve_dns(name: str, port: int) -> list[str]:
 def replica_configs(spec: DiscoveryConfig, addresses: Sequence[str]) -> list[ReplicaConfig]:
     """One replica per address, named `host:port` like a static replica without a name."""
     return [discovered_replica(spec, address, spec.port) for address in sorted(set(addresses))]
-
-
-def discovered_replica(spec: DiscoveryConfig, address: str, port: int, name: str = "",
-                       adapters: tuple[str, ...] = (), role: Role = "both") -> ReplicaConfig:
-    """The replica at `address:port`, with its KV-event feed when the pool's replicas publish one."""
-    host = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
-    events = None
-    if spec.kv_events_port is not None:
-        replay = f"tcp://{host}:{spec.kv_events_replay_port}" if spec.kv_events_replay_port else None
-        events = KVEventsConfig(f"tcp://{host}:{spec.kv_events_port}", replay)
-    return ReplicaConfig(url=f"{spec.scheme}://{host}:{port}", name=name, weight=spec.weight, kv_events=events,
-                         adapters=adapters, role=role)
 
 
 class Discovery:

@@ -29,9 +29,9 @@ from lightkube.core.exceptions import ApiError
 from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.resources.discovery_v1 import EndpointSlice
 
-from gateway.config.kubernetes import ROLES, Role
-from gateway.config.loader import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig
-from gateway.replicas.discovery.dns import Apply, discovered_replica
+from gateway.config.kubernetes import ROLES, KubernetesDiscoveryConfig, Role
+from gateway.config.pools import DiscoveryConfig, ReplicaConfig
+from gateway.replicas.discovery.discovered import Apply, discovered_replica
 
 log = structlog.get_logger("gateway.replicas.discovery.kubernetes")
 
@@ -50,7 +50,7 @@ class PodEndpoint:
     role: Role = "both"
 
 
-def labelled(labels: dict[str, str], k8s: KubernetesDiscovery) -> tuple[tuple[str, ...], Role]:
+def labelled(labels: dict[str, str], k8s: KubernetesDiscoveryConfig) -> tuple[tuple[str, ...], Role]:
     """The adapters and the role a slice's labels give its pods; an unknown role counts as `both`."""
     adapters: tuple[str, ...] = ()
     if (prefix := k8s.adapter_label_prefix) is not None:
@@ -107,7 +107,7 @@ def replica_configs(spec: DiscoveryConfig,
     return replicas, frozenset(pod for pod, endpoint in pods.items() if not endpoint.ready)
 
 
-def kube_config(k8s: KubernetesDiscovery) -> KubeConfig:
+def kube_config(k8s: KubernetesDiscoveryConfig) -> KubeConfig:
     """The kubeconfig file when one is set, else the pod's service account (token and CA)."""
     if k8s.kubeconfig is not None:
         return KubeConfig.from_file(k8s.kubeconfig)

@@ -7,37 +7,26 @@ so every decision can be logged and explained.
 
 from __future__ import annotations
 
-import builtins
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from gateway.config import schema
+from gateway.config.policy_params import SeededPolicyConfig
 from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.view import RequestView
 
 
-@dataclass(frozen=True)
-class NoParams:
-    pass
-
-
 class Policy(ABC):
-    """One routing policy. `type` is its YAML name; `Params` its validated parameters."""
+    """One routing policy. `type` is its YAML name; `params` its validated parameters, of the class
+    `gateway.config.policy_params.POLICY_CONFIGS` names for `type`."""
 
     type: ClassVar[str]
     needs_prefix: ClassVar[bool] = False  # the Router hashes the prompt into view.block_hashes
     needs_index: ClassVar[bool] = False  # ...and fills Candidate.cached_tokens from the warm index
-    Params: ClassVar[builtins.type] = NoParams  # the builtin: `type` is the YAML name here
 
     def __init__(self, params: Any) -> None:
         self.params = params
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any] | None, key: str) -> Policy:
-        return cls(schema.build(cls.Params, params or {}, key))
 
     @abstractmethod
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
@@ -65,17 +54,10 @@ class Policy(ABC):
         return None
 
 
-@dataclass(frozen=True)
-class SeedParams:
-    seed: int | None = None  # fixes the policy's random choices (reproducible tests and simulations)
-
-
 class SeededPolicy(Policy, ABC):
     """A policy that draws random numbers (sampling, tie-breaks) from its own seeded generator."""
 
-    Params: ClassVar[type] = SeedParams
-
-    def __init__(self, params: SeedParams) -> None:
+    def __init__(self, params: SeededPolicyConfig) -> None:
         super().__init__(params)
         self.rng = random.Random(params.seed)
 
@@ -84,5 +66,4 @@ def scores_by_load(candidates: Sequence[Candidate]) -> tuple[Score, ...]:
     return tuple(Score(c.replica_id, c.load, load=c.load) for c in candidates)
 
 
-__all__ = ["Candidate", "Decision", "NoParams", "Outcome", "Policy", "Score", "SeedParams", "SeededPolicy",
-           "scores_by_load"]
+__all__ = ["Candidate", "Decision", "Outcome", "Policy", "Score", "SeededPolicy", "scores_by_load"]

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import xxhash
 
-from gateway.errors import ConfigError
+from gateway.config.policy_params import ConsistentHashPolicyConfig
 from gateway.request.decision import Candidate, Decision
-from gateway.routing.policies import register
 from gateway.routing.policies.base import Policy, scores_by_load
 from gateway.routing.policies.bound import has_room
 from gateway.view import RequestView
@@ -32,24 +30,11 @@ from gateway.view import RequestView
 _Ring = tuple[list[int], list[str]]
 
 
-@dataclass(frozen=True)
-class ConsistentHashParams:
-    virtual_nodes: int = 256
-    load_epsilon: float = 0.25
-    min_bound_requests: int = 4
-
-    def validate(self, key: str) -> None:
-        if self.virtual_nodes < 1:
-            raise ConfigError("must be at least 1", key=f"{key}.virtual_nodes")
-
-
-@register
 class ConsistentHashPolicy(Policy):
     type = "consistent_hash"
     needs_prefix = True  # the first block hash is the fallback key
-    Params = ConsistentHashParams
 
-    def __init__(self, params: ConsistentHashParams) -> None:
+    def __init__(self, params: ConsistentHashPolicyConfig) -> None:
         super().__init__(params)
         self._rings: dict[tuple[tuple[str, float], ...], _Ring] = {}
 

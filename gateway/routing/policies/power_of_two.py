@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.request.decision import Candidate, Decision
-from gateway.routing.policies import register
 from gateway.routing.policies.base import SeededPolicy, scores_by_load
 from gateway.view import RequestView
 
 
-@register
 class PowerOfTwoPolicy(SeededPolicy):
     type = "power_of_two"
 

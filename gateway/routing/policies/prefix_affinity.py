@@ -44,13 +44,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import ConfigError
+from gateway.config.policy_params import PrefixAffinityPolicyConfig
 from gateway.request.decision import Candidate, Decision, Outcome, Score
-from gateway.routing.cost import CostModel, CostParams
-from gateway.routing.policies import register
+from gateway.routing.cost import CostModel
 from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
 from gateway.view import RequestView
@@ -59,62 +57,12 @@ MAX_TRACKED = 100_000  # dispatched requests remembered until they finish (bound
 FILL_TIE = 0.01  # cache fills this close count as equal
 
 
-@dataclass(frozen=True)
-class PrefixAffinityParams(CostParams):
-    preamble_weight: float = 0.0  # how much a warm preamble (tools + system prompt) attracts, 0..1
-    load_epsilon: float = 0.25  # no replica above (1 + epsilon) × mean load while another has room
-    min_bound_requests: int = 4  # ...unless it holds fewer than this many requests
-    tie_s: float = 0.005  # predicted TTFTs this close count as tied
-    tie_ratio: float = 0.05  # ...or this fraction of the best
-    balance_window_s: float = 60.0  # ties go to the replica sent the fewest requests lately
-    shared_preamble_requests: int = 2  # requests within balance_window_s before a preamble is replicated
-    preamble_spread: float = 2.0  # holders wanted per replica-share of the traffic a preamble carries
-    bound_margin: float = 1.0  # over the bound, stay only if moving costs more than (1 + this) × the wait
-    full_cache_fill: float = 0.95  # ...or, once the caches are this full on average (as the index sees them),
-    # a request with no home of its own stays unless it would be slower there outright (> 1: never)
-    eviction_weight: float = 1.0  # writing a shared preamble into a full cache also costs this × its prefill
-    delay_weight: float = 1.0  # a prefill also costs this × the delay it causes the requests queued behind it
-    home_credit: float = 1.0  # ...where a preamble's last replica is taken to keep this share of it
-    conversation_share: float = 0.5  # above this share of recent requests continuing a conversation,
-    # a new one goes to the least full cache among the tied (1 = never)
-    seed: int | None = None
-
-    def validate(self, key: str) -> None:
-        CostParams.validate(self, key)
-        if self.load_epsilon < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.load_epsilon")
-        if not 0 <= self.preamble_weight <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.preamble_weight")
-        if self.balance_window_s <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
-        if self.shared_preamble_requests < 1:
-            raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
-        if self.bound_margin < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.bound_margin")
-        if self.full_cache_fill <= 0:
-            raise ConfigError("must be > 0 (above 1: never)", key=f"{key}.full_cache_fill")
-        if self.delay_weight < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.delay_weight")
-        if not 0 <= self.home_credit <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.home_credit")
-        if not 0 <= self.conversation_share <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.conversation_share")
-        if self.eviction_weight < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.eviction_weight")
-        if self.preamble_spread <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.preamble_spread")
-        if self.tie_s < 0 or self.tie_ratio < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.tie_s")
-
-
-@register
 class PrefixAffinityPolicy(Policy):
     type = "prefix_affinity"
     needs_prefix = True
     needs_index = True
-    Params = PrefixAffinityParams
 
-    def __init__(self, params: PrefixAffinityParams) -> None:
+    def __init__(self, params: PrefixAffinityPolicyConfig) -> None:
         super().__init__(params)
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)

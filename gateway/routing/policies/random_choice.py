@@ -8,12 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.request.decision import Candidate, Decision
-from gateway.routing.policies import register
 from gateway.routing.policies.base import SeededPolicy, scores_by_load
 from gateway.view import RequestView
 
 
-@register
 class RandomPolicy(SeededPolicy):
     type = "random"
 

@@ -19,23 +19,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import xxhash
 
+from gateway.config.policy_params import SessionAffinityPolicyConfig
 from gateway.request.decision import Candidate, Decision, Score
-from gateway.routing.policies import register
 from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room
 from gateway.view import RequestView
-
-
-@dataclass(frozen=True)
-class SessionAffinityParams:
-    bonus_requests: float = 4.0  # the home replica may carry this many more requests and still win
-    load_epsilon: float = 0.25
-    min_bound_requests: int = 4
-    seed: int | None = None
 
 
 def home_replica(session_key: str, replica_ids: Sequence[str]) -> str:
@@ -43,12 +34,10 @@ def home_replica(session_key: str, replica_ids: Sequence[str]) -> str:
     return max(replica_ids, key=lambda rid: xxhash.xxh3_64_intdigest(f"{session_key}\x00{rid}".encode()))
 
 
-@register
 class SessionAffinityPolicy(Policy):
     type = "session_affinity"
-    Params = SessionAffinityParams
 
-    def __init__(self, params: SessionAffinityParams) -> None:
+    def __init__(self, params: SessionAffinityPolicyConfig) -> None:
         super().__init__(params)
         self._rng = random.Random(params.seed)
 

@@ -114,8 +114,8 @@ def test_gateway_config_loads_and_names_only_services_that_listen_there(name: st
                 assert pool.routing.prefix.tokenizer is not None
     drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s + 1  # + the cut-off (lifecycle.CUT_S)
     assert _seconds(service["stop_grace_period"]) > drain_s  # docker's SIGKILL comes after the drain
-    assert config.index.store.startswith("redis://")
-    host, port = host_port(config.index.store, 6379)
+    assert config.index.store == "redis" and config.redis is not None and config.redis.resolved_url.startswith("redis://")
+    host, port = host_port(config.redis.resolved_url, 6379)
     assert host == "redis" and host in depends and "--port" not in SERVICES["redis"]["command"] and port == 6379
     same_pools = [gateway_config(g) for g in GATEWAYS if _replicas(gateway_config(g)) == _replicas(config)]
     assert len({c.index for c in same_pools}) == 1  # gateways of one pool (the same replicas) share one table

@@ -135,10 +135,10 @@ def test_each_replica_is_healthy_only_once_its_api_answers_and_has_time_to_downl
 def test_the_gateway_config_loads_and_shares_redis_under_its_own_prefix() -> None:
     config = gateway()
     assert config.listen.host == "0.0.0.0" and config.listen.port == 8000
-    assert config.index.store == "redis://redis:6379/0"
+    assert config.index.store == "redis" and config.redis is not None and config.redis.url == "redis://redis:6379/0"
     others = [compose_gateway_config(s) for n, s in SERVICES.items()
               if n != "gateway-vllm" and s.get("build", {}).get("target") == "gateway"]
-    assert config.index.key_prefix not in {c.index.key_prefix for c in others}
+    assert config.redis.key_prefix not in {c.redis.key_prefix for c in others if c.redis is not None}
     assert config.timeouts.first_byte_s >= 120  # a CPU prefill is slow
 
 

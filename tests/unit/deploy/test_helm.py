@@ -88,9 +88,9 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(name: str) -> N
 @pytest.mark.parametrize("name", VALUES_FILES)
 def test_the_gateway_config_loads_and_finds_the_replicas_and_their_kv_events(name: str, tmp_path: Path) -> None:
     data = gateway_yaml(name)
-    if data.get("index", {}).get("redis_url_file"):  # the mounted Secret, stood in for here
+    if data.get("redis", {}).get("url_file"):  # the mounted Secret, stood in for here
         (tmp_path / "url").write_text("redis://:secret@redis.example:6379/0")
-        data["index"]["redis_url_file"] = str(tmp_path / "url")
+        data["redis"]["url_file"] = str(tmp_path / "url")
     config = parse_config(data)
     (pool,) = config.pools.values()
     service = one(name, "Service", "replica")
@@ -160,12 +160,14 @@ def test_external_redis_url_comes_from_the_secret_mounted_where_the_config_reads
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
     (item,) = volume["secret"]["items"]
     assert volume["secret"]["secretName"] == values_file(name)["externalRedis"]["existingSecret"]
-    assert gateway_yaml(name)["index"] == {"redis_url_file": f"{mount['mountPath']}/{item['path']}"}
+    assert gateway_yaml(name)["redis"] == {"url_file": f"{mount['mountPath']}/{item['path']}"}
+    assert gateway_yaml(name)["index"] == {"store": "redis"}
 
 
 def test_in_chart_redis_is_the_store_by_default() -> None:
     service = one("values.yaml", "Service", "redis")
-    assert gateway_yaml("values.yaml")["index"]["store"] == f"redis://{service['metadata']['name']}:6379/0"
+    assert gateway_yaml("values.yaml")["redis"]["url"] == f"redis://{service['metadata']['name']}:6379/0"
+    assert gateway_yaml("values.yaml")["index"]["store"] == "redis"
 
 
 def test_gateways_autoscale_without_a_fixed_replica_count() -> None:

@@ -122,7 +122,8 @@ def test_gateway_discovers_the_headless_replica_service_and_shares_the_redis_ser
     assert args.kv_events_replay_endpoint == f"tcp://*:{pool.discovery.kv_events_replay_port}"
     assert pool.routing.prefix.tokenizer == "sim" and args.engine == "sim"
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # DNS lists only ready pods
-    host, redis_port = host_port(config.index.store, 6379)
+    assert config.index.store == "redis" and config.redis is not None
+    host, redis_port = host_port(config.redis.resolved_url, 6379)
     redis_service = find(DOCS, "Service", host)
     (redis_spec,) = redis_service["spec"]["ports"]
     (redis,) = selected(redis_service["spec"]["selector"])

@@ -11,13 +11,14 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from gateway.config.loader import load_config, parse_config
+from gateway.config.sections import AdmissionConfig
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index.exact import EVENTS, ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.routing.adapters import named
 from gateway.routing.route_table import GatewayState
-from gateway.serving.admission import Admission, AdmissionConfig
+from gateway.serving.admission import Admission
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)
@@ -118,7 +119,7 @@ async def test_only_replicas_serving_the_adapter_are_candidates(tmp_path: Path) 
 
 
 def test_the_same_prompt_for_two_adapters_gets_two_chains() -> None:
-    params = prefix.PrefixParams()
+    params = prefix.PrefixConfig()
     chains = []
     for adapter in (None, "sql", "chat"):
         request = view("base")
@@ -189,14 +190,14 @@ async def test_a_replicas_card_and_adapters_come_from_its_model_list_and_survive
 
 
 async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id_only() -> None:
+    from gateway.config.pools import PrefixConfig
     from gateway.index import MemoryIndex
-    from gateway.prompt.prefix_keys import PrefixParams
     from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
     from gateway.request.decision import Candidate
-    from gateway.routing.policies import build_policy
+    from gateway.routing.policies.registry import build_policy
     from gateway.routing.router import HISTORY, Router
 
-    params = PrefixParams(tokenizer="sim", block_tokens=BS)
+    params = PrefixConfig(tokenizer="sim", block_tokens=BS)
     exact = ExactTables(prefix.model_seed("base"), BS)
     router = Router(build_policy("prefix_affinity", {}, "p"), params, MemoryIndex(10_000),
                     RoutingMetrics(CollectorRegistry()), pool="base", keys=PromptKeys(SimPromptTokenizer(), 5.0),

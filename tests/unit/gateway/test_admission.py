@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from gateway.config.sections import AdmissionConfig
 from gateway.errors import RateLimitError
 from gateway.replicas import Replica, ReplicaPool
-from gateway.serving.admission import AdmissionConfig, PoolQueue
+from gateway.serving.admission import PoolQueue
 from gateway.view import RequestView
 
 CONFIG = AdmissionConfig(max_in_flight_per_replica=1, max_queue=3, queue_timeout_s=1.0, retry_after_s=2.0)
@@ -104,8 +105,8 @@ async def test_a_decision_that_loses_its_slot_records_nothing_for_that_replica()
     """Admission decides, but another request takes the chosen replica's last slot before this one
     holds it: the decision is made again elsewhere, and the first choice keeps no phantom warm
     prefix and no phantom queued prefill (the decision committed nothing)."""
-    from gateway.config.loader import RoutingConfig
-    from gateway.routing.route_table import ModelRoute
+    from gateway.config.pools import RoutingConfig
+    from gateway.routing.model_route import ModelRoute
     from gateway.serving.admission import Admission
     from tests.unit.gateway.test_routing import SYSTEM, chat_view, make_router
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.edge.routes import RoutesConfig
+from gateway.config.features import RoutesConfig
 from gateway.errors import ConfigError
 from gateway.prompt.prefix_keys import prompt_source
 from gateway.request.usage import Usage

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.config.features import ApiKeyConfig, AuthConfig
 from gateway.config.loader import parse_config
-from gateway.edge.auth import ApiKeyConfig, AuthConfig, authenticate, hash_key
+from gateway.edge.auth import authenticate, hash_key
 from gateway.errors import AuthenticationError, ConfigError, PermissionDeniedError
 from gateway.request.caller import ANONYMOUS
 

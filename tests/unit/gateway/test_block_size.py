@@ -7,11 +7,11 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
+from gateway.config.pools import PrefixConfig
 from gateway.index.exact import ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import PrefixParams
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 
 pytestmark = pytest.mark.timeout(30)
@@ -20,7 +20,7 @@ MODEL = "m"
 
 def router(block_tokens: int | None) -> tuple[Router, ExactTables, CollectorRegistry]:
     registry = CollectorRegistry()
-    params = PrefixParams(block_tokens=block_tokens)
+    params = PrefixConfig(block_tokens=block_tokens)
     exact = ExactTables(prefix.model_seed(MODEL), params.block)
     built = Router(build_policy("prefix_affinity", {}, "p"), params, metrics=RoutingMetrics(registry), pool=MODEL,
                    exact=exact)

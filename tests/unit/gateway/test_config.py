@@ -54,7 +54,14 @@ def pool(**changes: Any) -> dict[str, Any]:
     (pool(routing={"policy": "random", "params": {"seed": 1.5}}), "pools.m.routing.params.seed", "integer"),
     ({**MINIMAL, "health": {"interval_s": 0}}, "health.interval_s", "> 0"),
     ({**MINIMAL, "logging": {"level": "loud"}}, "logging.level", "one of"),
-    ({**MINIMAL, "index": {"store": "mysql://x"}}, "index.store", "redis"),
+    ({**MINIMAL, "redis": {"url": "mysql://x"}}, "redis.url", "redis://"),
+    ({**MINIMAL, "redis": {}}, "redis.url", "url or url_file"),
+    ({**MINIMAL, "index": {"store": "mysql"}}, "index.store", "one of"),
+    ({**MINIMAL, "index": {"store": "redis"}}, "index.store", "top-level `redis`"),
+    # The shared Redis was configured under `index` until it was named for what it is: each old key names its new one.
+    ({**MINIMAL, "index": {"store": "redis://r:6379/0"}}, "index.store", "`redis.url`"),
+    ({**MINIMAL, "index": {"redis_url_file": "/run/secrets/redis-url"}}, "index.redis_url_file", "`redis.url_file`"),
+    ({**MINIMAL, "index": {"key_prefix": "x:"}}, "index.key_prefix", "`redis.key_prefix`"),
     ({**MINIMAL, "state": {"store": "memory"}}, "state", "under `index` now"),  # the old name of the section
     ({**MINIMAL, "limits": {"max_retries": -1}}, "limits.max_retries", ">= 0"),
 ], ids=lambda v: v if isinstance(v, str) else None)
@@ -102,3 +109,14 @@ def test_backend_key_errors_name_the_key(tmp_path: Path, changes: dict[str, Any]
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, pool(**changes)))
     assert err.value.key == key and key in str(err.value)
+
+
+def test_the_shared_redis_serves_the_index_only_when_it_says_so() -> None:
+    from gateway.config.features import IndexStore
+    from gateway.config.loader import parse_config
+
+    shared = {"redis": {"url": "redis://r:6379/0", "key_prefix": "x:"}}
+    alone = parse_config({**MINIMAL, **shared})
+    assert alone.index_store("m") == IndexStore(alone.index)  # quotas and token costs shared, the index in memory
+    both = parse_config({**MINIMAL, **shared, "index": {"store": "redis", "mirror": False}})
+    assert both.index_store("m") == IndexStore(both.index, "redis://r:6379/0", "x:m:")

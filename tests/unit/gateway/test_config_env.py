@@ -23,7 +23,7 @@ def test_interpolation_in_values_with_defaults_and_escapes() -> None:
 
 @pytest.mark.parametrize(("data", "key"), [
     ({"pools": {"m": {"replicas": [{"url": "http://${NOPE}:1"}]}}}, "pools.m.replicas[0].url"),
-    ({"index": {"store": "redis://${PASS"}}, "index.store"),
+    ({"redis": {"url": "redis://${PASS"}}, "redis.url"),
 ])
 def test_a_missing_or_malformed_variable_names_the_key(data: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -46,21 +46,21 @@ def test_check_prints_the_resolved_config_with_secrets_masked(tmp_path: Path, ca
     monkeypatch.setenv("AG_CHECK_HOST", "10.1.2.3")
     path = tmp_path / "gw.yaml"
     path.write_text("pools: {m: {replicas: [{url: 'http://${AG_CHECK_HOST}:1'}]}}\n"
-                    "index: {store: 'redis://:${AG_CHECK_PASS}@redis:6379/0'}\n")
+                    "redis: {url: 'redis://:${AG_CHECK_PASS}@redis:6379/0'}\n")
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "hunter2" not in out and "10.1.2.3" not in out
     printed = yaml.safe_load(out)
-    assert printed["index"]["store"] == MASK and printed["pools"]["m"]["replicas"][0]["url"] == MASK
+    assert printed["redis"]["url"] == MASK and printed["pools"]["m"]["replicas"][0]["url"] == MASK
     assert printed["listen"]["port"] == 8000 and printed["pools"]["m"]["routing"]["policy"] == "prefix_affinity"
 
 
 def test_check_of_a_literal_url_password_masks_only_the_password(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gw.yaml"
-    path.write_text("pools: {m: {replicas: [{url: 'http://h:1'}]}}\nindex: {store: 'redis://u:pw@redis:6379/0'}\n")
+    path.write_text("pools: {m: {replicas: [{url: 'http://h:1'}]}}\nredis: {url: 'redis://u:pw@redis:6379/0'}\n")
     assert main(["check", str(path)]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["index"]["store"] == f"redis://u:{MASK}@redis:6379/0"
+    assert yaml.safe_load(capsys.readouterr().out)["redis"]["url"] == f"redis://u:{MASK}@redis:6379/0"
 
 
 def test_check_of_a_bad_file_exits_1_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from gateway.config import schema
+from gateway.config.policy_params import CostModelConfig
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
-from gateway.routing.cost import CostModel, CostParams
+from gateway.routing.cost import CostModel
 from tests.unit.gateway.predictions import predict, wait_s
 
 
@@ -23,7 +24,7 @@ class Clock:
 
 def model(**kw: Any) -> tuple[CostModel, Clock]:
     clock = Clock()
-    return CostModel(CostParams(**kw), clock), clock  # type: ignore[arg-type]
+    return CostModel(CostModelConfig(**kw), clock), clock  # type: ignore[arg-type]
 
 
 def test_idle_replica_predicts_prefill_of_uncached_tokens() -> None:
@@ -88,7 +89,7 @@ def test_learning_skips_tiny_prefills_and_clamps_outliers() -> None:
 def test_learning_can_be_disabled() -> None:
     cost, _ = model(learn_alpha=0.0)
     cost.observe("a", ttft_s=9.0, uncached_tokens=1000, predicted_wait_s=0)
-    assert cost.prefill_s_per_token("a") == CostParams().prefill_s_per_token
+    assert cost.prefill_s_per_token("a") == CostModelConfig().prefill_s_per_token
 
 
 @pytest.mark.parametrize("data,key", [({"prefill_s_per_token": 0}, "c.prefill_s_per_token"),
@@ -97,7 +98,7 @@ def test_learning_can_be_disabled() -> None:
                          ids=["prefill", "alpha", "req"])
 def test_params_validation(data: dict[str, float], key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        schema.build(CostParams, data, "c")
+        schema.build(CostModelConfig, data, "c")
     assert err.value.key == key
 
 

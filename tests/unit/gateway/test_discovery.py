@@ -12,7 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.config.loader import DiscoveryConfig, ReplicaConfig, load_config, parse_config
+from gateway.config.loader import load_config, parse_config
+from gateway.config.pools import DiscoveryConfig, ReplicaConfig
 from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
 from gateway.observability.routing_metrics import RoutingMetrics

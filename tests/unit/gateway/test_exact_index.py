@@ -12,15 +12,15 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from gateway.config.loader import load_config
+from gateway.config.pools import PrefixConfig
 from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
 from gateway.index.exact import EVENTS, SPECULATIVE, ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
 from gateway.request.decision import Candidate, Outcome
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import CHARACTERS, HISTORY, Router
 from gateway.view import RequestView
 
@@ -113,7 +113,7 @@ def sim_tokens(view: RequestView) -> list[int]:
 
 def token_router(exact: ExactTables) -> Router:
     policy = build_policy("prefix_affinity", {"seed": 1}, "routing")
-    return Router(policy, PrefixParams(tokenizer="sim", block_tokens=BS), MemoryIndex(10_000),
+    return Router(policy, PrefixConfig(tokenizer="sim", block_tokens=BS), MemoryIndex(10_000),
                   RoutingMetrics(CollectorRegistry()), pool=MODEL, keys=PromptKeys(SimPromptTokenizer(), 5.0),
                   exact=exact)
 
@@ -163,7 +163,7 @@ async def test_salted_requests_and_tokenizer_less_pools_never_read_the_event_tab
     explained = await router.explain(view, [Candidate("a")])
     assert explained["evidence"] == {"a": HISTORY} and explained["candidates"][0]["cached_tokens"] == 0
     await router.close()
-    plain = Router(build_policy("prefix_affinity", {}, "routing"), PrefixParams(), exact=exact)
+    plain = Router(build_policy("prefix_affinity", {}, "routing"), PrefixConfig(), exact=exact)
     explained = await plain.explain(chat("Same text. " * 40), [Candidate("a")])
     assert explained["prefix_keys"] == "characters" and explained["evidence"] == {"a": CHARACTERS}
     await plain.close()

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.index import IndexParams, MemoryIndex, WarmIndex, build_index
+from gateway.config.features import IndexConfig, IndexStore
+from gateway.index import MemoryIndex, WarmIndex, build_index
 from gateway.index.redis_store import RedisIndex
 from tests.helpers import Proc, free_port, redis_server_binary
 
@@ -25,9 +26,9 @@ def chain(tag: int, n: int) -> list[int]:
                         pytest.param("redis-lookups", marks=pytest.mark.redis)])
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[WarmIndex]:
     """Memory; Redis with its mirror; Redis asked on every lookup (`mirror: false`)."""
-    store = "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
-    idx = build_index(IndexParams(store=store, key_prefix=f"test{next(_prefixes)}:", capacity_blocks=1000,
-                                  mirror=request.param != "redis-lookups"))
+    url = None if request.param == "memory" else request.getfixturevalue("redis_url")
+    params = IndexConfig(capacity_blocks=1000, mirror=request.param != "redis-lookups")
+    idx = build_index(IndexStore(params, url, f"test{next(_prefixes)}:"))
     yield idx
     await idx.close()
 
@@ -98,8 +99,8 @@ async def test_memory_set_capacity_trims_now() -> None:
 # --- Redis only -------------------------------------------------------------------------------
 
 def redis_index(url: str, **kw: object) -> RedisIndex:
-    params = IndexParams(store=url, key_prefix=f"test{next(_prefixes)}:", **kw)  # type: ignore[arg-type]
-    index = build_index(params)
+    params = IndexConfig(**kw)  # type: ignore[arg-type]
+    index = build_index(IndexStore(params, url, f"test{next(_prefixes)}:"))
     assert isinstance(index, RedisIndex)
     return index
 
@@ -128,7 +129,7 @@ async def settle(*indexes: RedisIndex) -> None:
 @pytest.mark.parametrize("mirror", [True, False])
 async def test_two_gateways_share_tables(redis_url: str, mirror: bool) -> None:
     one = redis_index(redis_url, mirror=mirror)
-    two = RedisIndex(one.params)
+    two = RedisIndex(one.store)
     try:
         await mirrored(one, two)
         one.record("a", chain(10, 5))
@@ -151,10 +152,10 @@ async def test_redis_keys_are_namespaced_bounded_and_expire(redis_url: str) -> N
         index.record("a", chain(11, 9))
         await index.flush()
         key = index.key("a")
-        assert key.startswith(index.params.key_prefix)
+        assert key.startswith(index.key_prefix)
         assert await client.zcard(key) == 5
         assert 0 < await client.ttl(key) <= 30
-        assert await client.keys(f"{index.params.key_prefix}*") == [key.encode()]
+        assert await client.keys(f"{index.key_prefix}*") == [key.encode()]
     finally:
         await client.aclose()
         await index.close()
@@ -163,7 +164,7 @@ async def test_redis_keys_are_namespaced_bounded_and_expire(redis_url: str) -> N
 @pytest.mark.redis
 async def test_background_flush_needs_no_explicit_call(redis_url: str) -> None:
     one = redis_index(redis_url)
-    two = RedisIndex(one.params)
+    two = RedisIndex(one.store)
     try:
         one.record("a", chain(12, 3))
         for _ in range(200):
@@ -181,7 +182,7 @@ async def test_writes_and_lookups_survive_a_script_flush(redis_url: str) -> None
     """A Redis that lost the scripts (restarted between two calls) answers NOSCRIPT: both the
     lookup and the background writes load them again instead of degrading."""
     one = redis_index(redis_url, mirror=False)
-    two = RedisIndex(one.params)
+    two = RedisIndex(one.store)
     client = aioredis.Redis.from_url(redis_url)
     try:
         one.record("a", chain(15, 3))
@@ -205,7 +206,7 @@ async def test_lookup_is_exact_whatever_the_hints(redis_url: str, mirror: bool) 
     empty): the Redis lookup still answers what Redis holds, and so does every mirror, for many
     candidates sharing a few answers, in any order."""
     one = redis_index(redis_url, capacity_blocks=100, mirror=mirror)
-    two, three = RedisIndex(one.params), RedisIndex(one.params)
+    two, three = RedisIndex(one.store), RedisIndex(one.store)
     try:
         await mirrored(one, two, three)
         trunk = chain(16, 20)
@@ -232,7 +233,7 @@ Pair = tuple[RedisIndex, RedisIndex, aioredis.Redis]
 async def mirrored_pair(redis_url: str) -> AsyncIterator[Pair]:
     """Two gateways whose mirrors follow each other, and a plain client of their Redis."""
     one = redis_index(redis_url)
-    two = RedisIndex(one.params)
+    two = RedisIndex(one.store)
     client = aioredis.Redis.from_url(redis_url)
     await mirrored(one, two)
     yield one, two, client
@@ -264,10 +265,10 @@ async def test_mirror_loads_a_snapshot_and_keeps_writes_made_meanwhile(redis_url
         for i in range(20):
             one.record(f"r{i}", chain(19 + i, 4 + i % 5))
         await one.flush()
-        two = RedisIndex(one.params)
+        two = RedisIndex(one.store)
         two.record("late", chain(40, 3))  # starts the follower: this write lands mid-load
         await mirrored(two)
-        three = RedisIndex(one.params)
+        three = RedisIndex(one.store)
         await mirrored(three)
         await settle(one, two, three)
         ids = [f"r{i}" for i in range(20)] + ["late"]
@@ -288,7 +289,7 @@ async def test_a_bad_message_costs_a_resync_not_a_wrong_answer(mirrored_pair: Pa
     one, two, client = mirrored_pair
     one.record("a", chain(50, 4))
     await settle(one, two)
-    await client.publish(f"{one.params.key_prefix}ops", b"12345678W\xff")  # truncated op
+    await client.publish(f"{one.key_prefix}ops", b"12345678W\xff")  # truncated op
     for _ in range(500):
         if two.mirror_errors and two.mirrored:
             break
@@ -324,7 +325,7 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
                 break
             await asyncio.sleep(0.02)
         assert not index.degraded
-        fresh = RedisIndex(index.params)  # another gateway sees what was written during the outage
+        fresh = RedisIndex(index.store)  # another gateway sees what was written during the outage
         try:
             assert await fresh.match(chain(13, 4), ["a", "b"]) == {"a": 4, "b": 2}
             await mirrored(index, fresh)

@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 from lightkube.resources.discovery_v1 import EndpointSlice
 
-from gateway.config.loader import DiscoveryConfig, KubernetesDiscovery, ReplicaConfig, parse_config
+from gateway.config.kubernetes import KubernetesDiscoveryConfig
+from gateway.config.loader import parse_config
+from gateway.config.pools import DiscoveryConfig, ReplicaConfig
 from gateway.errors import ConfigError
 from gateway.replicas.discovery.kubernetes import endpoints_of, replica_configs, watch_slices
 from tests.helpers import ROOT
@@ -31,7 +33,7 @@ def test_kubernetes_discovery_loads_and_is_exclusive_with_dns() -> None:
     config = parse_config(data({"kubernetes": {"service": "vllm", "namespace": "ml", "port_name": "http",
                                                "labels": {"tier": "gpu"}}}))
     spec = config.pools["m"].discovery
-    assert spec is not None and spec.kubernetes == KubernetesDiscovery("vllm", "ml", "http", {"tier": "gpu"})
+    assert spec is not None and spec.kubernetes == KubernetesDiscoveryConfig("vllm", "ml", "http", {"tier": "gpu"})
     with pytest.raises(ConfigError, match=r"pools\.m\.discovery\.kubernetes: set exactly one of"):
         parse_config(data({"dns": "r", "kubernetes": {"service": "vllm"}}))
     with pytest.raises(ConfigError, match=r"pools\.m\.discovery\.dns: set exactly one of"):
@@ -56,7 +58,7 @@ def slice_of(raw: dict[str, Any]) -> EndpointSlice:
 
 
 def test_pods_become_named_replicas_and_unready_ones_are_marked() -> None:
-    spec = DiscoveryConfig(kubernetes=KubernetesDiscovery("vllm", port_name="http"), kv_events_port=5557)
+    spec = DiscoveryConfig(kubernetes=KubernetesDiscoveryConfig("vllm", port_name="http"), kv_events_port=5557)
     a = slice_of(endpoint_slice("vllm-a", "vllm", {"vllm-0": ("10.0.0.2", True), "vllm-1": ("10.0.0.3", False)}, 8000))
     b = slice_of(endpoint_slice("vllm-b", "vllm", {"vllm-1": ("10.0.0.3", True)}, 8000))  # moving between slices
     other_port = slice_of(endpoint_slice("x", "vllm", {"vllm-9": ("10.0.0.9", True)}, 9, port_name="metrics"))
@@ -92,8 +94,8 @@ async def until(check: Callable[[], bool], timeout: float = 3.0) -> None:
 async def watching(api: FakeSliceAPI, tmp_path: Path, apply: Recorder) -> asyncio.Task[None]:
     path = tmp_path / "kubeconfig"
     path.write_text(api.kubeconfig())
-    spec = DiscoveryConfig(kubernetes=KubernetesDiscovery("vllm", port_name="http", kubeconfig=str(path),
-                                                          retry_s=0.05))
+    spec = DiscoveryConfig(kubernetes=KubernetesDiscoveryConfig("vllm", port_name="http", kubeconfig=str(path),
+                                                                retry_s=0.05))
     listed = asyncio.Event()
     task = asyncio.create_task(watch_slices("m", spec, apply, listed))
     await asyncio.wait_for(listed.wait(), 5)

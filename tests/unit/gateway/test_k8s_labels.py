@@ -12,8 +12,9 @@ import yaml
 from lightkube.resources.discovery_v1 import EndpointSlice
 from prometheus_client import CollectorRegistry
 
-from gateway.config.kubernetes import KubernetesDiscovery
-from gateway.config.loader import DiscoveryConfig, ReplicaConfig, load_config, parse_config
+from gateway.config.kubernetes import KubernetesDiscoveryConfig
+from gateway.config.loader import load_config, parse_config
+from gateway.config.pools import DiscoveryConfig, ReplicaConfig
 from gateway.errors import ConfigError
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.replicas.discovery.kubernetes import endpoints_of, replica_configs
@@ -35,7 +36,7 @@ def test_the_selector_joins_labels_pool_label_and_service() -> None:
     k8s = config.pools["llama"].discovery.kubernetes  # type: ignore[union-attr]
     assert k8s is not None and k8s.service is None
     assert k8s.selector("llama") == {"app.kubernetes.io/part-of": "llm", "affinity-gateway.io/pool": "llama"}
-    named = KubernetesDiscovery("vllm", pool_label="p", pool_value="qwen3")
+    named = KubernetesDiscoveryConfig("vllm", pool_label="p", pool_value="qwen3")
     assert named.selector("Qwen/Qwen3-8B") == {"p": "qwen3", "kubernetes.io/service-name": "vllm"}
 
 
@@ -68,8 +69,9 @@ def slice_of(raw: dict[str, Any]) -> EndpointSlice:
 
 
 def test_a_slices_labels_give_its_pods_their_adapters_and_role() -> None:
-    k8s = KubernetesDiscovery(pool_label=LABELS["pool_label"], adapter_label_prefix=LABELS["adapter_label_prefix"],
-                              role_label=LABELS["role_label"])
+    k8s = KubernetesDiscoveryConfig(pool_label=LABELS["pool_label"],
+                                    adapter_label_prefix=LABELS["adapter_label_prefix"],
+                                    role_label=LABELS["role_label"])
     spec = DiscoveryConfig(kubernetes=k8s, port=8000)
     labels = {"affinity-gateway.io/pool": "llama", "affinity-gateway.io/role": "prefill",
               "adapters.affinity-gateway.io/sql-lora": "true", "adapters.affinity-gateway.io/old": "false",

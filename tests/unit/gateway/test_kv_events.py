@@ -13,10 +13,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from gateway.config.pools import KVEventsConfig
 from gateway.config.schema import build
 from gateway.errors import ConfigError
 from gateway.index.kv_events.decode import Cleared, DecodeError, EngineHash, Removed, Stored, decode_batch
-from gateway.index.kv_events.subscriber import KVEventsConfig, KVEventSubscriber
+from gateway.index.kv_events.subscriber import KVEventSubscriber
 from lab.cluster import free_port
 
 pytestmark = pytest.mark.timeout(30)

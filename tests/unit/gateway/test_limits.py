@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config.loader import LimitsConfig, parse_config
+from gateway.config.loader import parse_config
+from gateway.config.pools import PrefixConfig
+from gateway.config.sections import LimitsConfig
 from gateway.edge.limits import check_prompt, estimate_prompt
 from gateway.errors import BadRequestError, ConfigError
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.view import RequestView
 
 
@@ -16,19 +17,19 @@ def _view(endpoint: str, body: dict[str, object]) -> RequestView:
 
 
 def test_estimate_counts_token_ids_exactly_and_text_by_characters() -> None:
-    assert estimate_prompt(_view("completions", {"prompt": list(range(37))}), PrefixParams()) == 37
-    assert estimate_prompt(_view("completions", {"prompt": "x" * 41}), PrefixParams(chars_per_token=4)) == 11
-    assert estimate_prompt(_view("embeddings", {"input": "anything"}), PrefixParams()) == 2  # its input
-    assert estimate_prompt(_view("rerank", {"query": "q", "documents": ["d"]}), PrefixParams()) == 0
+    assert estimate_prompt(_view("completions", {"prompt": list(range(37))}), PrefixConfig()) == 37
+    assert estimate_prompt(_view("completions", {"prompt": "x" * 41}), PrefixConfig(chars_per_token=4)) == 11
+    assert estimate_prompt(_view("embeddings", {"input": "anything"}), PrefixConfig()) == 2  # its input
+    assert estimate_prompt(_view("rerank", {"query": "q", "documents": ["d"]}), PrefixConfig()) == 0
 
 
 def test_prompt_over_the_limit_is_400_naming_the_field() -> None:
     limits = LimitsConfig(max_prompt_tokens=10)
-    check_prompt(_view("completions", {"prompt": "x" * 40}), PrefixParams(), limits)
+    check_prompt(_view("completions", {"prompt": "x" * 40}), PrefixConfig(), limits)
     with pytest.raises(BadRequestError) as info:
-        check_prompt(_view("chat", {"messages": [{"role": "user", "content": "x" * 80}]}), PrefixParams(), limits)
+        check_prompt(_view("chat", {"messages": [{"role": "user", "content": "x" * 80}]}), PrefixConfig(), limits)
     assert info.value.param == "messages"
-    check_prompt(_view("completions", {"prompt": "x" * 10**5}), PrefixParams(), LimitsConfig())  # 0 = no limit
+    check_prompt(_view("completions", {"prompt": "x" * 10**5}), PrefixConfig(), LimitsConfig())  # 0 = no limit
 
 
 @pytest.mark.parametrize(("section", "key"), [

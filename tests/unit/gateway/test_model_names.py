@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from gateway.config.loader import parse_config
+from gateway.config.model_names import exact_aliases
 from gateway.errors import ConfigError
-from gateway.routing.model_names import exact_aliases, renamed
+from gateway.routing.model_names import renamed
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -11,13 +11,14 @@ import orjson
 import pytest
 
 from gateway.config.loader import parse_config
+from gateway.config.pools import StreamChunkingConfig
 from gateway.errors import BadRequestError, ConfigError
-from gateway.relay.phrase_chunking import PhraseChunker, StreamChunking, chunking_for, relay_phrases
+from gateway.relay.phrase_chunking import PhraseChunker, chunking_for, relay_phrases
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(30)
 
-PHRASE = StreamChunking(mode="phrase")
+PHRASE = StreamChunkingConfig(mode="phrase")
 
 
 def sse(payload: Any) -> bytes:
@@ -77,24 +78,24 @@ def test_several_boundaries_in_one_delta_go_out_together_and_newline_is_one() ->
 
 
 def test_boundaries_are_configurable() -> None:
-    chunker = PhraseChunker(StreamChunking(mode="phrase", boundaries="|"))
+    chunker = PhraseChunker(StreamChunkingConfig(mode="phrase", boundaries="|"))
     assert texts(run(chunker, chat("one, two"), chat(" | three."))) == ["one, two |"]
 
 
 def test_max_chars_bounds_a_phrase_without_boundary() -> None:
-    chunker = PhraseChunker(StreamChunking(mode="phrase", max_chars=10))
+    chunker = PhraseChunker(StreamChunkingConfig(mode="phrase", max_chars=10))
     out = run(chunker, chat("abcdefgh"), chat("ijklmnopqrstuvwxy"), chat("z, end"))
     assert texts(out) == ["abcdefghij", "klmnopqrst", "uvwxyz,"]
     assert texts(chunker.flush()) == [" end"]
 
 
 def test_a_boundary_past_max_chars_does_not_stretch_the_bound() -> None:
-    chunker = PhraseChunker(StreamChunking(mode="phrase", max_chars=5))
+    chunker = PhraseChunker(StreamChunkingConfig(mode="phrase", max_chars=5))
     assert texts(run(chunker, chat("ab, cdefghij."))) == ["ab,", " cdef", "ghij."]
 
 
 def test_max_wait_sends_pending_text_at_its_deadline() -> None:
-    chunker = PhraseChunker(StreamChunking(mode="phrase", max_wait_ms=300))
+    chunker = PhraseChunker(StreamChunkingConfig(mode="phrase", max_wait_ms=300))
     assert chunker.deadline is None
     assert run(chunker, chat("no boundary"), now=10.0) == b""
     assert chunker.feed(chat(" yet"), 10.2) == b""
@@ -233,7 +234,7 @@ def test_random_cuts_keep_the_text_and_end_phrases_at_a_boundary_or_the_bound(se
     pieces = [rng.choice(words) + rng.choice(("", " ")) for _ in range(200)]
     wire = chat("", role="assistant") + b"".join(chat(p) for p in pieces) + chat("", finish="stop")
     cuts = sorted(rng.sample(range(1, len(wire)), 40))
-    config = StreamChunking(mode="phrase", max_chars=rng.randint(5, 40))
+    config = StreamChunkingConfig(mode="phrase", max_chars=rng.randint(5, 40))
     chunker = PhraseChunker(config)
     out = run(chunker, *(wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)]))) + chunker.finish()
     found = texts(out)
@@ -247,10 +248,11 @@ def _view(stream: bool = True, endpoint: str = "chat") -> RequestView:
 
 
 def test_the_header_opts_in_or_out_over_the_pool() -> None:
-    pool = StreamChunking(mode="phrase", max_chars=7)
-    assert chunking_for(_view(), None, StreamChunking()) is None
+    pool = StreamChunkingConfig(mode="phrase", max_chars=7)
+    assert chunking_for(_view(), None, StreamChunkingConfig()) is None
     assert chunking_for(_view(), None, pool) == pool
-    assert chunking_for(_view(), " Phrase ", StreamChunking(max_chars=9)) == StreamChunking("phrase", max_chars=9)
+    phrase = StreamChunkingConfig("phrase", max_chars=9)
+    assert chunking_for(_view(), " Phrase ", StreamChunkingConfig(max_chars=9)) == phrase
     assert chunking_for(_view(), "none", pool) is None
     assert chunking_for(_view(stream=False), "phrase", pool) is None
     assert chunking_for(_view(endpoint="embeddings"), "phrase", pool) is None
@@ -276,7 +278,7 @@ def test_pool_settings_are_validated_at_load(setting: dict[str, Any], key: str) 
 def test_pool_settings_load() -> None:
     config = parse_config({"pools": {"m": {"replicas": [{"url": "http://h:1"}], "stream_chunking": {
         "mode": "phrase", "boundaries": ".\n", "max_wait_ms": 120, "max_chars": 80}}}})
-    assert config.pools["m"].stream_chunking == StreamChunking("phrase", ".\n", 120.0, 80)
+    assert config.pools["m"].stream_chunking == StreamChunkingConfig("phrase", ".\n", 120.0, 80)
 
 
 class _Protocol:
@@ -309,7 +311,7 @@ async def test_the_relay_sends_pending_text_at_max_wait_while_upstream_is_silent
     written: list[tuple[float, bytes]] = []
     seen: list[bytes] = []
     first: list[float] = []
-    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunking("phrase", max_wait_ms=100)),
+    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)),
                                       written, seen, first))
     start = loop.time()
     reader.feed_data(chat("no boundary"))
@@ -341,7 +343,7 @@ async def test_the_relay_keeps_max_wait_while_upstream_never_pauses() -> None:
     loop = asyncio.get_running_loop()
     reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
     written: list[tuple[float, bytes]] = []
-    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunking("phrase", max_wait_ms=100)),
+    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)),
                                       written, [], []))
     for _ in range(25):  # a piece every 20 ms, never a boundary: only the deadline sends text
         reader.feed_data(chat("ab"))

@@ -12,9 +12,10 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate, Decision, Outcome, Score
-from gateway.routing.policies import Policy, build_policy
+from gateway.routing.policies import Policy
 from gateway.routing.policies.bound import has_room, has_room_loads
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 from tests.unit.gateway.predictions import predict, wait_s
 

@@ -8,7 +8,8 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
-from gateway.routing.policies import Policy, build_policy
+from gateway.routing.policies import Policy
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 
 
@@ -89,3 +90,10 @@ def test_bad_policy_config_names_the_key(type_: str, params: dict[str, object], 
     with pytest.raises(ConfigError) as info:
         build_policy(type_, params, "pools.m.routing")
     assert info.value.key == key
+
+
+def test_every_policy_has_its_config_class_and_no_more() -> None:
+    from gateway.config.policy_params import POLICY_CONFIGS
+    from gateway.routing.policies.registry import REGISTRY
+
+    assert set(REGISTRY) == set(POLICY_CONFIGS), "gateway.config.policy_params.POLICY_CONFIGS and the policies differ"

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from gateway.config import schema
+from gateway.config.pools import PrefixConfig
 from gateway.errors import ConfigError
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.view import RequestView
 
-P = PrefixParams()
+P = PrefixConfig()
 SYSTEM = "You are a careful assistant. Answer briefly and cite sources. " * 8
 
 
@@ -20,7 +20,7 @@ def view(body: dict[str, Any], endpoint: str = "chat", model: str = "m", tenant:
     return RequestView("r1", endpoint, model, False, body, b"", tenant=tenant)
 
 
-def hashes(body: dict[str, Any], params: PrefixParams = P, **kw: Any) -> tuple[int, ...]:
+def hashes(body: dict[str, Any], params: PrefixConfig = P, **kw: Any) -> tuple[int, ...]:
     return prefix.compute(view(body, **kw), params).block_hashes
 
 
@@ -118,7 +118,7 @@ def test_roles_are_part_of_the_prefix() -> None:
 
 @pytest.mark.parametrize("salt_by_tenant,shared", [(False, True), (True, False)], ids=["unsalted", "salted"])
 def test_tenant_salt(salt_by_tenant: bool, shared: bool) -> None:
-    params = PrefixParams(salt_by_tenant=salt_by_tenant)
+    params = PrefixConfig(salt_by_tenant=salt_by_tenant)
     a = hashes({"messages": turn(1)}, params, tenant="acme")
     b = hashes({"messages": turn(1)}, params, tenant="globex")
     assert (a == b) is shared
@@ -173,7 +173,7 @@ def test_prompt_token_estimate() -> None:
 
 
 def test_max_blocks_bounds_the_work() -> None:
-    params = PrefixParams(max_blocks=3)
+    params = PrefixConfig(max_blocks=3)
     assert len(hashes({"prompt": "y" * 10_000}, params, endpoint="completions")) == 3
 
 
@@ -182,7 +182,7 @@ def test_max_blocks_bounds_the_work() -> None:
                                       ({"bogus": 1}, "p.bogus")], ids=["block", "cpt", "unknown"])
 def test_params_validation_names_the_key(data: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        schema.build(PrefixParams, data, "p")
+        schema.build(PrefixConfig, data, "p")
     assert err.value.key == key
 
 

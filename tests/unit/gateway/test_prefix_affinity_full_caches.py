@@ -8,7 +8,7 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)

@@ -7,11 +7,12 @@ from typing import Any
 import pytest
 
 from gateway.cli.prefix_report import table
+from gateway.config.features import PrefixReportConfig
 from gateway.config.loader import parse_config
+from gateway.config.pools import PrefixConfig, PricesConfig
 from gateway.errors import ConfigError
-from gateway.insights.prefix_report import PrefixReport, PrefixReportConfig, prepare
-from gateway.insights.token_costs import Prices
-from gateway.prompt.prefix_keys import PrefixParams, attach, compute
+from gateway.insights.prefix_report import PrefixReport, prepare
+from gateway.prompt.prefix_keys import attach, compute
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(10)
@@ -20,8 +21,8 @@ SYSTEM = "\n".join(f"Rule {i}: cite the handbook, section {i}, and nothing else.
 
 def offer(report: PrefixReport, tenant: str, messages: list[dict[str, Any]]) -> None:
     view = RequestView("r", "chat", "m", False, {"model": "m", "messages": messages}, b"", tenant=tenant)
-    attach(view, compute(view, PrefixParams()))
-    report.offer(tenant, "m", view, 4.0, 0.001, Prices(2.0, 0.5, 8.0))
+    attach(view, compute(view, PrefixConfig()))
+    report.offer(tenant, "m", view, 4.0, 0.001, PricesConfig(2.0, 0.5, 8.0))
 
 
 def drain(report: PrefixReport) -> dict[str, Any]:

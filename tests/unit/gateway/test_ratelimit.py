@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from gateway.edge.auth import ApiKeyConfig, hash_key
+from gateway.config.features import ApiKeyConfig
+from gateway.edge.auth import hash_key
 from gateway.edge.rate_limits import RateLimits
 from gateway.edge.shared_quota import SharedQuota
 from gateway.errors import RateLimitError

@@ -8,7 +8,8 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from gateway.config.loader import HealthConfig, parse_config
+from gateway.config.loader import parse_config
+from gateway.config.sections import HealthConfig
 from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.health import probe
 from gateway.replicas.load import parse_metrics, scrape

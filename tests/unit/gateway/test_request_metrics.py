@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.config.loader import RoutingConfig, parse_config
-from gateway.edge.auth import ApiKeyConfig
+from gateway.config.features import ApiKeyConfig
+from gateway.config.loader import parse_config
+from gateway.config.pools import RoutingConfig
 from gateway.observability.metrics import Metrics
 from gateway.observability.request_metrics import RequestMetrics
 from gateway.request.caller import ANONYMOUS, Caller

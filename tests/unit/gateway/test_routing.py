@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.index import IndexParams, MemoryIndex, build_index
+from gateway.config.features import IndexConfig, IndexStore
+from gateway.config.pools import PrefixConfig
+from gateway.index import MemoryIndex, build_index
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.prefix_keys import PrefixParams
 from gateway.request.decision import Candidate, Outcome
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from tests.helpers import free_port
@@ -43,7 +44,7 @@ def candidates(loads: Sequence[int] = (0, 0, 0, 0)) -> list[Candidate]:
 
 
 def make_router(policy: str = "prefix_affinity", index: Any = None, **params: Any) -> Router:
-    return Router(build_policy(policy, params, "routing"), PrefixParams(), index or MemoryIndex(10_000),
+    return Router(build_policy(policy, params, "routing"), PrefixConfig(), index or MemoryIndex(10_000),
                   RoutingMetrics(CollectorRegistry()))
 
 
@@ -198,8 +199,8 @@ async def test_consistent_hash_hashes_but_needs_no_index() -> None:
 
 @pytest.mark.redis
 async def test_two_gateways_sharing_redis_keep_a_conversation_together(redis_url: str) -> None:
-    params = IndexParams(store=redis_url, key_prefix=f"router-test-{next(_ids)}:")
-    one, two = make_router(index=build_index(params), seed=1), make_router(index=build_index(params), seed=2)
+    store = IndexStore(IndexConfig(), redis_url, f"router-test-{next(_ids)}:")
+    one, two = make_router(index=build_index(store), seed=1), make_router(index=build_index(store), seed=2)
     try:
         replicas = set()
         for turn in range(1, 5):
@@ -214,8 +215,8 @@ async def test_two_gateways_sharing_redis_keep_a_conversation_together(redis_url
 
 
 async def test_routing_continues_when_redis_is_unreachable() -> None:
-    params = IndexParams(store=f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.05, reconnect_max_s=0.05)
-    router = make_router(index=build_index(params))
+    params = IndexConfig(timeout_s=0.05, reconnect_max_s=0.05)
+    router = make_router(index=build_index(IndexStore(params, f"redis://127.0.0.1:{free_port()}/0")))
     try:
         first = await turn_done(router, chat_view(conversation(1, "down")), candidates())
         second = await router.route(chat_view(conversation(2, "down")), candidates())
@@ -263,7 +264,7 @@ async def test_character_keys_learn_the_replicas_tokens_per_estimated_token() ->
     assert router.index.capacity("a") == pytest.approx(2 * before, rel=0.05)  # type: ignore[attr-defined]
     view = chat_view(conversation(1, "after"))
     await router.route(view, candidates())
-    raw = prefix.compute(chat_view(conversation(1, "after")), PrefixParams()).prompt_tokens
+    raw = prefix.compute(chat_view(conversation(1, "after")), PrefixConfig()).prompt_tokens
     assert view.prompt_tokens_estimate == pytest.approx(raw / 2, rel=0.05)
 
 
@@ -274,7 +275,7 @@ async def test_a_conversations_own_system_prompt_is_never_spread(block_chars: in
     several turns, and the preamble, seen on every turn, looked like a popular one that wants more
     replicas: the conversation was moved off its home (re-prefilling everything) while its home
     was a request busier than the rest."""
-    router = Router(build_policy("prefix_affinity", {"seed": 1}, "routing"), PrefixParams(block_chars=block_chars),
+    router = Router(build_policy("prefix_affinity", {"seed": 1}, "routing"), PrefixConfig(block_chars=block_chars),
                     MemoryIndex(10_000))
     system = "You are the archivist of one family's letters; " + "answer from the letters only. " * 60
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]

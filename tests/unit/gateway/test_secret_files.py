@@ -1,6 +1,6 @@
 """`*_file:` secrets and `${VAR}`: they load, name the key when wrong, and never show in a log or an answer.
 
-A Kubernetes Secret mounts as a file (`index.redis_url_file`, `auth.keys[].sha256_file`,
+A Kubernetes Secret mounts as a file (`redis.url_file`, `auth.keys[].sha256_file`,
 `pools.<m>.api_key_file`) or an environment variable (`${REDIS_URL}`); either way the value must
 reach Redis, the replica and the key check, and nothing else.
 """
@@ -48,17 +48,17 @@ def config_file(tmp_path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def test_redis_url_file_is_the_store_and_each_pool_gets_it_resolved(tmp_path: Path) -> None:
+def test_redis_url_file_is_the_shared_redis_and_each_pool_gets_it_resolved(tmp_path: Path) -> None:
     url = "redis://:pw@redis:6379/0"
-    data = {**MINIMAL, "index": {"redis_url_file": write(tmp_path, "redis-url", f"{url}\n")}}
+    data = {**MINIMAL, "redis": {"url_file": write(tmp_path, "redis-url", f"{url}\n")}, "index": {"store": "redis"}}
     config = load_config(config_file(tmp_path, data), env={})
-    assert config.index.resolved_store == url
-    assert config.index.for_pool(MODEL).store == url and config.index.for_pool(MODEL).redis_url_file is None
+    assert config.redis is not None and config.redis.resolved_url == url
+    assert config.index_store(MODEL).url == url and config.index_store(MODEL).key_prefix == f"affinity:{MODEL}:"
 
 
 async def test_a_reload_reads_a_rotated_redis_url_file_and_rebuilds_the_index(tmp_path: Path) -> None:
     url_file = write(tmp_path, "redis-url", "redis://:old@127.0.0.1:1/0")
-    path = config_file(tmp_path, {**MINIMAL, "index": {"redis_url_file": url_file}})
+    path = config_file(tmp_path, {**MINIMAL, "redis": {"url_file": url_file}, "index": {"store": "redis"}})
     state = GatewayState(load_config(path, env={}), path, RoutingMetrics(CollectorRegistry()))
     await state.start()
     try:
@@ -68,24 +68,24 @@ async def test_a_reload_reads_a_rotated_redis_url_file_and_rebuilds_the_index(tm
         write(tmp_path, "redis-url", "redis://:new@127.0.0.1:1/0")
         await state.reload()
         index = state.routes[MODEL].router.index
-        assert isinstance(index, RedisIndex) and index.params.store == "redis://:new@127.0.0.1:1/0"
+        assert isinstance(index, RedisIndex) and index.store.url == "redis://:new@127.0.0.1:1/0"
     finally:
         await state.close()
 
 
-@pytest.mark.parametrize("state,words", [
-    ({"redis_url_file": "/nonexistent/redis-url"}, "cannot read file"),
-    ({"redis_url_file": "EMPTY"}, "is empty"),
-    ({"redis_url_file": "NOT_A_URL"}, "must hold a redis://"),
-    ({"redis_url_file": "NOT_A_URL", "store": "redis://r:6379/0"}, "not both"),
+@pytest.mark.parametrize("redis,key,words", [
+    ({"url_file": "/nonexistent/redis-url"}, "redis.url_file", "cannot read file"),
+    ({"url_file": "EMPTY"}, "redis.url_file", "is empty"),
+    ({"url_file": "NOT_A_URL"}, "redis.url_file", "must hold a redis://"),
+    ({"url_file": "NOT_A_URL", "url": "redis://r:6379/0"}, "redis.url", "one of them"),
 ])
-def test_a_bad_redis_url_file_is_an_error_naming_the_key_not_the_content(tmp_path: Path, state: dict[str, str],
-                                                                         words: str) -> None:
+def test_a_bad_redis_url_file_is_an_error_naming_the_key_not_the_content(tmp_path: Path, redis: dict[str, str],
+                                                                         key: str, words: str) -> None:
     files = {"EMPTY": write(tmp_path, "empty", "\n"), "NOT_A_URL": write(tmp_path, "bad", "mysql://:pw-123@db\n")}
-    state = {k: files.get(v, v) for k, v in state.items()}
+    redis = {k: files.get(v, v) for k, v in redis.items()}
     with pytest.raises(ConfigError) as err:
-        load_config(config_file(tmp_path, {**MINIMAL, "index": state}), env={})
-    assert err.value.key == "index.redis_url_file" and words in str(err.value) and "pw-123" not in str(err.value)
+        load_config(config_file(tmp_path, {**MINIMAL, "redis": redis}), env={})
+    assert err.value.key == key and words in str(err.value) and "pw-123" not in str(err.value)
 
 
 def test_a_sha256_file_holds_one_key_a_line_each_of_the_entrys_tenant(tmp_path: Path) -> None:
@@ -151,18 +151,18 @@ async def test_secrets_reach_redis_replica_and_key_check_but_no_log_line_or_answ
                                                           ("redispw", "backendkey", "clientkey", "adminkey"))
     redis_url = f"redis://:{redis_password}@127.0.0.1:{free_port()}/0"  # nothing listens: the index degrades
     monkeypatch.setenv("AG_TEST_REDIS_URL", redis_url)
-    state = ({"store": "${AG_TEST_REDIS_URL}"} if redis_from == "env"
-             else {"redis_url_file": write(tmp_path, "redis-url", redis_url)})
+    shared = ({"url": "${AG_TEST_REDIS_URL}"} if redis_from == "env"
+              else {"url_file": write(tmp_path, "redis-url", redis_url)})
     data = {"pools": {MODEL: {"replicas": [{"url": url, "name": "r0"}], "routing": {"policy": "prefix_affinity"},
                               "api_key_file": write(tmp_path, "backend-key", f"{backend_key}\n")}},
-            "index": {**state, "mirror": False},
+            "redis": shared, "index": {"store": "redis", "mirror": False},
             "auth": {"keys": [{"sha256_file": write(tmp_path, "hashes", f"{hash_key(client_key)}\n"), "tenant": "acme"},
                               {"sha256": hash_key(admin_key), "tenant": "ops", "admin": True}]},
             "health": {"interval_s": 0.05}, "load": {"interval_s": 0.05}, "logging": {"requests": True}}
     path = config_file(tmp_path, data)
     setup_logging("debug", "json")
     config = load_config(path)
-    assert config.index.resolved_store == redis_url
+    assert config.redis is not None and config.redis.resolved_url == redis_url
     client = TestClient(TestServer(make_app(config, path)))
     await client.start_server()
     try:

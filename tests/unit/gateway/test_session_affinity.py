@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 
-from gateway.routing.policies import build_policy
+from gateway.routing.policies.registry import build_policy
 from gateway.routing.policies.session_affinity import home_replica
 from tests.unit.gateway.test_policies_affinity import IDS, make_candidates, make_view
 

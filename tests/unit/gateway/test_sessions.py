@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.insights.sessions import Sessions, SessionsConfig
+from gateway.config.features import SessionsConfig
+from gateway.insights.sessions import Sessions
 from gateway.request.timing import Timing
 from gateway.request.usage import Usage
 from gateway.view import RequestView

@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.config.loader import PoolConfig, ReplicaConfig, parse_config
+from gateway.config.loader import parse_config
+from gateway.config.pools import PoolConfig, PricesConfig, ReplicaConfig
 from gateway.errors import BadRequestError, ConfigError
 from gateway.insights.shared_usage import SharedUsage
-from gateway.insights.token_costs import ANONYMOUS, RETENTION_S, Prices, TokenCosts, UsageQuery, _CostCollector
+from gateway.insights.token_costs import ANONYMOUS, RETENTION_S, TokenCosts, UsageQuery, _CostCollector
 from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
-PRICES = Prices(input=3.0, cached_input=0.3, output=15.0)
+PRICES = PricesConfig(input=3.0, cached_input=0.3, output=15.0)
 POOL = PoolConfig(replicas=(ReplicaConfig("http://127.0.0.1:1"),), prices=PRICES)
 FREE = PoolConfig(replicas=(ReplicaConfig("http://127.0.0.1:1"),))
 

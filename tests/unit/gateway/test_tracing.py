@@ -16,8 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from gateway.config.loader import parse_config
+from gateway.config.sections import TracingConfig
 from gateway.errors import ConfigError
-from gateway.observability.tracing import Tracing, TracingConfig
+from gateway.observability.tracing import Tracing
 from gateway.serving.app import make_app
 from gateway.serving.app_keys import OBSERVERS, TRACING
 from tests.upstream import FakeReplica, serve_fakes

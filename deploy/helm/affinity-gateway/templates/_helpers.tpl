@@ -76,11 +76,11 @@ app.kubernetes.io/part-of: affinity-gateway
 {{- /* KV events carry token ids: the stub's simulator tokenizer, or vLLM's own /tokenize */}}
 {{- $prefix := dict "tokenizer" (ternary "sim" "replica" (eq .Values.replicas.mode "stub")) "block_tokens" .Values.pool.blockTokens }}
 {{- $pool := dict "discovery" $discovery "routing" (dict "policy" .Values.pool.policy "prefix" $prefix) }}
-{{- $index := dict }}
+{{- $redis := dict }}
 {{- if .Values.redis.enabled }}
-{{- $_ := set $index "store" (printf "redis://%s:6379/0" (include "affinity-gateway.redisName" .)) }}
+{{- $_ := set $redis "url" (printf "redis://%s:6379/0" (include "affinity-gateway.redisName" .)) }}
 {{- else if .Values.externalRedis.existingSecret }}
-{{- $_ := set $index "redis_url_file" (printf "%s/%s" (include "affinity-gateway.redisUrlDir" .) .Values.externalRedis.secretKey) }}
+{{- $_ := set $redis "url_file" (printf "%s/%s" (include "affinity-gateway.redisUrlDir" .) .Values.externalRedis.secretKey) }}
 {{- end }}
 {{- $config := dict
   "pools" (dict .Values.pool.name $pool)
@@ -88,8 +88,9 @@ app.kubernetes.io/part-of: affinity-gateway
   "load" (dict "interval_s" 0.5)
   "logging" (dict "level" .Values.gateway.logLevel "format" "json")
   "shutdown" (dict "ready_delay_s" .Values.gateway.shutdown.readyDelayS "grace_s" .Values.gateway.shutdown.graceS) }}
-{{- if $index }}
-{{- $_ := set $config "index" $index }}
+{{- if $redis }}
+{{- $_ := set $config "redis" $redis }}
+{{- $_ := set $config "index" (dict "store" "redis") }}
 {{- end }}
 {{- toYaml (mergeOverwrite $config (deepCopy .Values.gateway.config)) }}
 {{- end }}

@@ -135,7 +135,7 @@ class Simulation:
             for name in (f"replica-{i}" for i in range(spec.replicas))}
         self.router = Router(_policy(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
         for name in self.replicas:
-            self.router.set_capacity(name, stub.num_gpu_blocks * stub.block_size)
+            self.router.calibration.set_capacity(name, stub.num_gpu_blocks * stub.block_size)
         self._active: dict[str, _Active] = {}
         self._by_request: dict[str, _Active] = {}
         self._vocab_ids = [self.tokenizer.encode(w)[0] for w in self.engine.vocab]

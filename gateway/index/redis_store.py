@@ -66,7 +66,8 @@ from gateway.index.redis_wire import (
     read_messages,
     unpack,
 )
-from gateway.serving.cancel import cancel_until_done
+from gateway.support.backoff import Backoff
+from gateway.support.cancel import cancel_until_done
 
 log = structlog.get_logger("gateway.index")
 
@@ -216,7 +217,7 @@ class RedisIndex:
 
     async def _flush_loop(self) -> None:
         """Flush queued writes as they come; while degraded, probe Redis with backoff."""
-        backoff = 0.05
+        backoff = Backoff(0.05, self.params.reconnect_max_s)
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -230,11 +231,10 @@ class RedisIndex:
                         self._degraded = False
                         log.info("index_redis_recovered", store=self._where, queued=len(self._pending))
                     await self._flush_all()
-                    backoff = 0.05
+                    backoff.reset()
                 except _ERRORS as exc:
                     self._fail(exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.params.reconnect_max_s)
+                    await asyncio.sleep(backoff.next_s())
 
     async def _flush_all(self) -> None:
         async with self._flushing:
@@ -294,7 +294,7 @@ class RedisIndex:
         """Subscribe, load a snapshot, then apply the others' writes; resync after any break.
         A reader task drains the subscription into a queue all along, so Redis never holds
         our messages (its pub/sub output limit would cut a subscriber that stops reading)."""
-        backoff = 0.05
+        backoff = Backoff(0.05, self.params.reconnect_max_s)
         while True:
             self._mirrored = False  # a new subscription: in sync once its marker comes back
             pubsub = self._subscriber.pubsub()
@@ -310,7 +310,7 @@ class RedisIndex:
                     if isinstance(data, BaseException):
                         raise data
                     if self._apply(data, marker):
-                        backoff = 0.05
+                        backoff.reset()
             except (*_ERRORS, ValueError, struct.error) as exc:
                 self.mirror_errors += 1
                 if self._mirrored:
@@ -320,8 +320,7 @@ class RedisIndex:
                     if not future.done():
                         future.set_result(None)
                 self._markers.clear()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.params.reconnect_max_s)
+                await asyncio.sleep(backoff.next_s())
             finally:
                 if reader is not None:
                     reader.cancel()  # its reads have no asyncio.wait_for (socket_timeout=None): once is enough

@@ -49,7 +49,7 @@ from gateway.insights.token_costs import ANONYMOUS
 from gateway.prompt.prefix_keys import prompt_source
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
-from gateway.serving.background import background
+from gateway.support.background import background
 
 if TYPE_CHECKING:
     from gateway.view import RequestView

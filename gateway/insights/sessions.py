@@ -32,7 +32,7 @@ from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.request.timing import Timing, rounded
 from gateway.request.usage import Usage
-from gateway.serving.background import background
+from gateway.support.background import background
 from gateway.view import RequestView
 
 GENERATION = frozenset({"chat", "completions", "messages", "responses"})  # an agent's hops; not /tokenize etc.

@@ -7,7 +7,6 @@ model; `gateway.prompt.tokenizers.PromptKeys` awaits it under the same time budg
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ import orjson
 import xxhash
 
 from gateway.prompt.tokenized import PREAMBLE_ROLES, TokenizedPrompt, completion_prompt
+from gateway.support.bounded import put_newest
 
 
 class ReplicaTokenizer:
@@ -27,7 +27,7 @@ class ReplicaTokenizer:
                  max_preambles: int = 4096) -> None:
         self.model, self.urls, self.timeout_s, self.max_preambles = model, urls, timeout_s, max_preambles
         self.requests = 0  # /tokenize calls made
-        self._preambles: OrderedDict[int, int] = OrderedDict()
+        self._preambles: dict[int, int] = {}
         self._turn = itertools.count()
         self._session: aiohttp.ClientSession | None = None
 
@@ -59,9 +59,7 @@ class ReplicaTokenizer:
         if tokens is None:
             tokens = len(await self._tokenize(url, {"messages": messages[:n], **extra,
                                                     "add_generation_prompt": False}))
-            self._preambles[key] = tokens
-            if len(self._preambles) > self.max_preambles:
-                self._preambles.popitem(last=False)
+            put_newest(self._preambles, key, tokens, self.max_preambles)
         return tokens
 
     async def _tokenize(self, url: str, payload: dict[str, Any]) -> list[int]:

@@ -47,7 +47,7 @@ from gateway.relay.backend_auth import set_upstream_auth
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.stream_usage import UsageStripper
-from gateway.relay.watch import Watch, Watches
+from gateway.relay.watch import Watch, Watches, attempt_timeout
 from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
@@ -155,7 +155,7 @@ class Proxy:
         exchange.trace.inject(out_headers)
         # the gateway's key is a credential for the gateway only
         set_upstream_auth(out_headers, config.backend_key(view.model, replica.replica_id), config.auth.enabled)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s)  # silence: the watch
+        timeout = attempt_timeout(config.timeouts.connect_s)
         watch = self.watches.start(replica.replica_id, config.timeouts.first_byte_s, config.timeouts.idle_s)
         try:
             try:

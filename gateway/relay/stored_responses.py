@@ -11,7 +11,6 @@ one made before a restart) asks each available replica of every pool in turn unt
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 
 import aiohttp
@@ -25,6 +24,7 @@ from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.routing.model_route import ModelRoute
 from gateway.routing.route_table import GatewayState
+from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 
 MAX_HOMES = 100_000
@@ -37,7 +37,7 @@ class ResponseHomes(RequestObserver):
     stored a response."""
 
     def __init__(self, limit: int = MAX_HOMES) -> None:
-        self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._homes: dict[str, tuple[str, str]] = {}
         self._limit = limit
 
     def finished(self, done: FinishedRequest) -> None:
@@ -45,10 +45,7 @@ class ResponseHomes(RequestObserver):
             self.remember(done.usage.response_id, done.model, done.replica_id)
 
     def remember(self, response_id: str, model: str, replica_id: str) -> None:
-        self._homes[response_id] = (model, replica_id)
-        self._homes.move_to_end(response_id)
-        if len(self._homes) > self._limit:
-            self._homes.popitem(last=False)
+        put_newest(self._homes, response_id, (model, replica_id), self._limit)
 
     def home(self, response_id: str) -> tuple[str, str] | None:
         return self._homes.get(response_id)

@@ -18,6 +18,12 @@ import asyncio
 import aiohttp
 
 
+def attempt_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    """aiohttp's timeout of an upstream attempt: only the connect is bounded there; silence after it is
+    the `Watch`'s to bound, so that a long prefill and a long stream are not cut by a total."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
+
+
 class Watch:
     """One attempt on one replica; registered in `Watches` for its lifetime."""
 

@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gateway.support.backoff import doubled_s
+
 State = Literal["closed", "open", "half_open"]
 STATE_VALUES: dict[State, float] = {"closed": 0.0, "half_open": 1.0, "open": 2.0}  # the metric's encoding
 
@@ -59,7 +61,7 @@ class CircuitBreaker:
                 self.faults.popleft()
             if len(self.faults) < threshold:
                 return False
-        self.open_until = now + min(backoff_max_s, backoff_s * 2 ** self.openings)
+        self.open_until = now + doubled_s(backoff_s, self.openings, backoff_max_s)
         self.openings += 1
         self.opened_total += 1
         self.faults.clear()

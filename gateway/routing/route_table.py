@@ -120,9 +120,10 @@ class GatewayState:
         """Size each replica's warm-prefix table like its KV cache, once the replica has told us."""
         for route in self.routes.values():
             for replica in route.pool:
-                if replica.load.num_gpu_blocks and replica.load.block_size:
-                    route.router.set_capacity(replica.replica_id, replica.load.num_gpu_blocks * replica.load.block_size)
-                    route.router.block_size_seen(replica.replica_id, replica.load.block_size, "cache_config_info")
+                load, calibration = replica.load, route.router.calibration
+                if load.num_gpu_blocks and load.block_size:
+                    calibration.set_capacity(replica.replica_id, load.num_gpu_blocks * load.block_size)
+                    calibration.block_size_seen(replica.replica_id, load.block_size, "cache_config_info")
 
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""

@@ -29,8 +29,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
-
 from gateway.config.features import IndexConfig
 from gateway.config.pools import PrefixConfig
 from gateway.index import MemoryIndex, WarmIndex
@@ -41,10 +39,11 @@ from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import CHARACTERS, TOKENS
 from gateway.prompt.tokenizers import PromptKeys
 from gateway.request.decision import Candidate, Decision, Outcome, Score
+from gateway.routing.calibration import Calibration
 from gateway.routing.policies import Policy
+from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 
-log = structlog.get_logger("gateway.routing.router")
 MAX_TRACKED = 100_000  # predictions kept for requests not yet finished (bounds a leak if one never is)
 HISTORY = "history"  # the warm index of routed requests; CHARACTERS (prefix) when keyed by characters
 
@@ -56,7 +55,6 @@ class Router:
         """`index` and `keys` are owned (closed by `close()`); a fresh in-memory index when not given.
         `keys`: token-exact prompts; `exact`: tables fed by the replicas' KV events (needs `keys`)."""
         self.policy = policy
-        self.prefix_params = prefix_params or PrefixConfig()
         self.index: WarmIndex = index if index is not None else MemoryIndex(IndexConfig().capacity_blocks)
         self.metrics = metrics
         self.pool = pool
@@ -64,17 +62,15 @@ class Router:
         self.exact = exact
         self._predicted: dict[str, tuple[Score, str]] = {}  # request id -> chosen row and its evidence
         self.in_flight = InFlightBlocks()  # chains of the requests each replica serves now: held there
-        # Replica tokens per estimated token of character keys, learned from the replicas' usage
-        # (chars_per_token is a guess: 4 for English BPE, other for other tokenizers and languages).
-        self.token_ratio = 1.0
-        self._ratio_samples = 0
-        self._applied_ratio = 1.0
-        self._kv_tokens: dict[str, int] = {}  # each replica's KV capacity in tokens (cache_config_info)
-        self._configured_block = self.prefix_params.block_tokens  # None: learn it from the replicas
-        self._mismatched: set[str] = set()  # replicas whose block size differs from the configured one (logged)
+        self.calibration = Calibration(prefix_params or PrefixConfig(), self.index, exact, metrics, pool)
         if exact is not None:
-            exact.on_block_size = self.block_size_seen
+            exact.on_block_size = self.calibration.block_size_seen
         self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def prefix_params(self) -> PrefixConfig:
+        """How prompts are keyed, its block size learned from the replicas when the config leaves it unset."""
+        return self.calibration.prefix_params
 
     async def decide(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         """Pick a replica; commits nothing (admission may still lose the slot and decide again)."""
@@ -133,54 +129,6 @@ class Router:
         await self.index.forget(replica_id)
         self.policy.on_removed(replica_id)
 
-    def set_capacity(self, replica_id: str, kv_tokens: int) -> None:
-        """The replica's KV cache holds `kv_tokens`: bound its warm-prefix table to as many blocks."""
-        self._kv_tokens[replica_id] = kv_tokens
-        self.index.set_capacity(replica_id, self._index_blocks(kv_tokens))
-
-    def block_size_seen(self, replica_id: str, block_size: int, source: str) -> None:
-        """A replica told its KV block size. Unset in the config: adopt it (the first one seen; a
-        pool mixing block sizes needs the setting). Set and different: log once, export the gauge."""
-        if self._configured_block is None:
-            if self.prefix_params.block_tokens is None:
-                self.prefix_params = dataclasses.replace(self.prefix_params, block_tokens=block_size)
-                if self.exact is not None:
-                    self.exact.block_tokens = block_size
-                log.info("block_tokens_learned", pool=self.pool, replica=replica_id, block_tokens=block_size,
-                         source=source)
-            return
-        mismatched = block_size != self._configured_block
-        if mismatched and replica_id not in self._mismatched:
-            log.warning("block_tokens_mismatch", pool=self.pool, replica=replica_id, replica_block_size=block_size,
-                        configured_block_tokens=self._configured_block, source=source,
-                        detail="token keys never match this replica's blocks; set routing.prefix.block_tokens "
-                               f"to {block_size} or leave it unset to learn it")
-        (self._mismatched.add if mismatched else self._mismatched.discard)(replica_id)
-        if self.metrics is not None:
-            self.metrics.block_tokens_mismatch.labels(self.pool, replica_id).set(block_size if mismatched else 0)
-
-    def _index_blocks(self, kv_tokens: int) -> int:
-        return max(1, int(kv_tokens / (self.prefix_params.tokens_per_block * self.token_ratio)))
-
-    def _learn_ratio(self, view: RequestView, prompt_tokens: int) -> None:
-        """Character keys estimate tokens from characters; the replica counts them. Follow the ratio
-        (a running mean, then an EWMA), and resize the tables when it moved: with a wrong ratio the
-        index forgets (or keeps) prefixes the replica still holds (or has evicted)."""
-        estimate = view.prompt_tokens_estimate / self.token_ratio_of(view)
-        if estimate < 16:
-            return
-        self._ratio_samples += 1
-        sample = min(max(prompt_tokens / estimate, 0.2), 5.0)
-        self.token_ratio += max(0.05, 1 / self._ratio_samples) * (sample - self.token_ratio)
-        if abs(self.token_ratio / self._applied_ratio - 1) > 0.02:
-            self._applied_ratio = self.token_ratio
-            for replica_id, kv_tokens in list(self._kv_tokens.items()):
-                self.set_capacity(replica_id, kv_tokens)
-
-    def token_ratio_of(self, view: RequestView) -> float:
-        """The ratio the view's character-key estimate was scaled by."""
-        return view.tokens_per_block / self.prefix_params.tokens_per_block
-
     def prefill_s_per_token(self, replica_id: str) -> float | None:
         """The prefill cost per token the policy has learned for the replica, if it models one."""
         return self.policy.prefill_s_per_token(replica_id)
@@ -211,7 +159,7 @@ class Router:
         if exact is not None and outcome.ok and outcome.prompt_tokens is not None:
             exact.completed(replica_id, outcome.prompt_tokens, outcome.cached_tokens or 0, outcome.ttft_s)
         if outcome.ok and outcome.prompt_tokens and view.key_kind == CHARACTERS:
-            self._learn_ratio(view, outcome.prompt_tokens)
+            self.calibration.learn_ratio(view, outcome.prompt_tokens)
         if outcome.ok and outcome.answer and self.records_answers:
             self._record_answer(view, replica_id, outcome)
         self.policy.on_finished(view, replica_id, dataclasses.replace(outcome, predicted=predicted))
@@ -252,9 +200,10 @@ class Router:
             return {}
         if not view.block_hashes:
             prefix.attach(view, await self._key(view))
-            if view.key_kind == CHARACTERS and self.token_ratio != 1.0:  # in the replica's tokens
-                view.tokens_per_block *= self.token_ratio
-                view.prompt_tokens_estimate = round(view.prompt_tokens_estimate * self.token_ratio)
+            ratio = self.calibration.token_ratio
+            if view.key_kind == CHARACTERS and ratio != 1.0:  # in the replica's tokens
+                view.tokens_per_block *= ratio
+                view.prompt_tokens_estimate = round(view.prompt_tokens_estimate * ratio)
         if not self.policy.needs_index or not view.block_hashes:
             return {}
         for c in candidates:
@@ -348,10 +297,7 @@ class Router:
         self.index.record(replica_id, chain)
 
     def _track(self, request_id: str, chosen: Score, rung: str) -> None:
-        self._predicted.pop(request_id, None)  # a retry replaces the earlier attempt's prediction
-        if len(self._predicted) >= MAX_TRACKED:
-            del self._predicted[next(iter(self._predicted))]
-        self._predicted[request_id] = (chosen, rung)
+        put_newest(self._predicted, request_id, (chosen, rung), MAX_TRACKED)  # a retry's replaces the earlier
 
     def _observe(self, decision: Decision, chosen: Score | None, rung: str, elapsed_s: float) -> None:
         assert self.metrics is not None

@@ -42,6 +42,7 @@ from gateway.relay.phrase_chunking import chunking_for
 from gateway.relay.proxy import CLIENT_CLOSED, Proxy
 from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.relay.stream_usage import ask_for_usage
+from gateway.relay.watch import attempt_timeout
 from gateway.replicas import Monitor
 from gateway.request.exchange import Exchange
 from gateway.request.observers import Observers
@@ -239,7 +240,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[STATE].config
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s),  # silence: relay.watch
+        timeout=attempt_timeout(config.timeouts.connect_s),
         auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
     )
     metrics = app[METRICS]

@@ -24,7 +24,7 @@ from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
 from gateway.routing.model_route import ModelRoute
 from gateway.serving.app_keys import ADMISSION, HOMES, OBSERVERS, PROXY, STATE
-from gateway.serving.cancel import raise_lost_cancel
+from gateway.support.cancel import raise_lost_cancel
 from gateway.view import RequestView
 
 

@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability.metrics import CONTENT_TYPE
 from gateway.serving.lifecycle import CUT_S
+from gateway.support.backoff import doubled_s
 
 log = structlog.get_logger("gateway.serving.workers")
 WORKER_LABEL = "worker"
@@ -64,7 +65,7 @@ class SupervisorPolicy:
     backoff_max_s: float = 10.0
 
     def delay(self, recent_exits: int) -> float:
-        return min(self.backoff_s * 2.0 ** max(recent_exits - 1, 0), self.backoff_max_s)
+        return doubled_s(self.backoff_s, max(recent_exits - 1, 0), self.backoff_max_s)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import zmq.asyncio
 
 from gateway.config.pools import KVEventsConfig
 from gateway.index.kv_events.decode import DecodeError, EngineHash, Removed, Stored, decode_batch
+from gateway.support.backoff import Backoff
 
 log = structlog.get_logger("gateway.index.kv_events.subscriber")
 
@@ -156,14 +157,13 @@ class KVEventSubscriber:
 
     async def _run(self) -> None:
         """Sessions until cancelled; an unexpected error starts a new one after a backoff."""
-        backoff = 0.05
+        backoff = Backoff(0.05, self.reconnect_max_s)
         while True:
             try:
                 await self._session()
             except Exception:  # noqa: BLE001 - a bad replica or sink bug must not end the subscription
                 log.exception("kv_events_error", replica=self.replica_id, endpoint=self.config.endpoint)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.reconnect_max_s)
+                await asyncio.sleep(backoff.next_s())
 
     async def _session(self) -> None:
         assert self._ctx is not None

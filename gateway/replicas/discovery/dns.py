@@ -104,7 +104,7 @@ class Discovery:
 
     def _current(self, model: str) -> bool:
         """This task is still `model`'s loop. A replaced loop checks for itself: on Python 3.11 the
-        wait_for around a resolve can drop the cancel that replaced it (bpo-42130, gateway.serving.cancel)."""
+        wait_for around a resolve can drop the cancel that replaced it (bpo-42130, gateway.support.cancel)."""
         entry = self._tasks.get(model)
         return entry is not None and entry[1] is asyncio.current_task()
 

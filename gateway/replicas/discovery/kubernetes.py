@@ -32,6 +32,7 @@ from lightkube.resources.discovery_v1 import EndpointSlice
 from gateway.config.kubernetes import ROLES, KubernetesDiscoveryConfig, Role
 from gateway.config.pools import DiscoveryConfig, ReplicaConfig
 from gateway.replicas.discovery.discovered import Apply, discovered_replica
+from gateway.support.backoff import Backoff
 
 log = structlog.get_logger("gateway.replicas.discovery.kubernetes")
 
@@ -129,7 +130,7 @@ async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: 
     labels: LabelSelector = dict(selector)  # lightkube's wider value type
     slices: dict[str, list[PodEndpoint]] = {}
     version: str | None = None
-    delay = k8s.retry_s
+    backoff = Backoff(k8s.retry_s, RETRY_MAX_S)
     client: AsyncClient | None = None
 
     async def publish() -> None:
@@ -146,10 +147,10 @@ async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: 
                     version = listing.resourceVersion
                     await publish()
                     listed.set()
-                    delay = k8s.retry_s
+                    backoff.reset()
                     log.info("k8s_discovery_listed", model=model, source=spec.source, slices=len(slices))
                 async for kind, item in client.watch(EndpointSlice, labels=labels, resource_version=version):
-                    delay = k8s.retry_s
+                    backoff.reset()
                     version = (item.metadata.resourceVersion if item.metadata else None) or version
                     if kind == "DELETED":
                         slices.pop(_name(item), None)
@@ -162,12 +163,11 @@ async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: 
                     version = None
                 else:
                     log.warning("k8s_discovery_failed", model=model, source=spec.source, error=repr(exc),
-                                retry_in_s=delay)
+                                retry_in_s=backoff.delay_s)
             except Exception:  # noqa: BLE001 - a discovery bug must not stop discovery
-                log.exception("k8s_discovery_error", model=model, source=spec.source, retry_in_s=delay)
+                log.exception("k8s_discovery_error", model=model, source=spec.source, retry_in_s=backoff.delay_s)
             listed.set()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
+            await asyncio.sleep(backoff.next_s())
     finally:
         if client is not None:
             await client.close()

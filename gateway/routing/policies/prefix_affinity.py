@@ -51,6 +51,7 @@ from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.cost import CostModel
 from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
+from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 
 MAX_TRACKED = 100_000  # dispatched requests remembered until they finish (bounds a leak if one never does)
@@ -67,8 +68,8 @@ class PrefixAffinityPolicy(Policy):
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)
         # Requests sent to a replica that had nothing else: only their TTFTs teach the prefill cost.
-        # Behind a queue, any error in the predicted wait is learned as a slower or faster prefill,
-        # and the next waits are predicted with it: the estimate swung 700x within one run.
+        # Behind a queue, any error in the predicted wait would be learned as a slower or faster
+        # prefill, and the next waits predicted with it: an estimate that feeds on itself.
         self._idle: dict[str, str] = {}  # request id -> the idle replica it was sent to
         # Each preamble's last replica (view.preamble_key -> replica id), oldest first; bounded.
         self._homes: dict[int, str] = {}
@@ -84,7 +85,6 @@ class PrefixAffinityPolicy(Policy):
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         # One pass per quantity over the candidates, everything per-request looked up once: this
         # runs on every request for every replica (64 replicas: well under a millisecond).
-        p = self.params
         now = self.cost.clock()
         ids = [c.replica_id for c in candidates]
         cached = [c.cached_tokens for c in candidates]
@@ -96,69 +96,93 @@ class PrefixAffinityPolicy(Policy):
         # A chat request that already holds an answer continues a conversation, whatever the block
         # size (with 128-token blocks a few short turns stay inside the straddling block).
         has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
-        discount = 1.0 - p.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
+        discount = 1.0 - self.params.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
         waits, ttfts, per_token = self.cost.predict_many(candidates, loads, prompt, now)
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
+        effective = self._effective(view, candidates, cached, ttfts, per_token, discount)
+        if self.params.delay_weight:
+            delays = self._delays(view, ids, cached, waits, per_token, prompt, now, discount)
+            effective = [e + d for e, d in zip(effective, delays)]
+        eligible, best = self._within_bound(candidates, loads, ttfts, waits, effective, has_home)
+        near = self._near_best(candidates, eligible, effective, best, has_home, now)
+        pick = self._tie_broken(ids, loads, near, now)
+        # The prompt, candidates, their cached tokens and loads, and whether it had a home: on_dispatched
+        # queues the chosen one's uncached prefill from them.
+        return Decision(ids[pick], self._reason(view, cached, effective, eligible, pick), rows,
+                        plan=(prompt, ids, cached, loads, has_home))
+
+    def _effective(self, view: RequestView, candidates: Sequence[Candidate], cached: list[int], ttfts: list[float],
+                   per_token: list[float], discount: float) -> list[float]:
+        """Each candidate's predicted TTFT, plus what its choice costs beyond it: a shared preamble that wants
+        more holders is discounted, and writing one into a full cache is charged for what it evicts."""
+        effective = ttfts  # + 0 × the preamble's prefill: the same numbers
         if discount:
             preamble = view.preamble_tokens
             effective = [ttft + discount * (n if n < preamble else preamble) * s_per_token
                          for ttft, n, s_per_token in zip(ttfts, cached, per_token)]
-        else:
-            effective = ttfts  # + 0 × the preamble's prefill: the same numbers
-        if p.eviction_weight and view.preamble_tokens:
+        if self.params.eviction_weight and view.preamble_tokens:
             # Writing a shared preamble into a full cache evicts as much warm prefix, which someone
             # re-prefills later, while the preamble's other holders keep their copy: a duplicate.
             # (A conversation's own history is no such cost: it moves with the conversation, and
             # the copy it leaves behind is dead.)
-            weight, preamble = p.eviction_weight, view.preamble_tokens
+            weight, preamble = self.params.eviction_weight, view.preamble_tokens
             effective = [e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
                          for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)]
-        if p.delay_weight:
-            delays = self._delays(view, ids, cached, waits, per_token, prompt, now, discount)
-            effective = [e + d for e, d in zip(effective, delays)]
+        return effective
+
+    def _within_bound(self, candidates: Sequence[Candidate], loads: list[float], ttfts: list[float],
+                      waits: list[float], effective: list[float], has_home: bool) -> tuple[list[int], float]:
+        """The candidates within the bounded load, with the over-bound ones that are plainly worth their queue;
+        and the best effective cost among them."""
+        p = self.params
         room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
         eligible = [i for i, ok in enumerate(room) if ok]
-        if len(eligible) == len(rows) or not eligible:
-            eligible = list(range(len(rows)))
-            best = min(effective)
-        else:
-            best = min([effective[i] for i in eligible])
-            # Over the bound, a replica still keeps the request when moving costs more than staying
-            # would even if its predicted wait were `bound_margin` times longer: the bound guards
-            # against a wrong wait estimate, not against a home that is plainly worth its queue.
-            # Predicted TTFTs decide that, not the costs to others: a queue is paid in TTFT (keeping
-            # by the full score held long prompts on saturated replicas: trace p90 +8 %).
-            # Full caches: a prompt moved off its home evicts another's there, and someone re-prefills it.
-            full = not has_home and sum([c.cache_fill for c in candidates]) >= p.full_cache_fill * len(candidates)
-            margin, fastest = 0.0 if full else p.bound_margin, min([ttfts[i] for i in eligible])
-            keep = [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
-            if keep:
-                eligible = sorted(eligible + keep)
-                best = min(best, min([effective[i] for i in keep]))
-        cutoff = best + max(p.tie_s, p.tie_ratio * best)
+        if len(eligible) == len(effective) or not eligible:
+            return list(range(len(effective))), min(effective)
+        best = min([effective[i] for i in eligible])
+        # Over the bound, a replica still keeps the request when moving costs more than staying
+        # would even if its predicted wait were `bound_margin` times longer: the bound guards
+        # against a wrong wait estimate, not against a home that is plainly worth its queue.
+        # Predicted TTFTs decide that, not the costs to others: a queue is paid in TTFT (keeping
+        # by the full score held long prompts on saturated replicas, and their tail grew).
+        # Full caches: a prompt moved off its home evicts another's there, and someone re-prefills it.
+        full = not has_home and sum([c.cache_fill for c in candidates]) >= p.full_cache_fill * len(candidates)
+        margin, fastest = 0.0 if full else p.bound_margin, min([ttfts[i] for i in eligible])
+        keep = [i for i, ok in enumerate(room) if not ok and fastest - ttfts[i] > margin * waits[i]]
+        if keep:
+            eligible = sorted(eligible + keep)
+            best = min(best, min([effective[i] for i in keep]))
+        return eligible, best
+
+    def _near_best(self, candidates: Sequence[Candidate], eligible: list[int], effective: list[float], best: float,
+                   has_home: bool, now: float) -> list[int]:
+        """The eligible candidates within the tie margin of the best."""
+        cutoff = best + max(self.params.tie_s, self.params.tie_ratio * best)
         near = [i for i in eligible if effective[i] <= cutoff]
         if not has_home and len(near) > 1 and self._conversational(now):
             # A new conversation will come back: its later turns queue behind the conversations already
             # homed where it lands, and need cache room there. The least full cache has the fewest.
             least_fill = min([candidates[i].cache_fill for i in near])
             near = [i for i in near if candidates[i].cache_fill <= least_fill + FILL_TIE]
-        # Near-ties: the least loaded, then the one given the least recent work (new conversations
-        # spread evenly, so their later turns do too), then a random one.
+        return near
+
+    def _tie_broken(self, ids: list[str], loads: list[float], near: list[int], now: float) -> int:
+        """Near-ties: the least loaded, then the one given the least recent work (new conversations spread
+        evenly, so their later turns do too), then a random one."""
         least_load = min([loads[i] for i in near])
         tied = [i for i in near if loads[i] == least_load]
         if len(tied) > 1:  # only these need their recent work
             recent = {i: self._recent_work(ids[i], now) for i in tied}
             least = min(recent.values())
             tied = [i for i in tied if recent[i] == least]
-        pick = tied[0] if len(tied) == 1 else self._rng.choice(tied)
-        if len(eligible) < len(rows) and min(effective) < effective[pick]:
-            reason = "load_bound"  # the fastest-looking replica was over the bound
-        else:
-            common = max(min(cached), view.preamble_tokens)
-            reason = "prefix_hit" if cached[pick] > common else "least_wait"
-        # The prompt, candidates, their cached tokens and loads, and whether it had a home: on_dispatched
-        # queues the chosen one's uncached prefill from them.
-        return Decision(ids[pick], reason, rows, plan=(prompt, ids, cached, loads, has_home))
+        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+
+    @staticmethod
+    def _reason(view: RequestView, cached: list[int], effective: list[float], eligible: list[int], pick: int) -> str:
+        if len(eligible) < len(effective) and min(effective) < effective[pick]:
+            return "load_bound"  # the fastest-looking replica was over the bound
+        common = max(min(cached), view.preamble_tokens)
+        return "prefix_hit" if cached[pick] > common else "least_wait"
 
     def _spread(self, view: RequestView, cached: Sequence[int], now: float) -> bool:
         """Should this preamble go to more replicas than hold it now? Yes while its share of the
@@ -227,7 +251,7 @@ class PrefixAffinityPolicy(Policy):
                 del self._preambles[next(k for k in self._preambles if k)]
             self._preambles[key] = (seen, now)
         if view.preamble_key:
-            _put_newest(self._homes, view.preamble_key, replica_id)
+            put_newest(self._homes, view.preamble_key, replica_id, MAX_TRACKED)
         if decision.plan is None:  # a decision this policy did not make: counted, nothing queued
             return
         prompt, ids, cached, loads, has_home = decision.plan
@@ -238,8 +262,8 @@ class PrefixAffinityPolicy(Policy):
             done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
             self._idle.pop(view.request_id, None)
             if not loads[last]:
-                _put_newest(self._idle, view.request_id, replica_id)
-            _put_newest(self._done_at, view.request_id, (replica_id, done_at, prefill_s))
+                put_newest(self._idle, view.request_id, replica_id, MAX_TRACKED)
+            put_newest(self._done_at, view.request_id, (replica_id, done_at, prefill_s), MAX_TRACKED)
 
     def on_failed(self, view: RequestView, replica_id: str) -> None:
         """It never ran there: its prefill leaves that replica's virtual queue."""
@@ -274,14 +298,6 @@ class PrefixAffinityPolicy(Policy):
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
         cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
         self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
-
-
-def _put_newest(mapping: dict[Any, Any], key: Any, value: Any) -> None:
-    """Insert `key` as the newest entry; at MAX_TRACKED entries the oldest goes (bounds a leak)."""
-    mapping.pop(key, None)
-    if len(mapping) >= MAX_TRACKED:
-        del mapping[next(iter(mapping))]
-    mapping[key] = value
 
 
 def _continues(view: RequestView) -> bool:

@@ -37,7 +37,7 @@ def test_unset_block_tokens_is_learned_from_the_first_event() -> None:
 
 def test_unset_block_tokens_is_learned_from_cache_config_info() -> None:
     built, exact, _ = router(None)
-    built.block_size_seen("a", 128, "cache_config_info")
+    built.calibration.block_size_seen("a", 128, "cache_config_info")
     assert built.prefix_params.block == 128 and exact.block_tokens == 128
 
 
@@ -46,9 +46,9 @@ def test_a_configured_block_size_that_differs_is_logged_once_and_exported() -> N
     with structlog.testing.capture_logs() as logs:
         exact.stored("a", [1], None, list(range(128)), 128)
         exact.stored("a", [2], 1, list(range(128, 256)), 128)
-        built.block_size_seen("a", 128, "cache_config_info")
+        built.calibration.block_size_seen("a", 128, "cache_config_info")
     assert [e["event"] for e in logs].count("block_tokens_mismatch") == 1
     assert registry.get_sample_value("affinity_gateway_block_tokens_mismatch", {"pool": MODEL, "replica": "a"}) == 128
     assert built.prefix_params.block == 16  # the configured value stands
-    built.block_size_seen("b", 16, "cache_config_info")
+    built.calibration.block_size_seen("b", 16, "cache_config_info")
     assert registry.get_sample_value("affinity_gateway_block_tokens_mismatch", {"pool": MODEL, "replica": "b"}) == 0

@@ -253,14 +253,14 @@ async def test_character_keys_learn_the_replicas_tokens_per_estimated_token() ->
     """Replicas count half the tokens chars/4 estimates: the estimate follows, and each replica's table
     is resized to the KV capacity in the replica's own tokens (twice the blocks)."""
     router = make_router()
-    router.set_capacity("a", 16_000)
+    router.calibration.set_capacity("a", 16_000)
     before = router.index.capacity("a")  # type: ignore[attr-defined]
     for i in range(40):
         view = chat_view(conversation(1, f"ratio-{i}"))
         decision = await router.route(view, candidates())
-        raw = view.prompt_tokens_estimate / router.token_ratio_of(view)  # chars/4, before the learned scale
+        raw = view.prompt_tokens_estimate / router.calibration.token_ratio_of(view)  # chars/4, before the learned scale
         router.finished(view, decision.replica_id, Outcome(ok=True, prompt_tokens=round(raw / 2)))
-    assert router.token_ratio == pytest.approx(0.5, rel=0.05)
+    assert router.calibration.token_ratio == pytest.approx(0.5, rel=0.05)
     assert router.index.capacity("a") == pytest.approx(2 * before, rel=0.05)  # type: ignore[attr-defined]
     view = chat_view(conversation(1, "after"))
     await router.route(view, candidates())

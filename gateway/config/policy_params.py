@@ -18,7 +18,7 @@ from gateway.errors import ConfigError
 
 @dataclass(frozen=True)
 class CostModelConfig:
-    """The prefill cost model's parameters (`gateway.routing.cost`), part of prefix_affinity's."""
+    """The prefill cost model's parameters (`gateway.routing.policies.cost`), part of prefix_affinity's."""
 
     prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
     calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own

@@ -17,7 +17,7 @@ from gateway.index.exact import ExactTables
 from gateway.index.kv_events.subscriber import KVEventSubscriber
 from gateway.observability.metric_children import Children
 from gateway.observability.routing_metrics import RoutingMetrics
-from gateway.relay.usage_checks import CachedTokensCheck
+from gateway.observability.usage_checks import CachedTokensCheck
 from gateway.replicas import ReplicaPool
 from gateway.replicas.breaker import STATE_VALUES
 

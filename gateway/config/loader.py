@@ -119,7 +119,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     try:
         return parse_config(interpolate(data, os.environ if env is None else env), env)
     except ConfigError as exc:
-        raise ConfigError(exc.reason, key=exc.key, file=path) from None
+        raise exc.in_file(path) from None
 
 
 def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:

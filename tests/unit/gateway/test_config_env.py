@@ -157,3 +157,15 @@ def test_serve_help_shows_the_defaults_and_an_example(capsys: pytest.CaptureFixt
     out = " ".join(capsys.readouterr().out.split())  # as read, whatever argparse's line breaks
     assert "default: prefix_affinity" in out and "default: listen.port, 8000" in out and "examples:" in out
     assert "{consistent_hash,least_loaded,power_of_two,prefix_affinity" in out
+
+
+def test_opentelemetry_variables_set_the_tracing_endpoint_service_and_sampler() -> None:
+    data = {"tracing": {"endpoint": "http://file:4318"}, "pools": {"m": {"replicas": [{"url": "http://h:1"}]}}}
+    tracing = parse_config(data, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318", "OTEL_SERVICE_NAME": "gw-eu",
+                                  "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                                  "OTEL_TRACES_SAMPLER_ARG": "0.25"}).tracing
+    assert (tracing.endpoint, tracing.service_name, tracing.sampling_ratio) == ("http://otel:4318", "gw-eu", 0.25)
+    assert parse_config(data, {}).tracing.endpoint == "http://file:4318"  # no variable: the file's
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data, {"OTEL_TRACES_SAMPLER": "jaeger_remote"})
+    assert raised.value.key == "env OTEL_TRACES_SAMPLER"

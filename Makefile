@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test lint install model vllm redis-check promtool-check chromium-check bench peers nginx-check bench-peers calibrate clean
+.PHONY: run run-sim test lint docs install model vllm redis-check promtool-check chromium-check bench peers nginx-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,11 @@ promtool-check:
 # The gates: ruff (pyflakes, pycodestyle, bugbear, import order, pyupgrade) and mypy --strict over the
 # product, the stub and the benchmarks (pyproject.toml has both configurations). The real engine's
 # torch and transformers are checked against too, hence the model.
+# The documentation site, built strictly: a broken link, a missing anchor or a page left out of the nav
+# fails. The output goes to .venv/docs-site (ignored); `mkdocs serve -f docs/mkdocs/mkdocs.yml` shows it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -f docs/mkdocs/mkdocs.yml -d $(CURDIR)/$(VENV)/docs-site
+
 lint: install model
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -83,7 +88,7 @@ chromium-check:
 	  else echo "chromium not found: install it (apt-get install chromium), else the dashboard test skips" >&2; fi; }
 
 # The vLLM tests run unless AFFINITY_SKIP_VLLM=1 is set (then `make vllm` is skipped too).
-test: install model lint redis-check promtool-check chromium-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
+test: install model lint docs redis-check promtool-check chromium-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.

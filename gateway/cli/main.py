@@ -15,6 +15,7 @@ only when one of them runs, so that `serve` never loads the lab.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_lab(commands, argv[0] if argv else None)
     add_check(commands)
     add_prefix_report(commands)
+    _add_config_reference(commands)
     args = parser.parse_args(argv)
     args.argv = argv  # bench re-runs itself in a network namespace
     try:
@@ -65,6 +67,19 @@ def _add_lab(commands: argparse._SubParsersAction, chosen: str | None) -> None: 
         from lab.cli_bench import add_simulate
 
         add_simulate(simulate)
+
+
+def _add_config_reference(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser("config-reference", help="print every config key: the reference page, or a JSON Schema")
+    p.add_argument("--json-schema", action="store_true", help="a JSON Schema of the config file, for editors")
+    p.set_defaults(run=_config_reference)
+
+
+def _config_reference(args: argparse.Namespace) -> int:
+    from gateway.config.reference import json_schema, markdown
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n" if args.json_schema else markdown())
+    return 0
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -264,11 +264,11 @@ class _CostCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         tokens = CounterMetricFamily("affinity_gateway_tokens", "Tokens the replicas reported, by tenant, model "
                                      "(pool) and kind: prompt (cached included), cached, completion",
-                                     labels=["tenant", "model", "kind"])
+                                     labels=["tenant", "model_name", "kind"])
         cost = CounterMetricFamily("affinity_gateway_cost", "Money spent at the pool's prices "
-                                   "(pools.<model>.prices), by tenant and model", labels=["tenant", "model"])
+                                   "(pools.<model>.prices), by tenant and model", labels=["tenant", "model_name"])
         saved = CounterMetricFamily("affinity_gateway_cache_savings", "Money the prefix cache saved: cached "
-                                    "tokens x (input - cached_input price)", labels=["tenant", "model"])
+                                    "tokens x (input - cached_input price)", labels=["tenant", "model_name"])
         for (tenant, model), counts in self._costs.totals():
             for kind, value in (("prompt", counts.prompt_tokens), ("cached", counts.cached_tokens),
                                 ("completion", counts.completion_tokens)):

@@ -36,34 +36,34 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Children(Counter("affinity_gateway_requests", "Requests answered, by final replica and status",
-                                         ["model", "replica", "status"], registry=r))
+                                         ["model_name", "replica", "status"], registry=r))
         self.ttft = Children(Histogram("affinity_gateway_ttft_seconds", "Time to the first upstream body byte",
-                                       ["model"], buckets=_LATENCY_BUCKETS, registry=r))
+                                       ["model_name"], buckets=_LATENCY_BUCKETS, registry=r))
         self.first_phrase = Children(Histogram("affinity_gateway_first_phrase_seconds", "Time to the first phrase "
-                                               "written to the client, streams chunked in phrases only", ["model"],
+                                               "written to the client, streams chunked in phrases only", ["model_name"],
                                                buckets=_LATENCY_BUCKETS, registry=r))
         self.tokens_per_s = Children(Histogram("affinity_gateway_tokens_per_second", "A stream's completion tokens "
-                                               "over its decode time (after the first byte)", ["model"],
+                                               "over its decode time (after the first byte)", ["model_name"],
                                                buckets=_TOKENS_PER_S, registry=r))
         self.itl = Children(Histogram("affinity_gateway_inter_token_latency_seconds", "A stream's mean time between "
-                                      "tokens: decode time over completion tokens - 1", ["model"],
+                                      "tokens: decode time over completion tokens - 1", ["model_name"],
                                       buckets=_ITL_BUCKETS, registry=r))
         self.latency = Children(Histogram("affinity_gateway_request_duration_seconds",
-                                          "Whole request, gateway in to out", ["model"], buckets=_LATENCY_BUCKETS,
+                                          "Whole request, gateway in to out", ["model_name"], buckets=_LATENCY_BUCKETS,
                                           registry=r))
         self.retries = Children(Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the "
-                                        "first byte", ["model"], registry=r))
+                                        "first byte", ["model_name"], registry=r))
         self.upstream_errors = Children(Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
                                                 ["replica", "kind"], registry=r))
         self.poison_requests = Counter("affinity_gateway_poison_requests", "Requests answered 5xx by two replicas: "
                                        "the input's fault, charged to no breaker", registry=r)
         self.reloads = Counter("affinity_gateway_config_reloads", "Config reloads by result", ["result"], registry=r)
         self.rejected = Children(Counter("affinity_gateway_rejected", "Requests refused before routing, by reason "
-                                         "(auth, limit, rate_limit, queue)", ["model", "reason"], registry=r))
+                                         "(auth, limit, rate_limit, queue)", ["model_name", "reason"], registry=r))
         self.queue_wait = Children(Histogram("affinity_gateway_queue_wait_seconds", "Time spent in the admission queue",
-                                             ["model"], buckets=_LATENCY_BUCKETS, registry=r))
+                                             ["model_name"], buckets=_LATENCY_BUCKETS, registry=r))
         self.queue_waiting = Gauge("affinity_gateway_queue_waiting", "Requests waiting for a replica slot now",
-                                   ["model"], registry=r)
+                                   ["model_name"], registry=r)
         self.tenant_requests = Children(Counter("affinity_gateway_tenant_requests", "Requests by API-key tenant and "
                                                 "status", ["tenant", "status"], registry=r))
         self.tenant_tokens = Children(Counter("affinity_gateway_tenant_tokens", "Tokens by tenant, as the replicas "
@@ -90,7 +90,7 @@ class _PoolCollector(Collector):
         self._pools = pools
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["model", "replica"]
+        labels = ["model_name", "replica"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "in_flight": GaugeMetricFamily("affinity_gateway_replica_in_flight",
                                            "Requests this gateway has at the replica now", labels=labels),
@@ -136,7 +136,7 @@ class _FeedCollector(Collector):
         self._feeds = feeds
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["model", "replica"]
+        labels = ["model_name", "replica"]
         certain = GaugeMetricFamily("affinity_gateway_kv_events_certain", "1 while the replica's exact table is "
                                     "known to mirror its KV cache (else routing also consults history)", labels=labels)
         blocks = GaugeMetricFamily("affinity_gateway_kv_events_blocks", "Blocks the replica holds, from its KV events",

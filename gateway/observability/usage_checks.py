@@ -25,7 +25,7 @@ class CachedTokensCheck:
         self._without: dict[tuple[str, str], int] = {}  # answers with usage but no cached count; -1: seen one
         self.reported = Gauge("affinity_gateway_replica_cached_tokens_reported", "1 once the replica's usage "
                               "carried prompt_tokens_details.cached_tokens, 0 after many answers without it "
-                              "(vLLM: --enable-prompt-tokens-details)", ["model", "replica"], registry=registry)
+                              "(vLLM: --enable-prompt-tokens-details)", ["model_name", "replica"], registry=registry)
 
     def observe(self, model: str, replica_id: str, usage: Usage) -> None:
         if usage.prompt_tokens is None:

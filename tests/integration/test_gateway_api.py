@@ -76,4 +76,4 @@ def test_error_statuses_and_shapes(cluster: Gateway, client: openai.OpenAI) -> N
         ready = http.get("/ready").json()
         assert ready["ready"] and ready["available_replicas"] == {MODEL: 3, OTHER: 1} and ready["degraded"] == {}
         metrics = http.get("/metrics").text
-    assert 'affinity_gateway_replica_healthy{model="stub-model",replica="replica-0"} 1.0' in metrics
+    assert 'affinity_gateway_replica_healthy{model_name="stub-model",replica="replica-0"} 1.0' in metrics

@@ -92,9 +92,10 @@ async def test_labels_name_pools_adapters_and_roles_and_relabelling_moves_pods(t
                     assert await served("sql-lora", 4) == {"llama-prefill-0"}  # only the pod labelled with it
                     assert await served(QWEN, 2) == {"qwen-0"}
                     metrics = (await client.get("/metrics")).text
-                    assert 'affinity_gateway_replica_info{model="llama",replica="llama-prefill-0",role="prefill"} 1.0' \
-                        in metrics
-                    qwen_info = f'affinity_gateway_replica_info{{model="{QWEN}",replica="qwen-0",role="both"}} 1.0'
+                    llama_info = ('affinity_gateway_replica_info'
+                                  '{model_name="llama",replica="llama-prefill-0",role="prefill"}')
+                    assert f"{llama_info} 1.0" in metrics
+                    qwen_info = f'affinity_gateway_replica_info{{model_name="{QWEN}",replica="qwen-0",role="both"}} 1.0'
                     assert qwen_info in metrics
 
                     await api.put(labelled("llama-decode-b2", "llama-decode", "llama-decode-0", decode,

@@ -119,8 +119,8 @@ def test_gateway_table_mirrors_the_stub_cache_through_hits_and_evictions(tmp_pat
         assert evidence == "events"
         assert chat(gateway.url, first)["usage"]["prompt_tokens_details"]["cached_tokens"] == expected
         metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
-        assert 'affinity_gateway_kv_events_certain{model="stub-model",replica="replica-0"} 1.0' in metrics
-        assert 'affinity_gateway_route_evidence_total{evidence="events",pool="stub-model"}' in metrics
+        assert 'affinity_gateway_kv_events_certain{model_name="stub-model",replica="replica-0"} 1.0' in metrics
+        assert 'affinity_gateway_route_evidence_total{evidence="events",model_name="stub-model"}' in metrics
 
 
 class Cuttable:

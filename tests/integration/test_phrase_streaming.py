@@ -72,7 +72,7 @@ def _texts(chunks: list[Any]) -> list[str]:
 
 def _first_phrases(gateway: Gateway, model: str) -> float:
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
-    found = re.search(rf'^affinity_gateway_first_phrase_seconds_count{{model="{model}"}} (\S+)$', metrics, re.M)
+    found = re.search(rf'^affinity_gateway_first_phrase_seconds_count{{model_name="{model}"}} (\S+)$', metrics, re.M)
     return float(found.group(1)) if found else 0.0
 
 
@@ -108,7 +108,7 @@ def test_a_pool_chunks_by_its_own_boundaries_chat_and_completions(cluster: tuple
         assert any(text.endswith("y") for text in _texts(phrased)[:-1])
         assert [c.choices[0].finish_reason for c in phrased if c.choices][-1] == "length"
     assert _first_phrases(gateway, VOICE) == before + 2
-    assert 'affinity_gateway_first_phrase_seconds_bucket{le="300.0",model="voice-model"}' in \
+    assert 'affinity_gateway_first_phrase_seconds_bucket{le="300.0",model_name="voice-model"}' in \
         httpx.get(f"{gateway.url}/metrics", timeout=5).text  # TTFT's buckets
 
 

@@ -53,7 +53,8 @@ def test_flood_past_capacity_gets_429_with_retry_after(tmp_path: Path) -> None:
         assert peak == CAP and replica_running(stub) == 0
         with httpx.Client(base_url=gateway.url, timeout=5) as http:
             over = http.get("/metrics").text
-            assert f'affinity_gateway_rejected_total{{model="{MODEL}",reason="queue"}} {FLOOD - CAP - QUEUE}.0' in over
+            rejected = f'affinity_gateway_rejected_total{{model_name="{MODEL}",reason="queue"}}'
+            assert f"{rejected} {FLOOD - CAP - QUEUE}.0" in over
             many = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user"}] * 50})
             assert many.status_code == 400 and many.json()["error"]["param"] == "messages"
             long = http.post("/v1/chat/completions", json=chat("word " * 5000))

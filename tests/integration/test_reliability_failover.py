@@ -49,7 +49,8 @@ def test_replica_killed_under_50_streams(tmp_path: Path) -> None:
         assert {o.replica for o in after.outcomes} == {"survivor"}, "new requests route around the dead replica"
         report("replica killed under 50 streams", load.outcomes + after.outcomes,
                cut_with_error_event=len(cut), served_after_kill=len(after.outcomes))
-        assert metric(gateway, 'affinity_gateway_replica_breaker_opened_total{model="stub-model",replica="victim"}')
+        opened = 'affinity_gateway_replica_breaker_opened_total{model_name="stub-model",replica="victim"}'
+        assert metric(gateway, opened)
         eventually(lambda: gateway.replicas()["victim"]["in_flight"] == 0 and
                    gateway.replicas()["survivor"]["in_flight"] == 0, timeout_s=5)
         victim.start()  # the breaker half-opens after its backoff and one trial request closes it

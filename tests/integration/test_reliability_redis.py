@@ -20,8 +20,8 @@ from tests.integration.reliability_tools import Outcome, RedisServer, chat, even
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(90)]
 CLIENTS = 4
-DEGRADED = 'affinity_gateway_index_degraded{pool="stub-model"}'
-MIRRORED = 'affinity_gateway_index_mirror_synced{pool="stub-model"}'
+DEGRADED = 'affinity_gateway_index_degraded{model_name="stub-model"}'
+MIRRORED = 'affinity_gateway_index_mirror_synced{model_name="stub-model"}'
 
 
 def _degraded(url: str) -> bool:
@@ -81,7 +81,7 @@ def test_redis_frozen_then_killed_and_restarted_under_load(tmp_path: Path) -> No
             stop.set()
             for t in threads:
                 t.join(30)
-            fallbacks = metric(gateway, 'affinity_gateway_index_fallback_total{pool="stub-model"}')
+            fallbacks = metric(gateway, 'affinity_gateway_index_fallback_total{model_name="stub-model"}')
     finally:
         stop.set()
         redis_server.stop()

@@ -133,7 +133,7 @@ def test_rolling_restart_of_two_gateways_loses_no_request(tmp_path: Path, ready_
             stop.set()
             for t in threads:
                 t.join(30)
-        retried = metric(front, f'affinity_gateway_retries_total{{model="{MODEL}"}}') or 0
+        retried = metric(front, f'affinity_gateway_retries_total{{model_name="{MODEL}"}}') or 0
     report(f"rolling restart of two gateways, ready_delay_s={ready_delay_s}", outcomes, front_retries=retried)
     assert len(outcomes) > 40
     bad = [o for o in outcomes if not o.clean or o.stream_error_event]

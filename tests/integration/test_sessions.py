@@ -92,8 +92,8 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
             eventually(ended, timeout_s=20)
             text = http.get("/metrics").text
             assert re.search(r"affinity_gateway_session_hops_sum 14\.0", text)
-            assert re.search(r'affinity_gateway_tokens_per_second_count\{model="stub-model"\} 12\.0', text)
-            assert re.search(r'affinity_gateway_inter_token_latency_seconds_count\{model="stub-model"\} 12\.0',
+            assert re.search(r'affinity_gateway_tokens_per_second_count\{model_name="stub-model"\} 12\.0', text)
+            assert re.search(r'affinity_gateway_inter_token_latency_seconds_count\{model_name="stub-model"\} 12\.0',
                              text)
             assert http.get("/admin/sessions/agent-1").json()["ended"] is True
     log = gateway.proc.output()

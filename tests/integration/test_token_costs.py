@@ -84,7 +84,7 @@ def test_cost_and_savings_equal_the_arithmetic_on_the_reported_usage(tmp_path: P
         assert usage_of(gateway, window_s="60")["total"]["requests"] == 5
         want = expected(acme)
         metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
-        labels = f'model="{MODEL}",tenant="acme"'
+        labels = f'model_name="{MODEL}",tenant="acme"'
         assert f'affinity_gateway_tokens_total{{kind="cached",{labels}}} {float(want["cached_tokens"])}' in metrics
         for name, value in (("cost", want["cost"]), ("cache_savings", want["saved_by_cache"])):
             line = next(line for line in metrics.splitlines()

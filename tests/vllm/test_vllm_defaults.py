@@ -46,7 +46,7 @@ def logged(gw: Gateway, event: str) -> list[dict[str, Any]]:
 
 
 def mismatch_gauge(gw: Gateway, replica: str) -> float | None:
-    prefix = f'affinity_gateway_block_tokens_mismatch{{pool="{MODEL}",replica="{replica}"}} '
+    prefix = f'affinity_gateway_block_tokens_mismatch{{model_name="{MODEL}",replica="{replica}"}} '
     text = httpx.get(f"{gw.url}/metrics", timeout=10).text
     return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), None)
 

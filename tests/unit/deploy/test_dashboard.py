@@ -43,8 +43,8 @@ def test_no_datasource_uid_is_hard_coded_anywhere() -> None:
     assert uids.count(DASHBOARD["uid"]) == 1  # the dashboard's own uid, nothing else
 
 
-@pytest.mark.parametrize("name,label", [("model", "model"), ("pool", "pool"), ("replica", "replica")])
-def test_model_pool_and_replica_variables_filter_the_queries(name: str, label: str) -> None:
+@pytest.mark.parametrize("name,label", [("model", "model_name"), ("replica", "replica")])
+def test_model_and_replica_variables_filter_the_queries(name: str, label: str) -> None:
     variable = VARIABLES[name]
     assert variable["type"] == "query" and variable["multi"] and variable["includeAll"]
     assert re.fullmatch(rf"label_values\(\w+(\{{[^}}]*\}})?, {label}\)", variable["query"]["query"])
@@ -95,7 +95,7 @@ def test_panels_do_not_overlap() -> None:
 
 def test_every_panel_query_is_valid_promql(tmp_path: Path) -> None:
     """promtool parses each query as a recording rule, with Grafana's variables as they expand."""
-    expand = {"$__rate_interval": "1m", "$model": ".*", "$pool": ".*", "$replica": ".*"}
+    expand = {"$__rate_interval": "1m", "$model": ".*", "$replica": ".*"}
     queries = [t["expr"] for p in PANELS for t in p["targets"]]
     for variable, value in expand.items():
         queries = [q.replace(variable, value) for q in queries]

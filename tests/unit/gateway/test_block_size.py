@@ -48,7 +48,8 @@ def test_a_configured_block_size_that_differs_is_logged_once_and_exported() -> N
         exact.stored("a", [2], 1, list(range(128, 256)), 128)
         built.calibration.block_size_seen("a", 128, "cache_config_info")
     assert [e["event"] for e in logs].count("block_tokens_mismatch") == 1
-    assert registry.get_sample_value("affinity_gateway_block_tokens_mismatch", {"pool": MODEL, "replica": "a"}) == 128
+    mismatch = "affinity_gateway_block_tokens_mismatch"
+    assert registry.get_sample_value(mismatch, {"model_name": MODEL, "replica": "a"}) == 128
     assert built.prefix_params.block == 16  # the configured value stands
     built.calibration.block_size_seen("b", 16, "cache_config_info")
-    assert registry.get_sample_value("affinity_gateway_block_tokens_mismatch", {"pool": MODEL, "replica": "b"}) == 0
+    assert registry.get_sample_value(mismatch, {"model_name": MODEL, "replica": "b"}) == 0

@@ -15,9 +15,9 @@ def test_pool_state_is_exported_at_scrape_time() -> None:
     replica.in_flight, replica.load.waiting = 3, 2
     pool.get("b").healthy = False  # type: ignore[union-attr]
     text = metrics.render().decode()
-    assert 'affinity_gateway_replica_in_flight{model="m",replica="a"} 3.0' in text
-    assert 'affinity_gateway_replica_waiting{model="m",replica="a"} 2.0' in text
-    assert 'affinity_gateway_replica_healthy{model="m",replica="b"} 0.0' in text
+    assert 'affinity_gateway_replica_in_flight{model_name="m",replica="a"} 3.0' in text
+    assert 'affinity_gateway_replica_waiting{model_name="m",replica="a"} 2.0' in text
+    assert 'affinity_gateway_replica_healthy{model_name="m",replica="b"} 0.0' in text
     pool.remove("b")
     assert 'replica="b"' not in metrics.render().decode()
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]

@@ -29,10 +29,10 @@ def test_a_retried_stream_of_a_tenant_counts_its_outcome_retries_and_tokens() ->
     RequestMetrics(metrics).finished(_done("r1", 200, ("r0",), usage, Timing.of(0.0, 0.2, 1.2, True, 11),
                                            Caller(ApiKeyConfig(tenant="t"))))
     sample = metrics.registry.get_sample_value
-    assert sample("affinity_gateway_requests_total", {"model": "m1", "replica": "r1", "status": "200"}) == 1
-    assert sample("affinity_gateway_retries_total", {"model": "m1"}) == 1
-    assert sample("affinity_gateway_ttft_seconds_count", {"model": "m1"}) == 1
-    assert sample("affinity_gateway_tokens_per_second_count", {"model": "m1"}) == 1
+    assert sample("affinity_gateway_requests_total", {"model_name": "m1", "replica": "r1", "status": "200"}) == 1
+    assert sample("affinity_gateway_retries_total", {"model_name": "m1"}) == 1
+    assert sample("affinity_gateway_ttft_seconds_count", {"model_name": "m1"}) == 1
+    assert sample("affinity_gateway_tokens_per_second_count", {"model_name": "m1"}) == 1
     assert sample("affinity_gateway_tenant_requests_total", {"tenant": "t", "status": "200"}) == 1
     assert sample("affinity_gateway_tenant_tokens_total", {"tenant": "t", "kind": "prompt"}) == 30
     assert sample("affinity_gateway_tenant_tokens_total", {"tenant": "t", "kind": "completion"}) == 11
@@ -42,7 +42,7 @@ def test_a_request_no_replica_answered_counts_once_without_a_replica_or_a_tenant
     metrics = Metrics()
     RequestMetrics(metrics).finished(_done(None, 503, (), Usage(), Timing.of(0.0, None, 0.01, False, None), ANONYMOUS))
     sample = metrics.registry.get_sample_value
-    assert sample("affinity_gateway_requests_total", {"model": "m1", "replica": "", "status": "503"}) == 1
-    assert sample("affinity_gateway_request_duration_seconds_count", {"model": "m1"}) == 1
-    assert sample("affinity_gateway_ttft_seconds_count", {"model": "m1"}) is None
+    assert sample("affinity_gateway_requests_total", {"model_name": "m1", "replica": "", "status": "503"}) == 1
+    assert sample("affinity_gateway_request_duration_seconds_count", {"model_name": "m1"}) == 1
+    assert sample("affinity_gateway_ttft_seconds_count", {"model_name": "m1"}) is None
     assert sample("affinity_gateway_tenant_requests_total", {"tenant": "", "status": "503"}) is None

@@ -96,8 +96,9 @@ async def test_models_health_ready_admin_metrics(gateway: Gateway) -> None:
     assert [r["id"] for r in admin[MODEL]["replicas"]] == ["r0", "r1"]
     assert admin[MODEL]["policy"] == "round_robin"
     metrics = await (await client.get("/metrics")).text()
-    assert 'affinity_gateway_requests_total{model="m1",replica="r0",status="200"} 1.0' in metrics
-    assert 'affinity_gateway_route_decisions_total{policy="round_robin",pool="m1",reason="round_robin"} 1.0' in metrics
+    assert 'affinity_gateway_requests_total{model_name="m1",replica="r0",status="200"} 1.0' in metrics
+    decisions = 'affinity_gateway_route_decisions_total{model_name="m1",policy="round_robin",reason="round_robin"}'
+    assert f"{decisions} 1.0" in metrics
     assert "affinity_gateway_replica_in_flight" in metrics and "affinity_gateway_ttft_seconds_bucket" in metrics
 
 

@@ -121,11 +121,11 @@ def test_prometheus_counters_by_tenant_model_and_kind() -> None:
     registry = CollectorRegistry()
     registry.register(_CostCollector(costs))
     text = generate_latest(registry).decode()
-    assert 'affinity_gateway_tokens_total{kind="cached",model="m",tenant="acme"} 800.0' in text
-    assert 'affinity_gateway_tokens_total{kind="completion",model="free",tenant="acme"} 5.0' in text
-    assert f'affinity_gateway_cost_total{{model="m",tenant="acme"}} {PRICES.cost(1000, 800, 50)!r}' in text
-    assert f'affinity_gateway_cache_savings_total{{model="m",tenant="acme"}} {PRICES.saved(800)!r}' in text
-    assert 'affinity_gateway_cost_total{model="free"' not in text  # unpriced: no cost series
+    assert 'affinity_gateway_tokens_total{kind="cached",model_name="m",tenant="acme"} 800.0' in text
+    assert 'affinity_gateway_tokens_total{kind="completion",model_name="free",tenant="acme"} 5.0' in text
+    assert f'affinity_gateway_cost_total{{model_name="m",tenant="acme"}} {PRICES.cost(1000, 800, 50)!r}' in text
+    assert f'affinity_gateway_cache_savings_total{{model_name="m",tenant="acme"}} {PRICES.saved(800)!r}' in text
+    assert 'affinity_gateway_cost_total{model_name="free"' not in text  # unpriced: no cost series
 
 
 @pytest.mark.redis

@@ -22,5 +22,5 @@ def test_many_answers_without_cached_tokens_flip_the_gauge_once() -> None:
     for _ in range(5):
         check.observe("m", "flagged", Usage(prompt_tokens=10))  # once seen, a missing count is the version's guard
     value = registry.get_sample_value
-    assert value("affinity_gateway_replica_cached_tokens_reported", {"model": "m", "replica": "bare"}) == 0
-    assert value("affinity_gateway_replica_cached_tokens_reported", {"model": "m", "replica": "flagged"}) == 1
+    assert value("affinity_gateway_replica_cached_tokens_reported", {"model_name": "m", "replica": "bare"}) == 0
+    assert value("affinity_gateway_replica_cached_tokens_reported", {"model_name": "m", "replica": "flagged"}) == 1

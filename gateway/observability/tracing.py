@@ -84,6 +84,8 @@ class SpanTrace(RequestTrace):
         attributes: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
                                       "gateway.model": view.model, "gateway.endpoint": view.endpoint,
                                       "gateway.stream": view.stream, "gateway.request_id": view.request_id}
+        if operation := _GEN_AI_OPERATIONS.get(view.endpoint):  # OpenTelemetry's GenAI names beside ours
+            attributes["gen_ai.operation.name"], attributes["gen_ai.request.model"] = operation, view.model
         if view.adapter:
             attributes["gateway.adapter"] = view.adapter
         if view.tenant:
@@ -152,10 +154,19 @@ class SpanTrace(RequestTrace):
             span.set_attribute("gateway.retried_from", done.failed_replicas)
         if done.timing.ttft_s is not None:
             span.set_attribute("gateway.ttft_s", done.timing.ttft_s)
+        if done.usage.prompt_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", done.usage.prompt_tokens)
+        if done.usage.completion_tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", done.usage.completion_tokens)
         if done.status >= 500 or done.error is not None:
             span.set_status(Status(StatusCode.ERROR, done.error or f"status {done.status}"))
         span.end()
         structlog.contextvars.unbind_contextvars("trace_id")
+
+
+# gen_ai.operation.name by endpoint (OpenTelemetry's GenAI semantic conventions).
+_GEN_AI_OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "completions": "text_completion",
+                      "embeddings": "embeddings"}
 
 
 def _decision(decision: Decision, policy: str) -> dict[str, Any]:

@@ -95,6 +95,7 @@ async def test_one_trace_per_request_with_server_routing_and_attempt_spans(trace
         attrs = server.attributes or {}
         assert attrs["gateway.model"] == MODEL and attrs["gateway.endpoint"] == "chat"
         assert attrs["gateway.stream"] is True and attrs["gateway.request_id"] == "req-1"
+        assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"] == MODEL
         assert attrs["http.response.status_code"] == 200
         assert attrs["gateway.route.policy"] == "round_robin" and attrs["gateway.route.replica"] == "r0"
         assert attrs["gateway.route.reason"] == "round_robin"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -45,9 +45,9 @@ from gateway.errors import GatewayError, NoReplicaError, UpstreamError, Upstream
 from gateway.relay import headers as h
 from gateway.relay.backend_auth import set_upstream_auth
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
+from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
-from gateway.relay.stream_usage import UsageStripper
-from gateway.relay.watch import Watch, Watches, attempt_timeout
+from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any
 from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
@@ -104,6 +104,13 @@ class _Relayed(web.StreamResponse):
     first upstream byte instead, its first phrase may come later."""
 
     _send_headers_immediately = False
+
+
+def _drop(request: web.Request) -> None:
+    """Close the client connection at once: no chunked terminator follows (aiohttp's `write_eof` on a closed
+    transport writes nothing)."""
+    if request.transport is not None:
+        request.transport.abort()
 
 
 def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
@@ -224,29 +231,25 @@ class Proxy:
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
                             replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """Each chunk is written as it arrives; usage is scanned after the writes, never delaying one. A stream
-        the request asked to be chunked in phrases goes through `relay_phrases` instead."""
+        """Each chunk is written as it arrives, in whole events (`WholeEvents`: a break leaves no half event
+        before the error event); usage is scanned after the writes, never delaying one. A stream the request
+        asked to be chunked in phrases goes through `relay_phrases` instead."""
         exchange.streamed = True
         phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
                                                                              reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
-        ended_on_event = True
-        write: Callable[[bytes], Awaitable[None]] = partial(_write, request, response,
-                                                            timeout_s=config.limits.client_write_timeout_s)
-        stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
-        if stripper is not None:
-            write = stripper.write
+        events = WholeEvents(partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s),
+                             drop_usage=exchange.strip_usage)  # and drops the usage event we asked for
         try:
             if phrases is None:
-                async for chunk in upstream.content.iter_any():
+                while chunk := await read_any(upstream.content):
                     watch.touch()
                     if exchange.ttft_s is None:
                         exchange.first_byte(replica.replica_id)
                         await response.prepare(request)
-                    await write(chunk)
+                    await events.write(chunk)
                     scanner.feed(chunk)
-                    ended_on_event = stripper is not None or chunk.endswith(b"\n\n")  # it writes whole events
             else:
                 async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
                     watch.touch()
@@ -255,9 +258,8 @@ class Proxy:
                         await response.prepare(request)
                     scanner.feed(chunk)
 
-                await relay_phrases(upstream.content, phrases, seen, write, exchange.phrase_written)
-            if stripper is not None:
-                await stripper.finish()
+                await relay_phrases(upstream.content, phrases, seen, events.write, exchange.phrase_written)
+            await events.finish()
             if not response.prepared:
                 await response.prepare(request)
         except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof
@@ -266,27 +268,33 @@ class Proxy:
         except _SlowClient:
             exchange.status, exchange.error = CLIENT_CLOSED, "client stopped reading"
             upstream.close()
-            if request.transport is not None:
-                request.transport.abort()  # drop what it never read; a graceful close would wait for it
+            _drop(request)  # drop what it never read; a graceful close would wait for it
         except aiohttp.ClientError as exc:
-            if watch.kind is not None and not response.prepared:
-                raise _cut(replica, watch) from exc  # nothing reached the client: another replica may answer
+            if not response.prepared and watch.kind != "shutdown":  # nothing reached the client
+                raise (_cut(replica, watch) if watch.kind is not None else Retryable(
+                    UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
+                    "reset")) from exc
             exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
             if watch.kind != "shutdown":
                 self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
+            events.cut()
             await self._end_stream_with_error(request, response, exchange.error,
-                                              ended_on_event if phrases is None else phrases.framed)
+                                              events.framed and (phrases is None or phrases.framed))
         finally:
             scanner.flush()  # the usage of what was relayed, however the stream ended
         return response
 
     async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,
                                      at_event_boundary: bool) -> None:
-        """vLLM's own mid-stream error form: an error event then [DONE], if it can be framed cleanly."""
+        """vLLM's own mid-stream error form: an error event then [DONE]. Where it cannot be framed cleanly
+        (half an event already went out), the connection is closed without the chunked terminator: the
+        client sees a broken answer, never a complete one."""
         if not response.prepared:
             await response.prepare(request)
         if at_event_boundary:
             await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\ndata: [DONE]\n\n")
+        else:
+            _drop(request)
 
     def _poisoned(self, view: RequestView, replica: Replica, status: int, exchange: Exchange) -> None:
         """The second replica to answer this request with 5xx: its answer goes to the client as it is."""

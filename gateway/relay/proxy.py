@@ -6,16 +6,20 @@
                   (or re-chunked in phrases, for a request that opted in: gateway.relay.phrase_chunking),
                   others in one piece (_relay_whole)
 
-Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
-never sees a stream restart.
+Retries happen only before the first byte reaches the client (connect errors, resets, 5xx, silence),
+so a client never sees a stream restart.
 
-Poison requests (a query of death): a 5xx answer may be the input's fault, not the replica's, so
-a retried 5xx is charged to its replica's breaker only once the request ends without a second 5xx.
-A second replica answering 5xx to the same request marks the request as poison: it is answered
-with that error, no further replica is tried and no breaker is charged (two replicas failing one
-input is evidence against the input; charging even the first would let a handful of bad requests
-open every breaker of a small pool). A single 5xx with no retry left is charged as before: one
-answer cannot tell the input from the replica, and the breaker must still see a broken replica.
+Poison requests (a query of death): a failure the input may cause (a reset after the request was
+sent, no first byte within `timeouts.first_byte_s`, a 5xx: `input_may_cause`) may be the input's
+fault, not the replica's, so a retried one is charged to its replica's breaker only once the request
+ends without a second one. A second replica failing the same request so, by any of these kinds,
+marks the request as poison: no further replica is tried, no breaker is charged (two replicas
+failing one input is evidence against the input; charging even the first would let a handful of
+bad requests open every breaker of a small pool) and the client gets the second replica's 5xx as it
+is, or a 502 / 504 saying the request failed on two replicas. A single such failure with no retry
+left is charged as before: one answer cannot tell the input from the replica, and the breaker must
+still see a broken replica. A refused or timed-out connect, or an ejected replica, is the replica's
+alone: charged at once.
 
 Silence: an attempt whose first byte does not come within `timeouts.first_byte_s`, or whose replica is
 ejected by the health probes before it, is retried on another replica (nothing reached the client); a
@@ -65,7 +69,7 @@ class Attempt:
     replica: Replica
     decision: Decision
     last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
-    after_5xx: bool  # an earlier attempt was answered 5xx: a second 5xx marks the request as poison
+    after_fault: bool  # an earlier attempt failed as the input may cause: a second such failure is poison
 
 
 class Retryable(Exception):
@@ -74,6 +78,15 @@ class Retryable(Exception):
     def __init__(self, error: GatewayError, kind: str) -> None:
         super().__init__(error.message)
         self.error, self.kind = error, kind
+
+
+_INPUT_FAULTS = frozenset(("reset", "first_byte", "idle"))  # with every http_5xx: see input_may_cause
+
+
+def input_may_cause(kind: str) -> bool:
+    """Whether a failure of this kind may come from the request itself: a reset after it was sent, silence,
+    a 5xx. A refused or timed-out connect, or a replica ejected by its probes, says nothing about the input."""
+    return kind in _INPUT_FAULTS or kind.startswith("http_")
 
 
 class _SlowClient(Exception):
@@ -145,14 +158,22 @@ class Proxy:
         sending = self._send_once(request, view, attempt, exchange, config)
         return await exchange.trace.attempt(attempt.replica.replica_id, attempt.replica.url, sending, exchange)
 
-    def attempt_failed(self, replica: Replica, failure: Retryable, config: Config) -> bool:
-        """Count a retried attempt's fault; True when its breaker charge waits for the request's end (a 5xx
-        answer: the request may yet prove poison, and then no breaker is charged)."""
-        if failure.kind.startswith("http_"):
+    def attempt_failed(self, replica: Replica, failure: Retryable, config: Config, last: bool) -> bool:
+        """Count a failed attempt's fault; True when its breaker charge waits for the request's end (a failure
+        the input may cause, with a retry left: the request may yet prove poison, and then none is charged)."""
+        if input_may_cause(failure.kind) and (not last or failure.kind.startswith("http_")):
             self._on_upstream_error(replica.replica_id, failure.kind)
             return True
         self._upstream_failed(replica, failure.kind, failure.error.message, config)
         return False
+
+    def poisoned(self, view: RequestView, replica: Replica, failure: Retryable, exchange: Exchange) -> GatewayError:
+        """The second replica to fail this request as its input may cause (reset, silence): the request is
+        poison, and the client's error says so (502, or 504 for silence)."""
+        self._poisoned(view, replica, failure.kind, exchange)
+        tried = ", ".join(exchange.failed_replicas)
+        return type(failure.error)(f"the request failed on two replicas ({tried}; last: {failure.error.message}) "
+                                   "and is not tried on another: the input itself may make replicas fail")
 
     async def _send_once(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
                          config: Config) -> web.StreamResponse:
@@ -175,13 +196,16 @@ class Proxy:
                                 "connect") from exc
             except TimeoutError as exc:
                 raise _cut(replica, watch) from exc
-            except aiohttp.ClientError as exc:
+            except aiohttp.ClientConnectorError as exc:  # no connection: the request never left
                 raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
                                 "connect") from exc
+            except aiohttp.ClientError as exc:  # sent, then dropped (reset, closed) before an answer
+                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
+                                "reset") from exc
             watch.answered(upstream, first_byte=not _is_stream(upstream))
             try:
-                if upstream.status >= 500 and attempt.after_5xx:
-                    self._poisoned(view, replica, upstream.status, exchange)
+                if upstream.status >= 500 and attempt.after_fault:
+                    self._poisoned(view, replica, f"http_{upstream.status}", exchange)
                 elif upstream.status >= 500 and not attempt.last:
                     raise Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
                                     f"http_{upstream.status}")
@@ -216,16 +240,16 @@ class Proxy:
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
                            exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error
-        (and a cut one is retried)."""
+        """A non-streamed answer: nothing has reached the client yet, so a broken or cut body is retried like
+        a reset before the headers."""
         exchange.first_byte(replica.replica_id)
         try:
             body = await upstream.read()
         except aiohttp.ClientError as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc
-            self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
-            raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
+            raise Retryable(UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
+                            "reset") from exc
         exchange.usage.read_body(body)
         return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
 
@@ -296,14 +320,16 @@ class Proxy:
         else:
             _drop(request)
 
-    def _poisoned(self, view: RequestView, replica: Replica, status: int, exchange: Exchange) -> None:
-        """The second replica to answer this request with 5xx: its answer goes to the client as it is."""
+    def _poisoned(self, view: RequestView, replica: Replica, kind: str, exchange: Exchange) -> None:
+        """The second replica to fail this request as its input may cause (a 5xx answer goes to the client
+        as it is): counted, logged, and no breaker is charged for any of its attempts."""
         exchange.poison = True
-        self._on_upstream_error(replica.replica_id, f"http_{status}")
+        self._on_upstream_error(replica.replica_id, kind)
         if self._on_poison is not None:
             self._on_poison()
-        log.warning("poison_request", request_id=view.request_id, status=status,
-                    replicas=[*exchange.failed_replicas, replica.replica_id])
+        tried = [*exchange.failed_replicas]
+        log.warning("poison_request", request_id=view.request_id, kind=kind,
+                    replicas=tried if replica.replica_id in tried else [*tried, replica.replica_id])
 
     def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
         self._on_upstream_error(replica.replica_id, kind)

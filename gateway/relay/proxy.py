@@ -52,7 +52,7 @@ from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any
-from gateway.replicas import Replica
+from gateway.replicas import Replica, ReplicaPool
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
 from gateway.view import RequestView
@@ -67,6 +67,7 @@ class Attempt:
     """One try of a request on one replica, as the attempt loop (gateway.serving.attempts) decided it."""
 
     replica: Replica
+    pool: ReplicaPool  # the replica's: its breakers eject at most `health.max_ejection_percent` of it
     decision: Decision
     last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
     after_fault: bool  # an earlier attempt failed as the input may cause: a second such failure is poison
@@ -158,13 +159,13 @@ class Proxy:
         sending = self._send_once(request, view, attempt, exchange, config)
         return await exchange.trace.attempt(attempt.replica.replica_id, attempt.replica.url, sending, exchange)
 
-    def attempt_failed(self, replica: Replica, failure: Retryable, config: Config, last: bool) -> bool:
+    def attempt_failed(self, attempt: Attempt, failure: Retryable, config: Config) -> bool:
         """Count a failed attempt's fault; True when its breaker charge waits for the request's end (a failure
         the input may cause, with a retry left: the request may yet prove poison, and then none is charged)."""
-        if input_may_cause(failure.kind) and (not last or failure.kind.startswith("http_")):
-            self._on_upstream_error(replica.replica_id, failure.kind)
+        if input_may_cause(failure.kind) and (not attempt.last or failure.kind.startswith("http_")):
+            self._on_upstream_error(attempt.replica.replica_id, failure.kind)
             return True
-        self._upstream_failed(replica, failure.kind, failure.error.message, config)
+        self._upstream_failed(attempt, failure.kind, failure.error.message, config)
         return False
 
     def poisoned(self, view: RequestView, replica: Replica, failure: Retryable, exchange: Exchange) -> GatewayError:
@@ -210,7 +211,7 @@ class Proxy:
                     raise Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
                                     f"http_{upstream.status}")
                 elif upstream.status >= 500:
-                    self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
+                    self._upstream_failed(attempt, f"http_{upstream.status}", f"status {upstream.status}", config)
                 else:
                     replica.request_succeeded()
                 return await self._relay(request, view, upstream, attempt, exchange, config, watch)
@@ -235,7 +236,7 @@ class Proxy:
         if config.pools[view.model].routing.explain_header:
             back[h.ROUTE_EXPLAIN] = decision.header_value()
         if _is_stream(upstream):
-            return await self._relay_stream(request, upstream, back, replica, exchange, config, watch)
+            return await self._relay_stream(request, upstream, back, attempt, exchange, config, watch)
         return await self._relay_whole(upstream, back, replica, exchange, config, watch)
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
@@ -254,10 +255,11 @@ class Proxy:
         return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
-                            replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+                            attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
         """Each chunk is written as it arrives, in whole events (`WholeEvents`: a break leaves no half event
         before the error event); usage is scanned after the writes, never delaying one. A stream the request
         asked to be chunked in phrases goes through `relay_phrases` instead."""
+        replica = attempt.replica
         exchange.streamed = True
         phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
@@ -300,7 +302,7 @@ class Proxy:
                     "reset")) from exc
             exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
             if watch.kind != "shutdown":
-                self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
+                self._upstream_failed(attempt, watch.kind or "mid_stream", exchange.error, config)
             events.cut()
             await self._end_stream_with_error(request, response, exchange.error,
                                               events.framed and (phrases is None or phrases.framed))
@@ -331,12 +333,17 @@ class Proxy:
         log.warning("poison_request", request_id=view.request_id, kind=kind,
                     replicas=tried if replica.replica_id in tried else [*tried, replica.replica_id])
 
-    def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
-        self._on_upstream_error(replica.replica_id, kind)
-        self.charge(replica, kind, error, config)
+    def _upstream_failed(self, attempt: Attempt, kind: str, error: str, config: Config) -> None:
+        self._on_upstream_error(attempt.replica.replica_id, kind)
+        self.charge(attempt.pool, attempt.replica, kind, error, config)
 
-    def charge(self, replica: Replica, kind: str, error: str, config: Config) -> None:
-        """Count a fault against the replica's breaker (metrics are counted where the fault is seen)."""
-        if replica.request_failed(config.health, error):
+    def charge(self, pool: ReplicaPool, replica: Replica, kind: str, error: str, config: Config) -> None:
+        """Count a fault against the replica's breaker, within the pool's ejection cap (metrics are counted
+        where the fault is seen)."""
+        verdict = pool.fault(replica, config.health, error)
+        if verdict == "opened":
             log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,
                         backoff_s=round(replica.breaker.open_until - time.monotonic(), 3))
+        elif verdict == "held":
+            log.warning("breaker_held", replica=replica.replica_id, kind=kind, error=error,
+                        reason=f"the pool is at health.max_ejection_percent ({config.health.max_ejection_percent})")

@@ -47,12 +47,12 @@ from multidict import CIMultiDict
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.relay import headers as h
-from gateway.relay.backend_auth import set_upstream_auth
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any
 from gateway.replicas import Replica, ReplicaPool
+from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
 from gateway.view import RequestView

@@ -9,7 +9,10 @@ Usage (a thread with its own loop, e.g. behind a gateway subprocess):
 Knobs: `status` (answer code), `chunks` (stream length), `hold` (a threading.Event awaited before
 every chunk after the first: proves the gateway does not buffer), `stall_s` (sleep before headers),
 `partial` (half a body, then stall or close), `die_after` (a stream's connection drops after that many
-chunks), `chunk_pad` (bigger chunks),
+chunks; with `mid_event` after half of one more event; with `bad_chunk` an invalid chunk-size line is sent
+instead and the connection kept open), `chunk_pad` (bigger chunks), `poison` (a marker: a request whose
+body holds it gets `poison_mode`: "reset" drops the connection without answering, "stall" sends nothing
+for 30 s),
 `healthy` (for /health), `metrics_text`. Every request's headers and body are kept in `seen`.
 """
 
@@ -45,7 +48,12 @@ class FakeReplica:
     healthy: bool = True
     partial: str | None = None  # "stall" or "close": send headers and half a JSON body, then do that
     die_after: int | None = None  # streams: close the connection after this many chunks
+    mid_event: bool = False  # with die_after: half an event goes out before the connection drops
+    mid_event_pad: int = 0  # that half event's extra bytes (an event too large for the gateway to hold)
+    bad_chunk: bool = False  # with die_after: an invalid chunk-size line instead of the drop, then silence
     chunk_pad: int = 0  # streams: extra characters in every chunk's content
+    poison: str = ""  # a request whose body holds this marker gets `poison_mode`
+    poison_mode: str = "reset"  # "reset": the connection drops without an answer; "stall": 30 s of silence
     headers: dict[str, str] = field(default_factory=dict)  # more response headers on whole answers
     metrics_text: str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
     seen: list[Seen] = field(default_factory=list)
@@ -73,6 +81,8 @@ class FakeReplica:
         self.seen.append(Seen(request.path, CIMultiDict(request.headers), raw))
         self.active += 1
         try:
+            if self.poison and self.poison.encode() in raw:
+                return await self._poisoned(request)
             if self.stall_s:
                 await asyncio.sleep(self.stall_s)
             if self.status != 200:
@@ -92,6 +102,13 @@ class FakeReplica:
         finally:
             self.active -= 1
 
+    async def _poisoned(self, request: web.Request) -> web.StreamResponse:
+        if self.poison_mode == "stall":
+            await asyncio.sleep(30)
+        assert request.transport is not None
+        request.transport.abort()  # no answer at all: the client reads a dropped connection
+        return web.Response()
+
     async def _partial(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "100"})
         await response.prepare(request)
@@ -108,6 +125,13 @@ class FakeReplica:
         for i in range(self.chunks):
             if i == self.die_after:
                 assert request.transport is not None
+                if self.bad_chunk:
+                    await asyncio.sleep(0.05)  # the client has read the head and the first event by now
+                    request.transport.write(b"zz\r\n")  # not a hex chunk size: the client's parser fails
+                    await asyncio.sleep(30)
+                if self.mid_event:
+                    await response.write(b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"cont'
+                                         + b"x" * self.mid_event_pad)
                 request.transport.close()
                 return response
             if i and self.hold is not None:

@@ -43,10 +43,14 @@ class HealthConfig:
     failure_window_s: float = 10.0
     backoff_s: float = 1.0  # open this long, doubling per consecutive opening; then half-open (one trial)
     backoff_max_s: float = 30.0
+    max_ejection_percent: int = 50  # the breakers never eject more of a pool than this (at least one replica)
 
     def validate(self, key: str) -> None:
         positive(self, key, "interval_s", "timeout_s", "unhealthy_after", "healthy_after",
                   "eject_after_failures", "failure_window_s", "backoff_s", "backoff_max_s")
+        if not 0 <= self.max_ejection_percent <= 100:
+            raise ConfigError(f"must be an integer 0..100, got {self.max_ejection_percent}",
+                              key=f"{key}.max_ejection_percent")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import orjson
 from gateway.config.pools import StreamChunkingConfig
 from gateway.errors import BadRequestError
 from gateway.relay.headers import STREAM_CHUNKING as HEADER
+from gateway.relay.watch import read_any
 from gateway.view import RequestView
 
 _MAX_EVENT_BYTES = 1 << 20  # an unfinished event longer than this is relayed raw up to the next event's start
@@ -221,7 +222,7 @@ async def relay_phrases(source: aiohttp.StreamReader, chunker: PhraseChunker, se
             deadline = chunker.deadline
             try:
                 async with asyncio.timeout_at(deadline) as timer:
-                    chunk = await source.readany()
+                    chunk = await read_any(source)
             except TimeoutError:
                 if not timer.expired():
                     raise

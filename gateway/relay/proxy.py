@@ -6,16 +6,20 @@
                   (or re-chunked in phrases, for a request that opted in: gateway.relay.phrase_chunking),
                   others in one piece (_relay_whole)
 
-Retries happen only before the first byte reaches the client (connect errors, 5xx), so a client
-never sees a stream restart.
+Retries happen only before the first byte reaches the client (connect errors, resets, 5xx, silence),
+so a client never sees a stream restart.
 
-Poison requests (a query of death): a 5xx answer may be the input's fault, not the replica's, so
-a retried 5xx is charged to its replica's breaker only once the request ends without a second 5xx.
-A second replica answering 5xx to the same request marks the request as poison: it is answered
-with that error, no further replica is tried and no breaker is charged (two replicas failing one
-input is evidence against the input; charging even the first would let a handful of bad requests
-open every breaker of a small pool). A single 5xx with no retry left is charged as before: one
-answer cannot tell the input from the replica, and the breaker must still see a broken replica.
+Poison requests (a query of death): a failure the input may cause (a reset after the request was
+sent, no first byte within `timeouts.first_byte_s`, a 5xx: `input_may_cause`) may be the input's
+fault, not the replica's, so a retried one is charged to its replica's breaker only once the request
+ends without a second one. A second replica failing the same request so, by any of these kinds,
+marks the request as poison: no further replica is tried, no breaker is charged (two replicas
+failing one input is evidence against the input; charging even the first would let a handful of
+bad requests open every breaker of a small pool) and the client gets the second replica's 5xx as it
+is, or a 502 / 504 saying the request failed on two replicas. A single such failure with no retry
+left is charged as before: one answer cannot tell the input from the replica, and the breaker must
+still see a broken replica. A refused or timed-out connect, or an ejected replica, is the replica's
+alone: charged at once.
 
 Silence: an attempt whose first byte does not come within `timeouts.first_byte_s`, or whose replica is
 ejected by the health probes before it, is retried on another replica (nothing reached the client); a
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -44,10 +48,10 @@ from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.relay import headers as h
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
+from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
-from gateway.relay.stream_usage import UsageStripper
-from gateway.relay.watch import Watch, Watches, attempt_timeout
-from gateway.replicas import Replica
+from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any
+from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
@@ -63,9 +67,10 @@ class Attempt:
     """One try of a request on one replica, as the attempt loop (gateway.serving.attempts) decided it."""
 
     replica: Replica
+    pool: ReplicaPool  # the replica's: its breakers eject at most `health.max_ejection_percent` of it
     decision: Decision
     last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
-    after_5xx: bool  # an earlier attempt was answered 5xx: a second 5xx marks the request as poison
+    after_fault: bool  # an earlier attempt failed as the input may cause: a second such failure is poison
 
 
 class Retryable(Exception):
@@ -74,6 +79,15 @@ class Retryable(Exception):
     def __init__(self, error: GatewayError, kind: str) -> None:
         super().__init__(error.message)
         self.error, self.kind = error, kind
+
+
+_INPUT_FAULTS = frozenset(("reset", "first_byte", "idle"))  # with every http_5xx: see input_may_cause
+
+
+def input_may_cause(kind: str) -> bool:
+    """Whether a failure of this kind may come from the request itself: a reset after it was sent, silence,
+    a 5xx. A refused or timed-out connect, or a replica ejected by its probes, says nothing about the input."""
+    return kind in _INPUT_FAULTS or kind.startswith("http_")
 
 
 class _SlowClient(Exception):
@@ -104,6 +118,13 @@ class _Relayed(web.StreamResponse):
     first upstream byte instead, its first phrase may come later."""
 
     _send_headers_immediately = False
+
+
+def _drop(request: web.Request) -> None:
+    """Close the client connection at once: no chunked terminator follows (aiohttp's `write_eof` on a closed
+    transport writes nothing)."""
+    if request.transport is not None:
+        request.transport.abort()
 
 
 def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
@@ -138,14 +159,22 @@ class Proxy:
         sending = self._send_once(request, view, attempt, exchange, config)
         return await exchange.trace.attempt(attempt.replica.replica_id, attempt.replica.url, sending, exchange)
 
-    def attempt_failed(self, replica: Replica, failure: Retryable, config: Config) -> bool:
-        """Count a retried attempt's fault; True when its breaker charge waits for the request's end (a 5xx
-        answer: the request may yet prove poison, and then no breaker is charged)."""
-        if failure.kind.startswith("http_"):
-            self._on_upstream_error(replica.replica_id, failure.kind)
+    def attempt_failed(self, attempt: Attempt, failure: Retryable, config: Config) -> bool:
+        """Count a failed attempt's fault; True when its breaker charge waits for the request's end (a failure
+        the input may cause, with a retry left: the request may yet prove poison, and then none is charged)."""
+        if input_may_cause(failure.kind) and (not attempt.last or failure.kind.startswith("http_")):
+            self._on_upstream_error(attempt.replica.replica_id, failure.kind)
             return True
-        self._upstream_failed(replica, failure.kind, failure.error.message, config)
+        self._upstream_failed(attempt, failure.kind, failure.error.message, config)
         return False
+
+    def poisoned(self, view: RequestView, replica: Replica, failure: Retryable, exchange: Exchange) -> GatewayError:
+        """The second replica to fail this request as its input may cause (reset, silence): the request is
+        poison, and the client's error says so (502, or 504 for silence)."""
+        self._poisoned(view, replica, failure.kind, exchange)
+        tried = ", ".join(exchange.failed_replicas)
+        return type(failure.error)(f"the request failed on two replicas ({tried}; last: {failure.error.message}) "
+                                   "and is not tried on another: the input itself may make replicas fail")
 
     async def _send_once(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
                          config: Config) -> web.StreamResponse:
@@ -168,18 +197,21 @@ class Proxy:
                                 "connect") from exc
             except TimeoutError as exc:
                 raise _cut(replica, watch) from exc
-            except aiohttp.ClientError as exc:
+            except aiohttp.ClientConnectorError as exc:  # no connection: the request never left
                 raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
                                 "connect") from exc
+            except aiohttp.ClientError as exc:  # sent, then dropped (reset, closed) before an answer
+                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
+                                "reset") from exc
             watch.answered(upstream, first_byte=not _is_stream(upstream))
             try:
-                if upstream.status >= 500 and attempt.after_5xx:
-                    self._poisoned(view, replica, upstream.status, exchange)
+                if upstream.status >= 500 and attempt.after_fault:
+                    self._poisoned(view, replica, f"http_{upstream.status}", exchange)
                 elif upstream.status >= 500 and not attempt.last:
                     raise Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
                                     f"http_{upstream.status}")
                 elif upstream.status >= 500:
-                    self._upstream_failed(replica, f"http_{upstream.status}", f"status {upstream.status}", config)
+                    self._upstream_failed(attempt, f"http_{upstream.status}", f"status {upstream.status}", config)
                 else:
                     replica.request_succeeded()
                 return await self._relay(request, view, upstream, attempt, exchange, config, watch)
@@ -204,49 +236,46 @@ class Proxy:
         if config.pools[view.model].routing.explain_header:
             back[h.ROUTE_EXPLAIN] = decision.header_value()
         if _is_stream(upstream):
-            return await self._relay_stream(request, upstream, back, replica, exchange, config, watch)
+            return await self._relay_stream(request, upstream, back, attempt, exchange, config, watch)
         return await self._relay_whole(upstream, back, replica, exchange, config, watch)
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
                            exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """A non-streamed answer: nothing has reached the client yet, so a broken body is still a clean error
-        (and a cut one is retried)."""
+        """A non-streamed answer: nothing has reached the client yet, so a broken or cut body is retried like
+        a reset before the headers."""
         exchange.first_byte(replica.replica_id)
         try:
             body = await upstream.read()
         except aiohttp.ClientError as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc
-            self._upstream_failed(replica, "body", f"{type(exc).__name__}", config)
-            raise UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}") from exc
+            raise Retryable(UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
+                            "reset") from exc
         exchange.usage.read_body(body)
         return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
-                            replica: Replica, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
-        """Each chunk is written as it arrives; usage is scanned after the writes, never delaying one. A stream
-        the request asked to be chunked in phrases goes through `relay_phrases` instead."""
+                            attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+        """Each chunk is written as it arrives, in whole events (`WholeEvents`: a break leaves no half event
+        before the error event); usage is scanned after the writes, never delaying one. A stream the request
+        asked to be chunked in phrases goes through `relay_phrases` instead."""
+        replica = attempt.replica
         exchange.streamed = True
         phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
         response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
                                                                              reason=upstream.reason, headers=back)
         scanner = SSEUsageScanner(exchange.usage)
-        ended_on_event = True
-        write: Callable[[bytes], Awaitable[None]] = partial(_write, request, response,
-                                                            timeout_s=config.limits.client_write_timeout_s)
-        stripper = UsageStripper(write) if exchange.strip_usage else None  # drops the usage event we asked for
-        if stripper is not None:
-            write = stripper.write
+        events = WholeEvents(partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s),
+                             drop_usage=exchange.strip_usage)  # and drops the usage event we asked for
         try:
             if phrases is None:
-                async for chunk in upstream.content.iter_any():
+                while chunk := await read_any(upstream.content):
                     watch.touch()
                     if exchange.ttft_s is None:
                         exchange.first_byte(replica.replica_id)
                         await response.prepare(request)
-                    await write(chunk)
+                    await events.write(chunk)
                     scanner.feed(chunk)
-                    ended_on_event = stripper is not None or chunk.endswith(b"\n\n")  # it writes whole events
             else:
                 async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
                     watch.touch()
@@ -255,9 +284,8 @@ class Proxy:
                         await response.prepare(request)
                     scanner.feed(chunk)
 
-                await relay_phrases(upstream.content, phrases, seen, write, exchange.phrase_written)
-            if stripper is not None:
-                await stripper.finish()
+                await relay_phrases(upstream.content, phrases, seen, events.write, exchange.phrase_written)
+            await events.finish()
             if not response.prepared:
                 await response.prepare(request)
         except ConnectionResetError:  # the client went away; aiohttp ignores the failed write_eof
@@ -266,43 +294,56 @@ class Proxy:
         except _SlowClient:
             exchange.status, exchange.error = CLIENT_CLOSED, "client stopped reading"
             upstream.close()
-            if request.transport is not None:
-                request.transport.abort()  # drop what it never read; a graceful close would wait for it
+            _drop(request)  # drop what it never read; a graceful close would wait for it
         except aiohttp.ClientError as exc:
-            if watch.kind is not None and not response.prepared:
-                raise _cut(replica, watch) from exc  # nothing reached the client: another replica may answer
+            if not response.prepared and watch.kind != "shutdown":  # nothing reached the client
+                raise (_cut(replica, watch) if watch.kind is not None else Retryable(
+                    UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
+                    "reset")) from exc
             exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
             if watch.kind != "shutdown":
-                self._upstream_failed(replica, watch.kind or "mid_stream", exchange.error, config)
+                self._upstream_failed(attempt, watch.kind or "mid_stream", exchange.error, config)
+            events.cut()
             await self._end_stream_with_error(request, response, exchange.error,
-                                              ended_on_event if phrases is None else phrases.framed)
+                                              events.framed and (phrases is None or phrases.framed))
         finally:
             scanner.flush()  # the usage of what was relayed, however the stream ended
         return response
 
     async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,
                                      at_event_boundary: bool) -> None:
-        """vLLM's own mid-stream error form: an error event then [DONE], if it can be framed cleanly."""
+        """vLLM's own mid-stream error form: an error event then [DONE]. Where it cannot be framed cleanly
+        (half an event already went out), the connection is closed without the chunked terminator: the
+        client sees a broken answer, never a complete one."""
         if not response.prepared:
             await response.prepare(request)
         if at_event_boundary:
             await response.write(b"data: " + error_body(message, "BadGatewayError", 502) + b"\n\ndata: [DONE]\n\n")
+        else:
+            _drop(request)
 
-    def _poisoned(self, view: RequestView, replica: Replica, status: int, exchange: Exchange) -> None:
-        """The second replica to answer this request with 5xx: its answer goes to the client as it is."""
+    def _poisoned(self, view: RequestView, replica: Replica, kind: str, exchange: Exchange) -> None:
+        """The second replica to fail this request as its input may cause (a 5xx answer goes to the client
+        as it is): counted, logged, and no breaker is charged for any of its attempts."""
         exchange.poison = True
-        self._on_upstream_error(replica.replica_id, f"http_{status}")
+        self._on_upstream_error(replica.replica_id, kind)
         if self._on_poison is not None:
             self._on_poison()
-        log.warning("poison_request", request_id=view.request_id, status=status,
-                    replicas=[*exchange.failed_replicas, replica.replica_id])
+        tried = [*exchange.failed_replicas]
+        log.warning("poison_request", request_id=view.request_id, kind=kind,
+                    replicas=tried if replica.replica_id in tried else [*tried, replica.replica_id])
 
-    def _upstream_failed(self, replica: Replica, kind: str, error: str, config: Config) -> None:
-        self._on_upstream_error(replica.replica_id, kind)
-        self.charge(replica, kind, error, config)
+    def _upstream_failed(self, attempt: Attempt, kind: str, error: str, config: Config) -> None:
+        self._on_upstream_error(attempt.replica.replica_id, kind)
+        self.charge(attempt.pool, attempt.replica, kind, error, config)
 
-    def charge(self, replica: Replica, kind: str, error: str, config: Config) -> None:
-        """Count a fault against the replica's breaker (metrics are counted where the fault is seen)."""
-        if replica.request_failed(config.health, error):
+    def charge(self, pool: ReplicaPool, replica: Replica, kind: str, error: str, config: Config) -> None:
+        """Count a fault against the replica's breaker, within the pool's ejection cap (metrics are counted
+        where the fault is seen)."""
+        verdict = pool.fault(replica, config.health, error)
+        if verdict == "opened":
             log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,
                         backoff_s=round(replica.breaker.open_until - time.monotonic(), 3))
+        elif verdict == "held":
+            log.warning("breaker_held", replica=replica.replica_id, kind=kind, error=error,
+                        reason=f"the pool is at health.max_ejection_percent ({config.health.max_ejection_percent})")

@@ -6,9 +6,8 @@ would miss it. Such a request is sent on asking for usage, and the usage-only ev
 (`"choices":[]` with a `usage`: vLLM's last event before `[DONE]`) is removed on the way back, so
 the client gets exactly the stream it asked for while the gateway reads the counts.
 
-Only complete events are written for such a stream: an event split across two reads waits for its
-end (microseconds); everything but the usage event passes byte for byte (a stream framed some other
-way than vLLM's `\n\n`, or an event over 1 MiB, passes whole from there on). Replicas that reject
+Only complete events are written for such a stream, as for every relayed stream
+(`gateway.relay.sse_framing`); everything but the usage event passes byte for byte. Replicas that reject
 `stream_options` (not vLLM) are served with `pools.<model>.stream_usage: false`.
 """
 
@@ -18,9 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
+from gateway.relay.sse_framing import WholeEvents
 from gateway.view import RequestView
-
-_MAX_TAIL_BYTES = 1 << 20  # an unfinished event longer than this is passed on as it is
 
 
 def ask_for_usage(view: RequestView) -> bool:
@@ -37,38 +35,10 @@ def ask_for_usage(view: RequestView) -> bool:
     return True
 
 
-class UsageStripper:
+class UsageStripper(WholeEvents):
     """Wraps the client write of one stream: drops the usage-only event, keeps every other byte."""
 
+    __slots__ = ()
+
     def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
-        self._write = write
-        self._tail = b""
-        self._raw = False  # framing it cannot follow: pass everything on
-
-    async def write(self, chunk: bytes) -> None:
-        if self._raw or (not self._tail and chunk.endswith(b"\n\n") and b'"choices":[]' not in chunk):
-            await self._write(chunk)  # whole events, no usage-only one among them (or framing it cannot follow)
-            return
-        data = self._tail + chunk if self._tail else chunk
-        end = data.rfind(b"\n\n") + 2
-        if end >= 2:
-            self._tail, complete = data[end:], data[:end]
-            if b'"choices":[]' in complete:
-                complete = b"".join(e + b"\n\n" for e in complete[:-2].split(b"\n\n") if not _usage_only(e))
-        elif len(data) <= _MAX_TAIL_BYTES and b"\r\n\r\n" not in data:
-            self._tail = data
-            return
-        else:  # an oversized event, or CRLF framing: the rest of the stream passes as it is
-            self._raw, self._tail, complete = True, b"", data
-        if complete:
-            await self._write(complete)
-
-    async def finish(self) -> None:
-        """What is left of a stream that did not end on an event boundary."""
-        if self._tail:
-            tail, self._tail = self._tail, b""
-            await self._write(tail)
-
-
-def _usage_only(event: bytes) -> bool:
-    return event.startswith(b"data:") and b'"choices":[]' in event and b'"usage":{' in event
+        super().__init__(write, drop_usage=True)

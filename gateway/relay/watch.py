@@ -9,6 +9,10 @@ A cut (the timer, a replica ejected by its health probes, the end of the shutdow
 the wait in progress fail where the proxy already handles it: before the response headers the request's
 own timeout fires at once; after them the upstream response is closed, so the body read raises.
 `kind` says why ("first_byte", "idle", "ejected", "shutdown").
+
+A connection lost mid-body is made to fail the body read (`Watch.answered`): aiohttp (3.14) closes the
+connection on a body it cannot parse (an invalid chunk size) but leaves the reader waiting, or has a
+later read raise `RuntimeError("Connection closed.")`; `read_any` maps that one to the payload error.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ def attempt_timeout(connect_s: float) -> aiohttp.ClientTimeout:
 class Watch:
     """One attempt on one replica; registered in `Watches` for its lifetime."""
 
-    __slots__ = ("replica_id", "kind", "message", "last", "_loop", "_idle_s", "_handle", "_request", "_upstream")
+    __slots__ = ("replica_id", "kind", "message", "last", "_loop", "_idle_s", "_handle", "_request", "_upstream",
+                 "_closed")
 
     def __init__(self, replica_id: str, first_byte_s: float, idle_s: float) -> None:
         self._loop = asyncio.get_running_loop()
@@ -37,6 +42,7 @@ class Watch:
         self.last: float | None = None  # loop time of the latest upstream byte; None before the first
         self._request: asyncio.Timeout | None = None
         self._upstream: aiohttp.ClientResponse | None = None
+        self._closed: asyncio.Future[None] | None = None  # the upstream connection's, while the body is read
         self._handle = self._loop.call_later(first_byte_s, self._check, first_byte_s)
 
     def sending(self) -> asyncio.Timeout:
@@ -46,8 +52,23 @@ class Watch:
 
     def answered(self, upstream: aiohttp.ClientResponse, *, first_byte: bool) -> None:
         self._request, self._upstream = None, upstream
+        connection = upstream.connection
+        if connection is not None and connection.protocol is not None:
+            closed = connection.protocol.closed  # None: already lost
+            if closed is None or closed.done():
+                self._lost(closed)
+            else:
+                self._closed = closed
+                closed.add_done_callback(self._lost)
         if first_byte:
             self.touch()
+
+    def _lost(self, _: object) -> None:
+        """The upstream connection closed: a body neither ended nor failed by then never will."""
+        if self._upstream is not None:
+            content = self._upstream.content
+            if not content.is_eof() and content.exception() is None:
+                content.set_exception(aiohttp.ClientPayloadError("the connection to the replica closed mid-answer"))
 
     def touch(self) -> None:
         """A byte came: from now on the idle limit applies (the timer re-arms itself lazily)."""
@@ -77,6 +98,17 @@ class Watch:
 
     def close(self) -> None:
         self._handle.cancel()
+        if self._closed is not None:
+            self._closed.remove_done_callback(self._lost)  # the connection may serve other requests for long
+            self._closed = None
+
+
+async def read_any(content: aiohttp.StreamReader) -> bytes:
+    """The next upstream bytes (b"" at the end); a read after a lost connection raises the payload error."""
+    try:
+        return await content.readany()
+    except RuntimeError as exc:  # aiohttp: the connection closed with the body neither ended nor failed
+        raise aiohttp.ClientPayloadError("the connection to the replica closed mid-answer") from exc
 
 
 class Watches:

@@ -9,6 +9,10 @@
 Only upstream faults count (connect errors, resets, 5xx, timeouts, streams broken mid-way); a client
 that cancels or a 4xx answer says nothing about the replica. A trial that ends without a verdict
 (the client left) frees the trial slot for the next request.
+
+The pool may refuse an opening (`may_open`): it never ejects more than `health.max_ejection_percent`
+of its replicas (`gateway.replicas.pool`). A refused opening keeps the faults, so the next fault
+opens the breaker once the pool has room again.
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ class CircuitBreaker:
     def end_trial(self) -> None:
         self.trial = False
 
-    def fault(self, now: float, threshold: int, window_s: float, backoff_s: float, backoff_max_s: float) -> bool:
-        """Count an upstream fault; True when this one opened the breaker."""
+    def fault(self, now: float, threshold: int, window_s: float, backoff_s: float, backoff_max_s: float,
+              may_open: bool = True) -> bool:
+        """Count an upstream fault; True when this one opened the breaker (never when `may_open` is False and
+        the breaker is closed)."""
         state = self.state(now)
         if state == "open":
             return False  # a request that started before the opening; already accounted for
@@ -59,7 +65,7 @@ class CircuitBreaker:
             self.faults.append(now)
             while self.faults and self.faults[0] <= now - window_s:
                 self.faults.popleft()
-            if len(self.faults) < threshold:
+            if len(self.faults) < threshold or not may_open:
                 return False
         self.open_until = now + doubled_s(backoff_s, self.openings, backoff_max_s)
         self.openings += 1

@@ -5,6 +5,15 @@ Usage:
     candidates = pool.candidates(exclude={"r1"})      # healthy replicas only, as policy input
     with pool.track(replica):                          # in-flight +1 for the whole relay, -1 on any exit
         ...
+    pool.fault(replica, health, "status 502")           # an upstream fault, within the ejection cap
+
+Two guards keep a pool serving when its replicas look broken, as Envoy's outlier detection does:
+- the circuit breakers never eject more than `health.max_ejection_percent` of the replicas (at least
+  one may always be ejected); a fault beyond the cap is kept but opens nothing (`fault`);
+- panic: with no replica available at all (every breaker open, every probe failing), `candidates`
+  offers every replica (but those Kubernetes calls unready) rather than none: a request that may
+  fail beats a 503 for everyone. Entering and leaving panic is logged; a pool with one available
+  replica pays nothing for it.
 
 Single-threaded asyncio: no locks, and no awaits between reading and changing a count.
 """
@@ -15,14 +24,20 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 
+import structlog
+
+from gateway.config.sections import HealthConfig
 from gateway.replicas.replica import Replica
 from gateway.request.decision import Candidate
+
+log = structlog.get_logger("gateway.replicas.pool")
 
 
 class ReplicaPool:
     def __init__(self, model: str, replicas: Iterable[Replica] = ()) -> None:
         self.model = model
         self._replicas: dict[str, Replica] = {}
+        self.panic = False  # no replica available at the last look: every one is offered
         for replica in replicas:
             self.add(replica)
 
@@ -58,12 +73,35 @@ class ReplicaPool:
             self.add(replica)
 
     def candidates(self, exclude: Collection[str] = ()) -> list[Candidate]:
+        """The available replicas not in `exclude`, as policy input; in panic (none available at all) every
+        ready one not in `exclude`."""
         now = time.monotonic()
-        return [
-            Candidate(r.replica_id, r.weight, r.in_flight, r.load.running, r.load.waiting, r.load.kv_usage)
-            for r in self._replicas.values()
-            if r.is_available(now) and r.replica_id not in exclude
-        ]
+        chosen = [r for r in self._replicas.values() if r.is_available(now) and r.replica_id not in exclude]
+        if not chosen and self._replicas and not any(r.is_available(now) for r in self._replicas.values()):
+            chosen = [r for r in self._replicas.values() if r.ready and r.replica_id not in exclude]
+            if not self.panic:
+                self.panic = True
+                log.warning("pool_panic", model=self.model, replicas=len(self._replicas),
+                            reason="no replica available: routing to every replica")
+        elif self.panic and chosen:
+            self.panic = False
+            log.info("pool_panic_over", model=self.model)
+        return [Candidate(r.replica_id, r.weight, r.in_flight, r.load.running, r.load.waiting, r.load.kv_usage)
+                for r in chosen]
+
+    def fault(self, replica: Replica, health: HealthConfig, error: str) -> str | None:
+        """Count an upstream fault of `replica`: "opened" when it opened its breaker, "held" when it would
+        have but the pool is at `max_ejection_percent`, else None."""
+        now = time.monotonic()
+        may_open = replica.breaker.state(now) != "closed" or replica.replica_id not in self._replicas or \
+            sum(r.breaker.state(now) != "closed" for r in self._replicas.values()) < self.max_ejected(health)
+        if replica.request_failed(health, error, may_open):
+            return "opened"
+        return "held" if not may_open and len(replica.breaker.faults) >= health.eject_after_failures else None
+
+    def max_ejected(self, health: HealthConfig) -> int:
+        """How many replicas the breakers may hold open at once: the share, rounded down, and at least one."""
+        return max(1, len(self._replicas) * health.max_ejection_percent // 100)
 
     def num_available(self) -> int:
         now = time.monotonic()

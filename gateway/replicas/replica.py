@@ -67,11 +67,12 @@ class Replica:
             if self.probe_failures >= health.unhealthy_after:
                 self.healthy = False
 
-    def request_failed(self, health: HealthConfig, error: str) -> bool:
-        """Count an upstream fault; returns True when this one opened the breaker."""
+    def request_failed(self, health: HealthConfig, error: str, may_open: bool = True) -> bool:
+        """Count an upstream fault; returns True when this one opened the breaker (`may_open`: the pool's
+        ejection cap, `ReplicaPool.fault`)."""
         self.last_error = error
         return self.breaker.fault(time.monotonic(), health.eject_after_failures, health.failure_window_s,
-                                  health.backoff_s, health.backoff_max_s)
+                                  health.backoff_s, health.backoff_max_s, may_open)
 
     def request_succeeded(self) -> None:
         self.breaker.success(time.monotonic())

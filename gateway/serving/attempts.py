@@ -6,8 +6,10 @@ Only a committed decision reaches the router's bookkeeping (warm prefixes, queue
 prediction): a client that leaves between deciding and holding the slot leaves nothing behind.
 
 Retries happen only before the first byte reaches the client, at most `limits.max_retries` of them. A
-retried 5xx is charged to its replica's breaker only once the request ends without proving poison (a
-second replica answering 5xx: then none is); docs/RELIABILITY.md has the whole table.
+retried failure the input may cause (reset, silence, 5xx: `proxy.input_may_cause`) is charged to its
+replica's breaker only once the request ends without proving poison (a second replica failing it so:
+then none is); docs/RELIABILITY.md has the whole table. A pool in panic (no replica available: every
+one is offered, `gateway.replicas.pool`) whose replica refuses the connection still answers 503.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiohttp import web
 
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError
-from gateway.relay.proxy import Attempt, Retryable
+from gateway.relay.proxy import Attempt, Retryable, input_may_cause
 from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
@@ -35,7 +37,7 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
     app = request.app
     proxy, queue = app[PROXY], app[ADMISSION].queue(route)
     failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
-    deferred: list[tuple[Replica, str, str]] = []  # retried 5xx answers, charged unless the request is poison
+    deferred: list[tuple[Replica, str, str]] = []  # retried input-caused failures, charged unless it is poison
     try:
         for number in range(config.limits.max_retries + 1):
             chosen = await _decide(request, view, route, exchange, config)
@@ -43,7 +45,7 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
                 break
             replica, decision = chosen
             raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
-            attempt = Attempt(replica, decision, after_5xx=bool(deferred),
+            attempt = Attempt(replica, route.pool, decision, after_fault=bool(deferred),
                               last=number == config.limits.max_retries or not route.pool.candidates(
                                   _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})))
             with queue.holding(replica):  # its release lets the pool's next waiting request in
@@ -52,18 +54,22 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
                 try:
                     return await proxy.attempt(request, view, attempt, exchange, config)
                 except Retryable as exc:
-                    failure = exc.error
-                    if proxy.attempt_failed(replica, exc, config):
-                        deferred.append((replica, exc.kind, exc.error.message))
+                    failure = exc.error if exc.kind != "connect" or not route.pool.panic else NoReplicaError(
+                        f"no healthy replica for model {view.adapter or view.model!r} ({exc.error.message})",
+                        retry_after_s=1)  # every replica ejected, and the one tried took no connection
                     exchange.failed_replicas.append(replica.replica_id)
                     route.router.failed(view, replica.replica_id)  # undo the commit: it never ran there
                     app[OBSERVERS].attempt_failed(exchange, replica.replica_id, exc.kind, exc.error.message)
+                    if attempt.after_fault and input_may_cause(exc.kind):
+                        raise proxy.poisoned(view, replica, exc, exchange) from None
+                    if proxy.attempt_failed(attempt, exc, config):
+                        deferred.append((replica, exc.kind, exc.error.message))
         raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
                                         retry_after_s=1)
     finally:
         if not exchange.poison:
             for replica, kind, message in deferred:
-                proxy.charge(replica, kind, message, config)
+                proxy.charge(route.pool, replica, kind, message, config)
 
 
 async def _decide(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,

@@ -78,10 +78,13 @@ async def test_a_cancelled_waiter_passes_its_wake_up_on() -> None:
     assert [c.replica_id for c in await second] == ["a"]
 
 
-async def test_no_healthy_replica_returns_empty_instead_of_waiting() -> None:
+async def test_no_ready_replica_returns_empty_instead_of_waiting() -> None:
     pool, queue, _ = _pool()
     for replica in pool:
-        replica.healthy = False
+        replica.healthy = False  # none available: panic offers every ready one
+    assert len(await queue.candidates((), CONFIG, "m")) == 2
+    for replica in pool:
+        replica.ready = False
     assert await queue.candidates((), CONFIG, "m") == []
 
 

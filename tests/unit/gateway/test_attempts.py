@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -112,3 +113,54 @@ async def test_a_client_that_leaves_during_routing_leaves_no_warm_prefix_and_not
     finally:
         await server.close()
         await upstream.close()
+
+
+async def _answer_over(replica_urls: list[str]) -> tuple[int, bytes, ReplicaPool]:
+    replicas = [{"url": url, "name": f"r{n}"} for n, url in enumerate(replica_urls)]
+    app = make_app(parse_config({"pools": {"m1": {"replicas": replicas, "routing": {"policy": "round_robin"}}},
+                                 "health": {"interval_s": 60.0}}))
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.make_url("/v1/chat/completions"), json=CHAT) as resp:
+                return resp.status, await resp.read(), app[STATE].routes["m1"].pool
+    finally:
+        await server.close()
+
+
+async def _serving(*fakes: FakeReplica) -> tuple[list[TestServer], list[str]]:
+    servers = [TestServer(fake.app) for fake in fakes]
+    for server in servers:
+        await server.start_server()
+    return servers, [str(s.make_url("")).rstrip("/") for s in servers]
+
+
+@pytest.mark.timeout(10)
+async def test_a_reset_and_a_5xx_on_two_replicas_make_the_request_poison_in_either_order() -> None:
+    reset, failing = FakeReplica("r0", poison="hi"), FakeReplica("r1", status=500)
+    servers, urls = await _serving(reset, failing)
+    try:
+        status, body, pool = await _answer_over(urls)
+    finally:
+        for server in servers:
+            await server.close()
+    assert len(reset.seen) == 1 and len(failing.seen) == 1
+    assert status == 500 or (status == 502 and b"failed on two replicas" in body), (status, body)
+    assert [replica.last_error for replica in pool] == ["", ""], "no breaker charged"
+
+
+@pytest.mark.timeout(10)
+async def test_a_refused_connect_is_the_replicas_fault_not_evidence_against_the_input() -> None:
+    reset = FakeReplica("r1", poison="hi")
+    servers, urls = await _serving(reset)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        status, body, pool = await _answer_over([dead, *urls])
+    finally:
+        for server in servers:
+            await server.close()
+    assert status == 502 and b"two replicas" not in body, body
+    assert all(replica.last_error for replica in pool), "both charged: no poison without two input-made failures"

@@ -32,7 +32,7 @@ def test_probes_flip_health_after_thresholds() -> None:
 
 def test_upstream_faults_open_the_breaker_then_one_trial_closes_it() -> None:
     r = Replica("a", "http://a")
-    pool = ReplicaPool("m", [r])
+    pool = ReplicaPool("m", [r, Replica("b", "http://b")])
     assert not r.request_failed(HEALTH, "boom")
     assert r.request_failed(HEALTH, "boom")
     assert not r.is_available() and 0.04 < r.breaker.open_until - time.monotonic() <= 0.05
@@ -40,10 +40,10 @@ def test_upstream_faults_open_the_breaker_then_one_trial_closes_it() -> None:
         r.probe_result(True, HEALTH)
     assert not r.is_available(), "probes during the backoff do not bring it back"
     time.sleep(0.06)
-    assert r.describe()["breaker"] == "half_open" and pool.num_available() == 1
+    assert r.describe()["breaker"] == "half_open" and pool.num_available() == 2
     with pool.track(r):
-        assert pool.candidates() == [], "one trial at a time"
-    assert pool.num_available() == 1, "a trial that ended without a verdict frees the slot"
+        assert [c.replica_id for c in pool.candidates()] == ["b"], "one trial at a time"
+    assert pool.num_available() == 2, "a trial that ended without a verdict frees the slot"
     with pool.track(r):
         r.request_succeeded()
     assert r.describe()["breaker"] == "closed" and r.breaker.openings == 0

@@ -126,12 +126,17 @@ async def test_unknown_route_is_openai_404(gateway: Gateway) -> None:
     assert resp.status == 404 and (await resp.json())["error"]["type"] == "NotFoundError"
 
 
-async def test_no_healthy_replica_is_503_with_retry_after(gateway: Gateway) -> None:
+async def test_no_healthy_replica_panics_to_every_one_and_none_ready_is_503(gateway: Gateway) -> None:
     client, _ = await gateway(FakeReplica("r0", healthy=False))
-    await until(lambda: client.app[STATE].routes[MODEL].pool.num_available() == 0)
+    pool = client.app[STATE].routes[MODEL].pool
+    await until(lambda: pool.num_available() == 0)
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 200 and pool.panic, "every replica ejected: the pool routes to all of them"
+    assert (await client.get("/ready")).status == 503
+    for replica in pool:
+        replica.ready = False  # Kubernetes says unready: not offered even in panic
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 503 and resp.headers["Retry-After"] == "1"
-    assert (await client.get("/ready")).status == 503
 
 
 async def test_5xx_is_retried_on_another_replica(gateway: Gateway) -> None:

@@ -25,6 +25,7 @@ from gateway.routing.route_table import GatewayState
 from gateway.serving.app_keys import (
     ADMISSION,
     DECISIONS,
+    HOMES,
     METRICS,
     PREFIX_REPORT,
     RATE_LIMITS,
@@ -64,10 +65,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """Ready unless every pool is empty (or any, with `readiness.require_all_pools`), or a SIGTERM came;
-    `?model=` asks for one pool (`gateway.admin.readiness`). A degraded part (the shared index or quota unreachable:
-    this gateway's own table and buckets stand in) is reported but still ready."""
+    `?model=` asks for one pool (`gateway.admin.readiness`). A degraded part (the shared index, quota or response
+    homes unreachable: this gateway's own table and buckets, or asking the replicas, stand in) is reported but
+    still ready."""
     body, status = report(request.app[STATE], request.query.get("model"), request.app[LIFECYCLE].draining,
-                          request.app[ADMISSION].waiting(), request.app[RATE_LIMITS].local_only)
+                          request.app[ADMISSION].waiting(), request.app[RATE_LIMITS].local_only,
+                          request.app[HOMES].asking_replicas)
     return _json(body, status=status)
 
 

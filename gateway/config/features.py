@@ -195,6 +195,7 @@ class RedisConfig:
     url: str | None = None  # redis://host:port/db (rediss://, unix:// too)
     url_file: str | None = None  # or the URL (with its password) in this file: a mounted Secret
     key_prefix: str = "affinity:"  # every key and channel of the gateways starts with this
+    response_ttl_s: float = 86400.0  # a stored response's home (`gateway.relay.shared_homes`) is kept this long
 
     @cached_property
     def resolved_url(self) -> str:
@@ -205,6 +206,9 @@ class RedisConfig:
         return self.url
 
     def validate(self, key: str) -> None:
+        if not self.response_ttl_s > 0:
+            raise ConfigError(f"must be a number of seconds > 0, got {self.response_ttl_s}",
+                              key=f"{key}.response_ttl_s")
         if (self.url is None) == (self.url_file is None):
             raise ConfigError("set url or url_file (one of them)", key=f"{key}.url")
         if self.url_file is not None:

@@ -88,7 +88,8 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
     app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
     app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
-    app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
+    app[HOMES] = ResponseHomes.attach(  # stored responses, by id, to the replica that has them; shared via Redis
+        app, config, lambda source: registry.response_homes.labels(source).inc())
     app[OBSERVERS] = _observers(app)
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
@@ -132,6 +133,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     _stream_options(request, view, route, exchange, config)
     with state.using(route.router):  # a reload closes this router only once the request is done
         await _within_limits(request, view, route, config)
+        await app[HOMES].locate(view, route, config, app[PROXY].session, request.headers)  # a follow-up's home
         _instrumented(route, exchange, request)
         try:  # decide (admission, router) → commit → attempt → on a retryable failure undo, decide again → relay
             return await attempts.answer(request, view, route, exchange, config)

@@ -67,6 +67,9 @@ class AuthConfig:
     """YAML `auth`: no keys = no authentication."""
 
     keys: tuple[ApiKeyConfig, ...] = ()
+    # The rate limits' sliding window: the *_per_minute rates hold over any window this long (restart only).
+    # 60 s is a minute; a shorter one only makes tests of the window fast (tests/integration).
+    rate_limit_window_s: float = 60.0
 
     @cached_property
     def entries(self) -> tuple[ApiKeyConfig, ...]:
@@ -82,6 +85,9 @@ class AuthConfig:
         return tuple(out)
 
     def validate(self, key: str) -> None:
+        if not 0 < self.rate_limit_window_s <= 3600:
+            raise ConfigError(f"must be seconds in (0, 3600], got {self.rate_limit_window_s}",
+                              key=f"{key}.rate_limit_window_s")
         self.entries  # noqa: B018 - the files' digests now, at load, not on the event loop at the first request
 
     @property

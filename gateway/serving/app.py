@@ -81,7 +81,8 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     registry.watch(state.pools)
     registry.watch_feeds(state.kv_feeds.all)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
-    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
+    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config),  # the fleet's quota where Redis is
+                                  config.auth.rate_limit_window_s)
     app[LIFECYCLE] = Lifecycle()
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only

@@ -66,7 +66,10 @@ class SharedHomes:
         self._up()
         if raw is None:
             return None
-        pool, replica = orjson.loads(raw)
+        try:
+            pool, replica = orjson.loads(raw)
+        except (ValueError, TypeError):  # not written by a gateway (or another version's): as if absent
+            return None
         return str(pool), str(replica)
 
     async def flush(self) -> bool:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from gateway.config.loader import Config
 
 MAX_HOMES = 100_000
+PROBE_TIMEOUT_S = 2.0  # per replica asked for a follow-up's home: a hung one must not hold the request long
 BY_ID = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
          ("POST", "/v1/responses/{response_id}/cancel"))
 
@@ -145,7 +146,7 @@ async def _ask_replicas(route: ModelRoute, response_id: str, config: Config, ses
     out = h.filtered(headers.items(), h.REQUEST_DROP)
     for name in ("Content-Length", "Content-Type", "Content-Encoding", "Transfer-Encoding"):
         out.popall(name, None)
-    timeout = aiohttp.ClientTimeout(sock_connect=config.timeouts.connect_s, sock_read=config.timeouts.idle_s)
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S, sock_connect=config.timeouts.connect_s)
     for replica in [r for r in route.pool if r.is_available()]:
         asked = CIMultiDict(out)
         set_upstream_auth(asked, config.backend_key(route.model, replica.replica_id), config.auth.enabled)

@@ -110,3 +110,13 @@ async def test_locate_counts_a_known_home_and_asks_nothing_for_other_requests() 
     await homes.locate(view(None), route, None, None, {})  # type: ignore[arg-type]
     await homes.locate(view("resp_a", "chat"), route, None, None, {})  # type: ignore[arg-type]
     assert found == ["local"]
+
+
+async def test_a_value_not_written_by_a_gateway_reads_as_absent(redis_url: str) -> None:
+    prefix = f"homes-{uuid.uuid4().hex}:"
+    client = aioredis.from_url(redis_url)
+    await client.set(f"{prefix}response:resp_odd", b"not json")
+    await client.aclose()
+    homes = SharedHomes(redis_url, prefix, 30.0)
+    assert await homes.get("resp_odd") is None and not homes.degraded
+    await homes.close()

@@ -8,11 +8,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from tests.unit.deploy import values_schema
 from tests.unit.deploy.test_helm import (
     CHART,
+    KUBE_VERSION,
     containers,
     gateway_yaml,
     helm,
@@ -82,3 +84,15 @@ def test_without_secrets_nothing_is_mounted_and_no_key_is_configured() -> None:
     data, (c,) = gateway_yaml("values.yaml"), containers(one("values.yaml", "Deployment", "gateway"))
     assert "auth" not in data and "tracing" not in data and not objects("values.yaml", "Ingress")
     assert [m["mountPath"] for m in c["volumeMounts"]] == ["/etc/affinity-gateway"]
+
+
+def test_a_replicas_only_release_serves_another_releases_extra_pool() -> None:
+    rendered = render({"gateway": {"enabled": False}, "replicas": {"mode": "vllm"}, "pool": {"name": "llama-3-70b"},
+                       "serviceMonitor": {"enabled": True}})
+    components = {(d["kind"], d["metadata"]["labels"]["app.kubernetes.io/component"]) for d in rendered}
+    assert components == {("StatefulSet", "replica"), ("Service", "replica"), ("ServiceMonitor", "replica")}
+    for doc in rendered:
+        if doc["apiVersion"] != "monitoring.coreos.com/v1":
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    (service,) = [d for d in rendered if d["kind"] == "Service"]
+    assert service["metadata"]["name"] == "ag-affinity-gateway-replica"  # what extraPools[].service names

@@ -17,18 +17,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 
 class ConfigError(ValueError):
-    """A config file failed validation; `key` is the dotted path of the offending key."""
+    """A config file failed validation; `key` is the dotted path of the offending key. One load reports every
+    mistake it finds: the first is this error's own, the others follow in `also`."""
 
-    def __init__(self, message: str, *, key: str = "", file: str = "") -> None:
-        self.key, self.file, self.reason = key, file, message
-        where = ":".join(part for part in (file, key) if part)
-        super().__init__(f"{where}: {message}" if where else message)
+    def __init__(self, message: str, *, key: str = "", file: str = "", also: Sequence[ConfigError] = ()) -> None:
+        self.key, self.file, self.reason, self.also = key, file, message, tuple(also)
+        super().__init__("\n".join(one.line for one in self.each))
+
+    @property
+    def line(self) -> str:
+        """This mistake alone: `file:key: reason`."""
+        where = ":".join(part for part in (self.file, self.key) if part)
+        return f"{where}: {self.reason}" if where else self.reason
+
+    @property
+    def each(self) -> tuple[ConfigError, ...]:
+        """Every mistake, this one first."""
+        return (self, *self.also)
+
+    @classmethod
+    def of(cls, errors: Sequence[ConfigError]) -> ConfigError:
+        """One error carrying all of `errors` (each flattened), in the order found."""
+        flat = [one for error in errors for one in error.each]
+        first = flat[0]
+        return cls(first.reason, key=first.key, file=first.file, also=flat[1:])
+
+    def in_file(self, file: str) -> ConfigError:
+        """The same mistakes, each naming `file`."""
+        return ConfigError.of([ConfigError(one.reason, key=one.key, file=file) for one in self.each])
 
 
 class GatewayError(Exception):

@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 
 from gateway.cli.arg_types import workers_arg
+from gateway.cli.flag_config import policy_arg
 from lab.cluster import START_REDIS, ClusterSpec, run_cluster
 
 
 def add_up(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("--replicas", type=int, default=3, help="number of replica stubs")
     p.add_argument("--port", type=int, default=8000, help="gateway port")
     p.add_argument("--host", default="127.0.0.1", help="gateway listen host")
-    p.add_argument("--policy", default="prefix_affinity", help="routing policy of the pool")
+    p.add_argument("--policy", default="prefix_affinity", type=policy_arg, help="routing policy of the pool")
     p.add_argument("--model", help="model name the replicas serve (default stub-model; smollm2 with --engine vllm)")
     p.add_argument("--engine", default="sim", choices=("sim", "real", "auto", "vllm"),
                    help="replica engine: sim (calibrated simulator), real (the stub's real model), "

@@ -35,8 +35,8 @@ from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.sim_tokens import IM_END, IM_START
 from gateway.prompt.tokenized import TokenizedPrompt
 from gateway.request.decision import Candidate, Outcome
-from gateway.routing.cost import CostModel
 from gateway.routing.policies import Policy
+from gateway.routing.policies.cost import CostModel
 from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView

@@ -129,16 +129,18 @@ def package_of(module: str, is_package: bool) -> str:
 
 def package_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
     """Imports between packages (a package's modules, not its sub-packages): a → b when a module of a
-    imports a module of b. A package importing its own sub-package or parent does not count."""
+    imports a module of b; a sub-package is a package of its own. `__main__`, the entry point that
+    imports the CLI, does not count."""
     known = module_files(root, packages)
     edges = graph(root, packages)
     result: dict[str, set[str]] = {}
     for name, targets in edges.items():
+        if name.endswith(".__main__"):
+            continue
         source = package_of(name, known[name].name == "__init__.py")
         out = result.setdefault(source, set())
         for target in targets:
             dest = package_of(target, known[target].name == "__init__.py")
-            nested = dest.startswith(source + ".") or source.startswith(dest + ".")
-            if dest and dest != source and not nested:
+            if dest and dest != source:
                 out.add(dest)
     return result

@@ -1,4 +1,5 @@
 """The gateway's own routes: the model list, health and readiness, the admin views and the dashboard.
 
-Imports what it shows (routing, replicas, insights, observability); serving mounts it.
+Imports what it shows (routing, replicas, insights, observability, edge, request, config); serving mounts it
+and hands it its parts (`OpsParts`): admin never imports serving.
 """

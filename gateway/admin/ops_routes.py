@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -16,30 +18,42 @@ from gateway.admin.model_list import model_list
 from gateway.admin.readiness import report
 from gateway.edge.limits import read_view
 from gateway.errors import BadRequestError, ConfigError, NoReplicaError, NotFoundError, error_body
-from gateway.insights.token_costs import UsageQuery
-from gateway.observability.metrics import CONTENT_TYPE
+from gateway.insights.prefix_report import PrefixReport
+from gateway.insights.sessions import Sessions
+from gateway.insights.token_costs import TokenCosts, UsageQuery
+from gateway.observability.decision_log import DecisionLog
+from gateway.observability.metrics import CONTENT_TYPE, Metrics
 from gateway.replicas import Replica
+from gateway.request.keys import REQUEST_ID
 from gateway.routing.adapters import named
 from gateway.routing.model_route import ModelRoute
 from gateway.routing.route_table import GatewayState
-from gateway.serving.app_keys import (
-    ADMISSION,
-    DECISIONS,
-    HOMES,
-    METRICS,
-    PREFIX_REPORT,
-    RATE_LIMITS,
-    REQUEST_ID,
-    SESSIONS,
-    STATE,
-    TOKEN_COSTS,
-)
-from gateway.serving.lifecycle import LIFECYCLE
 
-log = structlog.get_logger("gateway.serving.app")
+log = structlog.get_logger("gateway.admin")
 
 
-def add_ops_routes(app: web.Application) -> None:
+@dataclass(frozen=True)
+class OpsParts:
+    """What the gateway's own routes read, handed over once by the app that owns it (`gateway.serving.app`):
+    admin imports no part of serving."""
+
+    state: GatewayState
+    metrics: Metrics
+    token_costs: TokenCosts
+    prefix_report: PrefixReport
+    decisions: DecisionLog
+    sessions: Sessions
+    waiting: Callable[[], dict[str, int]]  # requests waiting in each pool's admission queue
+    draining: Callable[[], bool]  # a SIGTERM came: not ready
+    local_only: Callable[[], bool]  # the shared quota is unreachable: this gateway's own windows stand in
+    homes_from_replicas: Callable[[], bool]  # the shared response homes are unreachable: replicas are asked
+
+
+OPS = web.AppKey("ops", OpsParts)
+
+
+def add_ops_routes(app: web.Application, parts: OpsParts) -> None:
+    app[OPS] = parts
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
@@ -55,7 +69,7 @@ def add_ops_routes(app: web.Application) -> None:
 
 
 async def models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+    state = request.app[OPS].state
     return _json(model_list(state.routes, state.config, state.adapters))
 
 
@@ -68,27 +82,28 @@ async def ready(request: web.Request) -> web.Response:
     `?model=` asks for one pool (`gateway.admin.readiness`). A degraded part (the shared index, quota or response
     homes unreachable: this gateway's own table and buckets, or asking the replicas, stand in) is reported but
     still ready."""
-    body, status = report(request.app[STATE], request.query.get("model"), request.app[LIFECYCLE].draining,
-                          request.app[ADMISSION].waiting(), request.app[RATE_LIMITS].local_only,
-                          request.app[HOMES].asking_replicas)
+    ops = request.app[OPS]
+    body, status = report(ops.state, request.query.get("model"), ops.draining(), ops.waiting(), ops.local_only(),
+                          ops.homes_from_replicas())
     return _json(body, status=status)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    if not request.app[STATE].config.metrics.enabled:
+    ops = request.app[OPS]
+    if not ops.state.config.metrics.enabled:
         raise NotFoundError("metrics are disabled (metrics.enabled: false)")
-    app, m = request.app, request.app[METRICS]
-    m.draining.set(float(app[LIFECYCLE].draining))
-    for model, waiting in app[ADMISSION].waiting().items():
+    m = ops.metrics
+    m.draining.set(float(ops.draining()))
+    for model, waiting in ops.waiting().items():
         m.queue_waiting.labels(model).set(waiting)
-    for route in app[STATE].routes.values():  # fresh even when no request came since the store changed
+    for route in ops.state.routes.values():  # fresh even when no request came since the store changed
         m.routing.index_degraded.labels(route.model).set(float(route.router.index.degraded))
         m.routing.index_mirror_synced.labels(route.model).set(float(route.router.index.mirrored))
     return web.Response(body=m.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def admin_replicas(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+    state = request.app[OPS].state
     return _json({r.model: {"policy": r.routing.policy, "replicas": [_describe(state, r, rep) for rep in r.pool]}
                   for r in state.routes.values()})
 
@@ -104,22 +119,22 @@ def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[
 async def admin_usage(request: web.Request) -> web.Response:
     """Tokens, cost and cache savings per tenant and model over a window (`gateway.insights.token_costs`)."""
     query = UsageQuery.parse(request.query, time.time())
-    return _json(await request.app[TOKEN_COSTS].report(query))
+    return _json(await request.app[OPS].token_costs.report(query))
 
 
 async def admin_prefix_report(request: web.Request) -> web.Response:
     """Families of prompts that diverge early and match after it: the cache they lose (`insights.prefix_report`)."""
-    return _json(request.app[PREFIX_REPORT].report())
+    return _json(request.app[OPS].prefix_report.report())
 
 
 async def admin_decisions(request: web.Request) -> web.Response:
     """The latest routing decisions, newest first, each candidate's score (`observability.decision_log`); `?limit=`."""
-    return _json({"decisions": request.app[DECISIONS].latest(_limit(request))})
+    return _json({"decisions": request.app[OPS].decisions.latest(_limit(request))})
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
     """The most recently active agent sessions, their totals (`gateway.insights.sessions`); `?limit=` (default 50)."""
-    return _json({"sessions": request.app[SESSIONS].recent(_limit(request))})
+    return _json({"sessions": request.app[OPS].sessions.recent(_limit(request))})
 
 
 def _limit(request: web.Request) -> int:
@@ -132,7 +147,7 @@ def _limit(request: web.Request) -> int:
 async def admin_session(request: web.Request) -> web.Response:
     """One session's requests in order, with their queue, TTFT, decode time and replica."""
     session_id = request.match_info["session_id"]
-    found = request.app[SESSIONS].get(session_id)
+    found = request.app[OPS].sessions.get(session_id)
     if found is None:
         raise NotFoundError(f"no session {session_id!r} (unknown, or no longer among the recent ones)",
                             param="session_id")
@@ -141,7 +156,7 @@ async def admin_session(request: web.Request) -> web.Response:
 
 async def admin_explain(request: web.Request) -> web.Response:
     """Dry run: the decision a chat or completions body would get now, with every candidate's score."""
-    state = request.app[STATE]
+    state = request.app[OPS].state
     view = await read_view(request, "chat", state.config.limits, request[REQUEST_ID],
                            session_header=state.config.headers.session)
     if "messages" not in view.body:
@@ -161,18 +176,19 @@ async def admin_reload(request: web.Request) -> web.Response:
     if error is not None:
         return web.Response(status=400, body=error_body(str(error), "ConfigError", 400, error.key or None),
                             content_type="application/json")
-    return _json({"status": "reloaded", "models": sorted(request.app[STATE].routes)})
+    return _json({"status": "reloaded", "models": sorted(request.app[OPS].state.routes)})
 
 
 async def reload(app: web.Application) -> ConfigError | None:
     """Swap in the file's config atomically; a bad file keeps the running config and says why."""
+    ops = app[OPS]
     try:
-        config = await app[STATE].reload()
+        config = await ops.state.reload()
     except ConfigError as exc:
-        app[METRICS].reloads.labels("error").inc()
+        ops.metrics.reloads.labels("error").inc()
         log.error("config_reload_failed", error=str(exc), file=exc.file, key=exc.key)
         return exc
-    app[METRICS].reloads.labels("ok").inc()
+    ops.metrics.reloads.labels("ok").inc()
     log.info("config_reloaded", models=sorted(config.pools),
              policies={m: p.routing.policy for m, p in config.pools.items()})
     return None

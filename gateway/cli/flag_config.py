@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ import yaml
 
 from gateway.config.env import interpolated_paths, resolved
 from gateway.config.loader import Config, load_config, parse_config
+from gateway.config.policy_params import POLICY_CONFIGS, policy_config
 from gateway.errors import ConfigError
 
 
@@ -24,13 +26,38 @@ def add_flag_config(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica", action="append", metavar="URL",
                    help="a replica's base URL (repeat for more); with --model, instead of --config")
     p.add_argument("--model", help="the served model name of the --replica pool")
-    p.add_argument("--policy", default="prefix_affinity", help="routing policy of the --replica pool")
+    p.add_argument("--policy", default="prefix_affinity", type=policy_arg, metavar="{" + ",".join(POLICY_CONFIGS) + "}",
+                   help="routing policy of the --replica pool (default: %(default)s)")
+
+
+def policy_arg(name: str) -> str:
+    """argparse type of --policy: a known policy, else the nearest name (or the one another router calls it)."""
+    try:
+        policy_config(name, {}, "")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.reason) from None
+    return name
 
 
 def flag_config(replicas: Sequence[str], model: str, policy: str, env: Mapping[str, str]) -> Config:
     """The config `serve --replica ... --model ...` runs with; errors name the key as a file's would."""
     data = {"pools": {model: {"replicas": [{"url": url} for url in replicas], "routing": {"policy": policy}}}}
-    return parse_config(data, env)
+    try:
+        return parse_config(data, env)
+    except ConfigError as exc:  # name the flag the user gave, not the key of a file they never wrote
+        raise ConfigError.of([ConfigError(one.reason, key=_flag_of(one.key, model, replicas))
+                              for one in exc.each]) from None
+
+
+def _flag_of(key: str, model: str, replicas: Sequence[str]) -> str:
+    """The flag behind a key of the config the flags make: `--replica URL`, `--policy` or `--model`."""
+    pool = f"pools.{model}"
+    if key.startswith(f"{pool}.replicas["):
+        index = int(key[len(f"{pool}.replicas["):].split("]")[0])
+        return f"--replica {replicas[index]}"
+    if key.startswith(f"{pool}.routing"):
+        return "--policy"
+    return "--model" if key.startswith(("pools", "routes")) else key
 
 
 def serve_config(args: argparse.Namespace) -> Config:
@@ -55,9 +82,26 @@ def _check(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.file, os.environ)
     except ConfigError as exc:
-        print(f"affinity-gateway: config error: {exc}", file=sys.stderr)
+        print_config_error(exc)
         return 1
     raw = yaml.safe_load(Path(args.file).read_text())
     print(f"# {args.file}: ok", flush=True)
-    sys.stdout.write(yaml.safe_dump(resolved(config, interpolated_paths(raw)), sort_keys=False))
+    sys.stdout.write(yaml.safe_dump(resolved(with_policy_defaults(config), interpolated_paths(raw)), sort_keys=False))
     return 0
+
+
+def print_config_error(exc: ConfigError) -> None:
+    """Every mistake of the load on a line of its own, each with its file and dotted key."""
+    mistakes = exc.each
+    if len(mistakes) > 1:
+        print(f"affinity-gateway: {len(mistakes)} config errors:", file=sys.stderr)
+    for one in mistakes:
+        print(f"affinity-gateway: config error: {one.line}", file=sys.stderr)
+
+
+def with_policy_defaults(config: Config) -> Config:
+    """`config` with each pool's routing params as the policy runs with them: every default filled in."""
+    pools = {model: dataclasses.replace(pool, routing=dataclasses.replace(pool.routing, params=dataclasses.asdict(
+        policy_config(pool.routing.policy, pool.routing.params, f"pools.{model}.routing"))))
+        for model, pool in config.pools.items()}
+    return dataclasses.replace(config, pools=pools)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from gateway import __version__
 from gateway.cli.arg_types import workers_arg
-from gateway.cli.flag_config import add_check, add_flag_config, serve_config
+from gateway.cli.flag_config import add_check, add_flag_config, print_config_error, serve_config
 from gateway.cli.prefix_report import add_prefix_report
 from gateway.config.loader import ENV_PREFIX
 from gateway.errors import ConfigError
@@ -38,7 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_prefix_report(commands)
     args = parser.parse_args(argv)
     args.argv = argv  # bench re-runs itself in a network namespace
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except BrokenPipeError:  # `affinity-gateway check ... | head`: the reader is gone, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
 
 
 def _add_lab(commands: argparse._SubParsersAction, chosen: str | None) -> None:  # type: ignore[type-arg]
@@ -64,14 +68,24 @@ def _add_lab(commands: argparse._SubParsersAction, chosen: str | None) -> None: 
 
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = commands.add_parser("serve", help="run the gateway from a config file (or --replica/--model)")
-    p.add_argument("--config", "-c", help="YAML config (see config.example.yaml)")
+    p = commands.add_parser(
+        "serve", help="run the gateway from a config file (or --replica/--model)",
+        description="Run the gateway: an OpenAI/vLLM-compatible endpoint that sends each request to the replica\n"
+                    "that will answer it first, its prompt's prefix cache counted in. Flags win over\n"
+                    f"{ENV_PREFIX}* variables, which win over the file.",
+        epilog="examples:\n"
+               "  affinity-gateway serve --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --model llama\n"
+               "  affinity-gateway serve --config config.yaml --workers 2\n"
+               f"  {ENV_PREFIX}CONFIG=config.yaml affinity-gateway serve",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", "-c", help=f"YAML config, see config.example.yaml (env {ENV_PREFIX}CONFIG)")
     add_flag_config(p)
-    p.add_argument("--host", help=f"listen host (env {ENV_PREFIX}HOST)")
-    p.add_argument("--port", type=int, help=f"listen port (env {ENV_PREFIX}PORT)")
+    p.add_argument("--host", help=f"listen host (env {ENV_PREFIX}HOST; default: listen.host, 0.0.0.0)")
+    p.add_argument("--port", type=int, help=f"listen port (env {ENV_PREFIX}PORT; default: listen.port, 8000)")
     p.add_argument("--workers", type=workers_arg, help=f"gateway processes on the port, SO_REUSEPORT, one supervisor "
-                                                   f"(env {ENV_PREFIX}WORKERS, default 1: no supervisor)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help=f"env {ENV_PREFIX}LOG_LEVEL")
+                                                   f"(env {ENV_PREFIX}WORKERS; default: listen.workers, 1)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   help=f"env {ENV_PREFIX}LOG_LEVEL; default: logging.level, info")
     p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by serving.workers' supervisor
     p.add_argument("--worker-group", help=argparse.SUPPRESS)
     p.set_defaults(run=_serve)
@@ -82,6 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.serving.app import make_app
     from gateway.serving.lifecycle import serve
 
+    if args.config is None and not args.replica:
+        args.config = os.environ.get(ENV_PREFIX + "CONFIG")  # the file, when no flag names one
     # Flags win over env, env over the file; set as env so a reload (SIGHUP) keeps them.
     for name, value in (("HOST", args.host), ("PORT", args.port), ("WORKERS", args.workers),
                         ("LOG_LEVEL", args.log_level)):
@@ -90,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = serve_config(args)
     except ConfigError as exc:
-        print(f"affinity-gateway: config error: {exc}", file=sys.stderr)
+        print_config_error(exc)
         return 2
     if config.listen.workers > 1 and args.worker_index is None and args.config is None:
         # The supervisor starts its workers on the file; a config-free start has none to give them.

@@ -3,8 +3,8 @@
 Secrets (a Redis password, a token) stay out of the YAML: `url: redis://:${REDIS_PASSWORD}@redis:6379/0`.
 `${VAR:-default}` gives a default; `$${` is a literal `${`. A variable that is neither set nor
 defaulted is a config error naming the key, like every other config mistake. Interpolation
-applies to string values only (never to keys), before the schema checks types, so a whole value
-`${PORT}` stays a string and is reported as one.
+applies to values only (never to keys), before the schema checks types; a value with a variable in it
+is a `FromEnv` string, which a number or boolean field reads as one (`port: ${PORT:-8000}`).
 
 `resolved` masks every value that came from a variable, URL passwords, and values under
 secret-sounding keys, so the printed config can be pasted into an issue.
@@ -25,6 +25,13 @@ _UNCLOSED = re.compile(r"(?<!\$)\$\{")
 _SECRET_KEY = re.compile(r"password|secret|token|api_key$", re.IGNORECASE)
 MASK = "***"
 Path = tuple[str | int, ...]
+
+
+class FromEnv(str):
+    """A value written with `${VAR}`: the environment can only give text, so the schema reads it as the
+    number or boolean its field wants."""
+
+    __slots__ = ()
 
 
 def interpolate(data: Any, env: Mapping[str, str], key: str = "") -> Any:
@@ -56,7 +63,8 @@ def _substitute(text: str, env: Mapping[str, str], key: str) -> str:
 
     if _UNCLOSED.search(_VAR.sub("", text)):
         raise ConfigError(f"unterminated or malformed ${{...}} in {text[:40]!r}", key=key)
-    return _VAR.sub(one, text)
+    substituted = _VAR.sub(one, text)
+    return FromEnv(substituted) if _VAR.search(text.replace("$${", "")) else substituted
 
 
 def interpolated_paths(data: Any, path: Path = ()) -> set[Path]:

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from gateway.config import schema
-from gateway.config.env import interpolate
+from gateway.config.env import FromEnv, interpolate
 from gateway.config.features import (
     AuthConfig,
     HeadersConfig,
@@ -119,7 +119,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     try:
         return parse_config(interpolate(data, os.environ if env is None else env), env)
     except ConfigError as exc:
-        raise ConfigError(exc.reason, key=exc.key, file=path) from None
+        raise exc.in_file(path) from None
 
 
 def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
@@ -162,7 +162,36 @@ def apply_env(config: Config, env: Mapping[str, str]) -> Config:
     if (level := env.get(ENV_PREFIX + "LOG_LEVEL")) is not None:
         level = schema.convert(LogLevel, level.lower(), f"env {ENV_PREFIX}LOG_LEVEL")
         logging = dataclasses.replace(logging, level=level)
-    return dataclasses.replace(config, listen=listen, logging=logging)
+    return dataclasses.replace(config, listen=listen, logging=logging, tracing=otel_env(config.tracing, env))
+
+
+_SAMPLERS = {"always_on": 1.0, "parentbased_always_on": 1.0, "always_off": 0.0, "parentbased_always_off": 0.0}
+
+
+def otel_env(tracing: TracingConfig, env: Mapping[str, str]) -> TracingConfig:
+    """OpenTelemetry's own variables over the file's `tracing`, as every OTel SDK reads them: the OTLP endpoint
+    (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`), `OTEL_SERVICE_NAME`, and the
+    sampler (`OTEL_TRACES_SAMPLER` always_on / always_off / traceidratio with `OTEL_TRACES_SAMPLER_ARG`, each
+    also parentbased_: a client's sampled flag is followed either way). Tracing is switched on by the file."""
+    changes: dict[str, Any] = {}
+    if endpoint := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        changes["endpoint"] = endpoint
+    if name := env.get("OTEL_SERVICE_NAME"):
+        changes["service_name"] = name
+    if sampler := env.get("OTEL_TRACES_SAMPLER"):
+        if sampler in _SAMPLERS:
+            changes["sampling_ratio"] = _SAMPLERS[sampler]
+        elif sampler in ("traceidratio", "parentbased_traceidratio"):
+            changes["sampling_ratio"] = schema.convert(float, FromEnv(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")),
+                                                       "env OTEL_TRACES_SAMPLER_ARG")
+        else:
+            raise ConfigError(f"unsupported sampler {sampler!r} (known: {', '.join([*_SAMPLERS, 'traceidratio'])}, "
+                              "parentbased_traceidratio)", key="env OTEL_TRACES_SAMPLER")
+    if not changes:
+        return tracing
+    tracing = dataclasses.replace(tracing, **changes)
+    tracing.validate("tracing (with OTEL_* variables)")
+    return tracing
 
 
 def _int(text: str, name: str) -> int:

@@ -18,7 +18,7 @@ from gateway.errors import ConfigError
 
 @dataclass(frozen=True)
 class CostModelConfig:
-    """The prefill cost model's parameters (`gateway.routing.cost`), part of prefix_affinity's."""
+    """The prefill cost model's parameters (`gateway.routing.policies.cost`), part of prefix_affinity's."""
 
     prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
     calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
@@ -125,11 +125,23 @@ POLICY_CONFIGS: dict[str, type] = {
 }
 
 
+# Other routers' names for what a policy here does: refused with the name to write instead, since their
+# parameters differ (SGLang's and vLLM's routers).
+PEER_NAMES = {"cache_aware": "prefix_affinity", "prefix_aware": "prefix_affinity", "prefix_cache": "prefix_affinity",
+              "kv_aware": "prefix_affinity", "power_of_two_choices": "power_of_two", "least_request": "least_loaded",
+              "roundrobin": "round_robin"}
+
+
 def policy_config(type_: str, params: Mapping[str, Any] | None, key: str) -> Any:
     """Policy `type_`'s parameters, built and validated; errors name `key.policy` or `key.params...`."""
     cls = POLICY_CONFIGS.get(type_)
     if cls is None:
-        raise ConfigError(f"unknown policy {type_!r} (known: {', '.join(sorted(POLICY_CONFIGS))})", key=f"{key}.policy")
+        known = ", ".join(sorted(POLICY_CONFIGS))
+        if type_ in PEER_NAMES:
+            hint = f"; {type_!r} is another router's name: write {PEER_NAMES[type_]!r}"
+        else:
+            hint = schema.near(type_, POLICY_CONFIGS)
+        raise ConfigError(f"unknown policy {type_!r}{hint} (known: {known})", key=f"{key}.policy")
     return schema.build(cls, params or {}, f"{key}.params")
 
 

@@ -166,6 +166,9 @@ class RoutingConfig:
     prefix: PrefixConfig = field(default_factory=PrefixConfig)  # how prompts are hashed, for prefix policies
     explain_header: bool = False  # add X-Gateway-Route (each candidate's score) to every response
 
+    def validate(self, key: str) -> None:
+        policy_config(self.policy, self.params, key)  # the name and its parameters
+
 
 @dataclass(frozen=True)
 class DiscoveryConfig:
@@ -258,7 +261,6 @@ class PoolConfig:
         if self.discovery is not None and self.discovery.kv_events_port is not None \
                 and self.routing.prefix.tokenizer is None:
             raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.discovery.kv_events_port")
-        policy_config(self.routing.policy, self.routing.params, f"{key}.routing")  # the name and its parameters
         self._backend_keys  # noqa: B018 - read the key files now, at load, not on the event loop at the first request
 
 

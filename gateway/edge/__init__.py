@@ -1,5 +1,5 @@
 """What a request must pass before it is routed: the model routes, API keys, body limits and decoding,
 and rate limits.
 
-Imports config, observability and the top-level modules; never serving, relay or routing.
+Imports config, prompt, request and the top-level modules; never serving, admin, relay or routing.
 """

@@ -1,5 +1,5 @@
 """Warm-prefix index: which replica holds which prefix blocks. See `base` for the interface, `build` for
-the store the config names."""
+the store the config names. Imports config, prompt and support only."""
 
 from __future__ import annotations
 

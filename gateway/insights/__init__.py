@@ -1,5 +1,5 @@
 """What the traffic tells: token costs and cache savings, agent-session timelines, the prefix hygiene
 report.
 
-Imports config, prompt, observability and the top-level modules; never serving.
+Imports config, prompt, request, support and the top-level modules; never serving.
 """

@@ -1,4 +1,5 @@
 """Metrics (Prometheus), tracing (OpenTelemetry), request timing and the decision log.
 
-Imports config and the top-level modules only.
+Imports config, request, and what its gauges watch (replicas, index, index.kv_events); never routing,
+relay or serving.
 """

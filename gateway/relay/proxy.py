@@ -43,12 +43,12 @@ from multidict import CIMultiDict
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.relay import headers as h
-from gateway.relay.backend_auth import set_upstream_auth
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.stream_usage import UsageStripper
 from gateway.relay.watch import Watch, Watches, attempt_timeout
 from gateway.replicas import Replica
+from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
 from gateway.view import RequestView

@@ -26,9 +26,9 @@ from multidict import CIMultiDict
 
 from gateway.errors import NotFoundError, UpstreamError
 from gateway.relay import headers as h
-from gateway.relay.backend_auth import set_upstream_auth
 from gateway.relay.shared_homes import SharedHomes
 from gateway.replicas import Replica
+from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.routing.model_route import ModelRoute

@@ -1,4 +1,5 @@
-"""Replicas: state and health of one replica, the pool per model, probes and load scrapes."""
+"""Replicas: state and health of one replica, the pool per model, probes and load scrapes, the key a
+replica wants (`backend_auth`), with `discovery/`. Imports config, request and support only."""
 
 from gateway.replicas.health import Monitor
 from gateway.replicas.pool import ReplicaPool

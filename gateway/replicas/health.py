@@ -14,8 +14,8 @@ import aiohttp
 import structlog
 
 from gateway.config.loader import Config
-from gateway.relay.backend_auth import auth_headers
 from gateway.replicas import load
+from gateway.replicas.backend_auth import auth_headers
 from gateway.replicas.models import list_models
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.replica import Replica

@@ -9,7 +9,7 @@ A pool with `discovery` also holds the replicas its DNS name resolves to, or the
 Kubernetes API lists (`gateway.replicas.discovery.dns`); an unready pod stays in the pool, taking no traffic.
 Two jobs around the table live apart, so this module is only about what is routed to: how a
 router is built (`gateway.routing.build`), and the KV-event feeds filling the routers' exact tables
-(`gateway.index.kv_events.feeds`), which the table re-syncs whenever its replicas or routers change.
+(`gateway.routing.kv_feeds`), which the table re-syncs whenever its replicas or routers change.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import structlog
 from gateway.config.loader import Config, load_config
 from gateway.config.pools import DiscoveryConfig, PoolConfig, ReplicaConfig
 from gateway.errors import ConfigError, NotFoundError
-from gateway.index.kv_events.feeds import KVFeeds
 from gateway.log import setup_logging
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.discovery.dns import Discovery, Resolver, resolve_dns
 from gateway.routing.adapters import AdapterMap
 from gateway.routing.build import build_router
+from gateway.routing.kv_feeds import KVFeeds
 from gateway.routing.model_route import ModelRoute
 from gateway.routing.router import Router
 

@@ -19,11 +19,11 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from gateway.admin.dashboard import add_dashboard_routes
-from gateway.admin.ops_routes import add_ops_routes, reload
+from gateway.admin.dashboard import DASHBOARD_PATHS, add_dashboard_routes
+from gateway.admin.ops_routes import OpsParts, add_ops_routes, reload
 from gateway.config.loader import Config
 from gateway.config.pools import StreamChunkingConfig
-from gateway.edge.auth import authenticate
+from gateway.edge.auth import OPEN_PATHS, authenticate
 from gateway.edge.limits import check_prompt, estimate_prompt, read_view
 from gateway.edge.rate_limits import RateLimits
 from gateway.edge.routes import add_model_routes
@@ -45,6 +45,7 @@ from gateway.relay.stream_usage import ask_for_usage
 from gateway.relay.watch import attempt_timeout
 from gateway.replicas import Monitor
 from gateway.request.exchange import Exchange
+from gateway.request.keys import CALLER, REQUEST_ID
 from gateway.request.observers import Observers
 from gateway.routing.adapters import named
 from gateway.routing.feedback import RoutingFeedback
@@ -54,7 +55,6 @@ from gateway.serving import attempts
 from gateway.serving.admission import Admission
 from gateway.serving.app_keys import (
     ADMISSION,
-    CALLER,
     DECISIONS,
     HOMES,
     METRICS,
@@ -62,7 +62,6 @@ from gateway.serving.app_keys import (
     PREFIX_REPORT,
     PROXY,
     RATE_LIMITS,
-    REQUEST_ID,
     SESSIONS,
     STATE,
     TOKEN_COSTS,
@@ -97,7 +96,9 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
         app.cleanup_ctx.append(_sighup_ctx)
     add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
     add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
-    add_ops_routes(app)  # /v1/models, /health, /ready, /metrics, /admin/*
+    add_ops_routes(app, OpsParts(  # /v1/models, /health, /ready, /metrics, /admin/*
+        state, registry, app[TOKEN_COSTS], app[PREFIX_REPORT], app[DECISIONS], app[SESSIONS], app[ADMISSION].waiting,
+        lambda: app[LIFECYCLE].draining, lambda: app[RATE_LIMITS].local_only, lambda: app[HOMES].asking_replicas))
     add_dashboard_routes(app)  # /dashboard: one page over the admin routes
     return app
 
@@ -220,11 +221,14 @@ async def error_middleware(request: web.Request,
         return _error(request, 500, error_body("internal gateway error", "InternalServerError", 500), {})
 
 
+_OPEN_PATHS = OPEN_PATHS | DASHBOARD_PATHS  # the dashboard's page and assets hold no data
+
+
 @web.middleware
 async def auth_middleware(request: web.Request,
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Who is calling, before anything else is read; the key itself goes no further than this."""
-    request[CALLER] = authenticate(request.app[STATE].config.auth, request.path, request.headers)
+    request[CALLER] = authenticate(request.app[STATE].config.auth, request.path, request.headers, _OPEN_PATHS)
     return await handler(request)
 
 

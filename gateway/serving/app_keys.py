@@ -14,7 +14,6 @@ from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.relay.proxy import Proxy
 from gateway.relay.stored_responses import ResponseHomes
-from gateway.request.caller import Caller
 from gateway.request.observers import Observers
 from gateway.routing.route_table import GatewayState
 from gateway.serving.admission import Admission
@@ -31,5 +30,3 @@ PREFIX_REPORT = web.AppKey("prefix_report", PrefixReport)
 DECISIONS = web.AppKey("decisions", DecisionLog)
 OBSERVERS = web.AppKey("observers", Observers)  # who hears of every request (gateway.request.observers)
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
-REQUEST_ID = web.RequestKey("request_id", str)
-CALLER = web.RequestKey("caller", Caller)

@@ -1,4 +1,5 @@
-"""The replicas' vLLM KV events: decoding batches, one subscriber per replica, and the running feeds.
+"""The replicas' vLLM KV events: decoding batches, and one subscriber per replica feeding a sink (the
+running feeds, one per replica of each pool, are the route table's: `gateway.routing.kv_feeds`).
 
-Imports the index, replicas, prompt and config; never routing or serving.
+Imports config and support only; never routing or serving.
 """

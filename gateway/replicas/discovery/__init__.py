@@ -1,4 +1,4 @@
 """Where a pool's replicas come from besides the config: DNS names and Kubernetes EndpointSlices.
 
-Imports replicas and config; never routing or serving.
+Imports config and support only; the route table applies what it finds.
 """

@@ -11,7 +11,7 @@
                once `shared_preamble_requests` requests carried it lately (else 1)
 
 Inputs: `cached_tokens` from the warm-prefix index (the Router fills it), load and scraped queue
-from the pool, the virtual prefill queue and learned prefill cost from `gateway.routing.cost`.
+from the pool, the virtual prefill queue and learned prefill cost from `gateway.routing.policies.cost`.
 Cache benefit and load are in one unit, decided per request and per candidate — no fleet-wide
 "imbalanced, ignore the cache" switch. Overlap every candidate holds shifts every score equally
 and attracts nothing. The chat preamble (tools + system prompt, shared by many conversations)
@@ -48,9 +48,9 @@ from typing import Any
 
 from gateway.config.policy_params import PrefixAffinityPolicyConfig
 from gateway.request.decision import Candidate, Decision, Outcome, Score
-from gateway.routing.cost import CostModel
 from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
+from gateway.routing.policies.cost import CostModel
 from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 

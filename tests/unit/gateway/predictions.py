@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.request.decision import Candidate
-from gateway.routing.cost import CostModel
+from gateway.routing.policies.cost import CostModel
 
 
 def predict(cost: CostModel, candidate: Candidate, prompt_tokens: int, now: float) -> tuple[float, float]:

@@ -10,7 +10,7 @@ from gateway.config import schema
 from gateway.config.policy_params import CostModelConfig
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
-from gateway.routing.cost import CostModel
+from gateway.routing.policies.cost import CostModel
 from tests.unit.gateway.predictions import predict, wait_s
 
 

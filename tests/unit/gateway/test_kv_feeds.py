@@ -9,9 +9,9 @@ import pytest
 from gateway.config.pools import KVEventsConfig, ReplicaConfig
 from gateway.index import MemoryIndex
 from gateway.index.exact import ExactTables
-from gateway.index.kv_events.feeds import KVFeeds
 from gateway.prompt import prefix_keys as prefix
 from gateway.replicas import Replica, ReplicaPool
+from gateway.routing.kv_feeds import KVFeeds
 from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from lab.cluster import free_port

@@ -22,3 +22,11 @@ def test_pool_state_is_exported_at_scrape_time() -> None:
     assert 'replica="b"' not in metrics.render().decode()
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert all(name.startswith("affinity_gateway_") for name in names)
+
+
+def test_no_created_series_beside_counters_and_histograms() -> None:
+    metrics = Metrics()
+    metrics.requests.labels("m", "r0", "200").inc()
+    metrics.latency.labels("m").observe(0.1)
+    text = metrics.render().decode()
+    assert "affinity_gateway_requests_total" in text and "_created" not in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.relay.usage_checks import CachedTokensCheck
+from gateway.observability.usage_checks import CachedTokensCheck
 from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)

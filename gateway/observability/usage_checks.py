@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from gateway.request.usage import Usage
 
-log = structlog.get_logger("gateway.relay.usage_checks")
+log = structlog.get_logger("gateway.observability.usage_checks")
 
 
 class CachedTokensCheck:

@@ -20,7 +20,7 @@ from gateway.index.kv_events.subscriber import KVEventSubscriber
 from gateway.replicas import ReplicaPool
 from gateway.routing.router import Router
 
-log = structlog.get_logger("gateway.index.kv_events.feeds")
+log = structlog.get_logger("gateway.routing.kv_feeds")
 
 
 class KVFeeds:

@@ -45,7 +45,8 @@ class OpsParts:
     sessions: Sessions
     waiting: Callable[[], dict[str, int]]  # requests waiting in each pool's admission queue
     draining: Callable[[], bool]  # a SIGTERM came: not ready
-    local_only: Callable[[], bool]  # the shared quota is unreachable: this gateway's own buckets stand in
+    local_only: Callable[[], bool]  # the shared quota is unreachable: this gateway's own windows stand in
+    homes_from_replicas: Callable[[], bool]  # the shared response homes are unreachable: replicas are asked
 
 
 OPS = web.AppKey("ops", OpsParts)
@@ -78,10 +79,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """Ready unless every pool is empty (or any, with `readiness.require_all_pools`), or a SIGTERM came;
-    `?model=` asks for one pool (`gateway.admin.readiness`). A degraded part (the shared index or quota unreachable:
-    this gateway's own table and buckets stand in) is reported but still ready."""
+    `?model=` asks for one pool (`gateway.admin.readiness`). A degraded part (the shared index, quota or response
+    homes unreachable: this gateway's own table and buckets, or asking the replicas, stand in) is reported but
+    still ready."""
     ops = request.app[OPS]
-    body, status = report(ops.state, request.query.get("model"), ops.draining(), ops.waiting(), ops.local_only())
+    body, status = report(ops.state, request.query.get("model"), ops.draining(), ops.waiting(), ops.local_only(),
+                          ops.homes_from_replicas())
     return _json(body, status=status)
 
 

@@ -67,6 +67,9 @@ class AuthConfig:
     """YAML `auth`: no keys = no authentication."""
 
     keys: tuple[ApiKeyConfig, ...] = ()
+    # The rate limits' sliding window: the *_per_minute rates hold over any window this long (restart only).
+    # 60 s is a minute; a shorter one only makes tests of the window fast (tests/integration).
+    rate_limit_window_s: float = 60.0
 
     @cached_property
     def entries(self) -> tuple[ApiKeyConfig, ...]:
@@ -82,6 +85,9 @@ class AuthConfig:
         return tuple(out)
 
     def validate(self, key: str) -> None:
+        if not 0 < self.rate_limit_window_s <= 3600:
+            raise ConfigError(f"must be seconds in (0, 3600], got {self.rate_limit_window_s}",
+                              key=f"{key}.rate_limit_window_s")
         self.entries  # noqa: B018 - the files' digests now, at load, not on the event loop at the first request
 
     @property
@@ -195,6 +201,7 @@ class RedisConfig:
     url: str | None = None  # redis://host:port/db (rediss://, unix:// too)
     url_file: str | None = None  # or the URL (with its password) in this file: a mounted Secret
     key_prefix: str = "affinity:"  # every key and channel of the gateways starts with this
+    response_ttl_s: float = 86400.0  # a stored response's home (`gateway.relay.shared_homes`) is kept this long
 
     @cached_property
     def resolved_url(self) -> str:
@@ -205,6 +212,9 @@ class RedisConfig:
         return self.url
 
     def validate(self, key: str) -> None:
+        if not self.response_ttl_s > 0:
+            raise ConfigError(f"must be a number of seconds > 0, got {self.response_ttl_s}",
+                              key=f"{key}.response_ttl_s")
         if (self.url is None) == (self.url_file is None):
             raise ConfigError("set url or url_file (one of them)", key=f"{key}.url")
         if self.url_file is not None:

@@ -1,45 +1,35 @@
-"""Per-API-key request and token rate limits: token buckets that refill continuously.
+"""Per-API-key request and token rate limits: no window of `auth.rate_limit_window_s` (a minute), aligned
+or not, admits more than the key's rate (`gateway.edge.sliding_window`).
 
-A bucket holds at most one minute's allowance and starts full, so a key may burst up to its
-per-minute rate. Requests are charged one each at admission. Tokens are charged twice: the prompt
-estimate at admission and the completion tokens the replica reported once the answer is done; a
-key whose token bucket is empty (or below zero after a long answer) waits for it to refill.
-Rates are read from the live config on every request, so a reload applies at once.
+Requests are charged one each at admission. Tokens are charged twice: the prompt estimate at admission
+and the completion tokens the replica reported once the answer is done; a key whose window holds its
+whole token rate (or more, after a long answer) waits until enough of it has aged out. A refusal says
+when that is (Retry-After). Rates are read from the live config on every request, so a reload applies
+at once; the window's length is read at start.
 
 With a shared Redis (the top-level `redis:`) the quota is the fleet's, not each gateway's: see
-`gateway.edge.shared_quota` (fixed minute windows there; these buckets again while Redis is down).
+`gateway.edge.shared_quota`, which keeps the same windows in Redis; while Redis is unreachable these
+local windows apply, by the same rule, each gateway the key's whole quota.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from gateway.config.features import ApiKeyConfig
 from gateway.edge.shared_quota import SharedQuota
+from gateway.edge.sliding_window import SlidingWindow
 from gateway.errors import RateLimitError
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 
 
-@dataclass(slots=True)
-class _Bucket:
-    level: float
-    updated: float
-
-    def refill(self, per_minute: float, now: float) -> None:
-        self.level = min(per_minute, self.level + (now - self.updated) * per_minute / 60.0)
-        self.updated = now
-
-    def seconds_until(self, amount: float, per_minute: float) -> float:
-        return max(0.0, (amount - self.level) * 60.0 / per_minute)
-
-
 class RateLimits(RequestObserver):
     """Admits requests within their key's rates, and charges each answer's completion tokens."""
 
-    def __init__(self, shared: SharedQuota | None = None) -> None:
-        self._buckets: dict[tuple[str, str], _Bucket] = {}
+    def __init__(self, shared: SharedQuota | None = None, window_s: float = 60.0) -> None:
+        self._windows: dict[tuple[str, str], SlidingWindow] = {}
+        self._window_s = window_s
         self.shared = shared
 
     @property
@@ -53,32 +43,31 @@ class RateLimits(RequestObserver):
         if self.shared is not None and await self._admit_shared(self.shared, key, prompt_tokens):
             return
         now = time.monotonic()
-        requests = self._bucket(key, "requests", key.requests_per_minute, now)
-        tokens = self._bucket(key, "tokens", key.tokens_per_minute, now)
-        if requests is not None and requests.level < 1:
+        requests = self._window(key, "requests", key.requests_per_minute)
+        tokens = self._window(key, "tokens", key.tokens_per_minute)
+        if requests is not None and requests.used(now) + 1 > key.requests_per_minute:
             raise RateLimitError(f"rate limit of {key.requests_per_minute:g} requests per minute reached",
-                                 retry_after_s=requests.seconds_until(1, key.requests_per_minute))
-        if tokens is not None and tokens.level <= 0:
+                                 retry_after_s=requests.retry_after(now, 1, key.requests_per_minute))
+        if tokens is not None and tokens.used(now) >= key.tokens_per_minute:
             raise RateLimitError(f"rate limit of {key.tokens_per_minute:g} tokens per minute reached",
-                                 retry_after_s=tokens.seconds_until(1, key.tokens_per_minute))
+                                 retry_after_s=tokens.retry_after(now, 1, key.tokens_per_minute))
         if requests is not None:
-            requests.level -= 1
+            requests.add(now, 1)
         if tokens is not None:
-            tokens.level -= prompt_tokens
+            tokens.add(now, prompt_tokens)
 
     async def _admit_shared(self, shared: SharedQuota, key: ApiKeyConfig, prompt_tokens: int) -> bool:
-        """True once charged to the fleet's quota; False when Redis is unreachable (local buckets decide)."""
-        next_window_s = 60.0 - time.time() % 60.0
+        """True once charged to the fleet's quota; False when Redis is unreachable (local windows decide)."""
         for kind, per_minute, amount in (("requests", key.requests_per_minute, 1),
                                          ("tokens", key.tokens_per_minute, prompt_tokens)):
             if per_minute <= 0:
                 continue
-            admitted = await shared.admit(key.sha256, kind, per_minute, amount, whole=kind == "requests")
-            if admitted is None:
+            wait_s = await shared.admit(key.sha256, kind, per_minute, amount, whole=kind == "requests")
+            if wait_s is None:
                 return False
-            if not admitted:
+            if wait_s:
                 raise RateLimitError(f"rate limit of {per_minute:g} {kind} per minute reached (all gateways)",
-                                     retry_after_s=next_window_s)
+                                     retry_after_s=wait_s)
         return True
 
     def finished(self, done: FinishedRequest) -> None:
@@ -90,15 +79,14 @@ class RateLimits(RequestObserver):
         if self.shared is not None and key.tokens_per_minute > 0 and not self.shared.degraded:
             self.shared.charge(key.sha256, "tokens", tokens)
             return
-        bucket = self._bucket(key, "tokens", key.tokens_per_minute, time.monotonic())
-        if bucket is not None:
-            bucket.level -= tokens
+        window = self._window(key, "tokens", key.tokens_per_minute)
+        if window is not None:
+            window.add(time.monotonic(), tokens)
 
-    def _bucket(self, key: ApiKeyConfig, kind: str, per_minute: float, now: float) -> _Bucket | None:
+    def _window(self, key: ApiKeyConfig, kind: str, per_minute: float) -> SlidingWindow | None:
         if per_minute <= 0:
             return None
-        bucket = self._buckets.get((key.sha256, kind))
-        if bucket is None:
-            bucket = self._buckets[(key.sha256, kind)] = _Bucket(per_minute, now)
-        bucket.refill(per_minute, now)
-        return bucket
+        window = self._windows.get((key.sha256, kind))
+        if window is None:
+            window = self._windows[(key.sha256, kind)] = SlidingWindow(self._window_s)
+        return window

@@ -68,6 +68,9 @@ class Metrics:
                                                 "status", ["tenant", "status"], registry=r))
         self.tenant_tokens = Children(Counter("affinity_gateway_tenant_tokens", "Tokens by tenant, as the replicas "
                                               "reported", ["tenant", "kind"], registry=r))
+        self.response_homes = Children(Counter("affinity_gateway_response_home_lookups", "Responses API follow-ups "
+                                               "by where their response's home was found: local, redis, replicas "
+                                               "(asked in turn), unknown", ["source"], registry=r))
         self.draining = Gauge("affinity_gateway_draining", "1 after SIGTERM while accepted requests finish",
                               registry=r)
         self.routing = RoutingMetrics(r)  # decisions by policy and reason, routing time, prediction error

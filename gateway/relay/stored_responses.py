@@ -3,21 +3,30 @@ own memory), so every request that names one must reach that replica: a follow-u
 `previous_response_id`, and `GET /v1/responses/{id}`, `DELETE` and `POST …/cancel`.
 
 The gateway learns each response's home from the answer on its way through (its `id` is read
-together with its usage: no extra parsing) and keeps the newest MAX_HOMES. A follow-up goes to its
-home while the home can take it; otherwise it is routed as usual (the replica answers vLLM's 404,
-as it would have anyway). A by-id request for an id this gateway never saw (another gateway's, or
-one made before a restart) asks each available replica of every pool in turn until one has it.
+together with its usage: no extra parsing) and keeps the newest MAX_HOMES; with a shared Redis (the
+top-level `redis:`) it also hands the home to `gateway.relay.shared_homes`, off the request path, so
+every gateway of the fleet can find it. A follow-up whose home this gateway does not know is looked up
+before it is routed (`locate`): one Redis GET, and when Redis has no answer (down, or the other
+gateway's write still in flight) each available replica of its pool is asked in turn with
+`GET /v1/responses/{id}`. A follow-up goes to its home while the home can take it; otherwise it is
+routed as usual (the replica answers vLLM's 404, as it would have anyway). A by-id request for an id
+this gateway never saw asks each available replica of every pool in turn until one has it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import suppress
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gateway.errors import NotFoundError, UpstreamError
 from gateway.relay import headers as h
+from gateway.relay.shared_homes import SharedHomes
 from gateway.replicas import Replica
 from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.exchange import FinishedRequest
@@ -27,38 +36,129 @@ from gateway.routing.route_table import GatewayState
 from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 
+if TYPE_CHECKING:
+    from gateway.config.loader import Config
+
 MAX_HOMES = 100_000
+PROBE_TIMEOUT_S = 2.0  # per replica asked for a follow-up's home: a hung one must not hold the request long
 BY_ID = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
          ("POST", "/v1/responses/{response_id}/cancel"))
 
 
+def _uncounted(source: str) -> None:
+    pass
+
+
 class ResponseHomes(RequestObserver):
     """response id -> (pool, replica that stored it), newest last; bounded. It hears of each answer that
-    stored a response."""
+    stored a response. `counted(source)` hears where each follow-up's home was found: local, redis,
+    replicas or unknown (a metric)."""
 
-    def __init__(self, limit: int = MAX_HOMES) -> None:
+    def __init__(self, limit: int = MAX_HOMES, shared: SharedHomes | None = None,
+                 counted: Callable[[str], None] = _uncounted) -> None:
         self._homes: dict[str, tuple[str, str]] = {}
         self._limit = limit
+        self.shared = shared
+        self._counted = counted
+
+    @classmethod
+    def attach(cls, app: web.Application, config: Config, counted: Callable[[str], None]) -> ResponseHomes:
+        """One per app: the fleet's homes in the shared Redis where there is one (`redis`; a change needs a
+        restart), its writer running with the app."""
+        redis = config.redis
+        shared = SharedHomes(redis.resolved_url, redis.key_prefix, redis.response_ttl_s) if redis is not None \
+            else None
+        homes = cls(shared=shared, counted=counted)
+        if shared is not None:
+            app.cleanup_ctx.append(homes._running)
+        return homes
+
+    @property
+    def asking_replicas(self) -> bool:
+        """The shared homes are configured but Redis is unreachable: unknown homes are asked of the replicas."""
+        return self.shared is not None and self.shared.degraded
 
     def finished(self, done: FinishedRequest) -> None:
         if done.usage.response_id is not None and done.replica_id is not None:
             self.remember(done.usage.response_id, done.model, done.replica_id)
 
-    def remember(self, response_id: str, model: str, replica_id: str) -> None:
+    def remember(self, response_id: str, model: str, replica_id: str, *, share: bool = True) -> None:
         put_newest(self._homes, response_id, (model, replica_id), self._limit)
+        if share and self.shared is not None:
+            self.shared.put(response_id, (model, replica_id))
 
     def home(self, response_id: str) -> tuple[str, str] | None:
         return self._homes.get(response_id)
 
+    async def locate(self, view: RequestView, route: ModelRoute, config: Config, session: aiohttp.ClientSession,
+                     headers: Mapping[str, str]) -> None:
+        """Before a follow-up is routed, learn its response's home if this gateway does not know it: from
+        Redis (one GET), else by asking the pool's available replicas in turn. Costs nothing but a dict
+        lookup for a home this gateway knows, and nothing at all for any other request."""
+        previous = _previous(view)
+        if previous is None:
+            return
+        if previous in self._homes:
+            self._counted("local")
+            return
+        home = await self.shared.get(previous) if self.shared is not None else None
+        if home is not None:
+            self._counted("redis")
+            self.remember(previous, *home, share=False)
+            return
+        replica_id = await _ask_replicas(route, previous, config, session, headers)
+        self._counted("replicas" if replica_id is not None else "unknown")
+        if replica_id is not None:
+            self.remember(previous, route.model, replica_id)
+
+    async def _running(self, app: web.Application) -> AsyncIterator[None]:
+        assert self.shared is not None
+        task = asyncio.get_running_loop().create_task(self.shared.run(), name="response-homes-writer")
+        yield
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        await self.shared.close()
+
     def excluded(self, view: RequestView, route: ModelRoute, exclude: set[str]) -> set[str]:
         """`exclude`, plus every replica but the home of the response a follow-up continues (while that
         home is in the pool and not already excluded)."""
-        previous = view.body.get("previous_response_id") if view.endpoint == "responses" else None
-        home = self._homes.get(previous) if isinstance(previous, str) else None
+        previous = _previous(view)
+        home = self._homes.get(previous) if previous is not None else None
         if home is None or home[0] != route.model or home[1] in exclude \
                 or not any(r.replica_id == home[1] and r.is_available() for r in route.pool):
             return exclude
         return exclude | {r.replica_id for r in route.pool if r.replica_id != home[1]}
+
+
+def _previous(view: RequestView) -> str | None:
+    """The response a Responses API request continues, if it names one."""
+    if view.endpoint != "responses":
+        return None
+    previous = view.body.get("previous_response_id")
+    return previous if isinstance(previous, str) and previous else None
+
+
+async def _ask_replicas(route: ModelRoute, response_id: str, config: Config, session: aiohttp.ClientSession,
+                        headers: Mapping[str, str]) -> str | None:
+    """The first available replica of the pool that has the response (`GET /v1/responses/{id}` answers
+    200), asked one after another; None when none has it or none answers."""
+    out = h.filtered(headers.items(), h.REQUEST_DROP)
+    for name in ("Content-Length", "Content-Type", "Content-Encoding", "Transfer-Encoding"):
+        out.popall(name, None)
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S, sock_connect=config.timeouts.connect_s)
+    for replica in [r for r in route.pool if r.is_available()]:
+        asked = CIMultiDict(out)
+        set_upstream_auth(asked, config.backend_key(route.model, replica.replica_id), config.auth.enabled)
+        try:
+            async with session.get(f"{replica.url}/v1/responses/{response_id}", headers=asked, timeout=timeout,
+                                   allow_redirects=False) as answer:
+                await answer.read()
+                if answer.status == 200:
+                    return replica.replica_id
+        except (aiohttp.ClientError, TimeoutError):
+            continue
+    return None
 
 
 def add_by_id_routes(app: web.Application, homes: ResponseHomes, state: Callable[[], GatewayState],

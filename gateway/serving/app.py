@@ -80,14 +80,16 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     registry.watch(state.pools)
     registry.watch_feeds(state.kv_feeds.all)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
-    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config))  # the fleet's quota where Redis is
+    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config),  # the fleet's quota where Redis is
+                                  config.auth.rate_limit_window_s)
     app[LIFECYCLE] = Lifecycle()
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
     app[SESSIONS] = Sessions.attach(app, config.sessions, registry.registry)  # agent timelines, sized at start
     app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
     app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
-    app[HOMES] = ResponseHomes()  # stored responses, by id, to the replica that has them
+    app[HOMES] = ResponseHomes.attach(  # stored responses, by id, to the replica that has them; shared via Redis
+        app, config, lambda source: registry.response_homes.labels(source).inc())
     app[OBSERVERS] = _observers(app)
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
@@ -96,7 +98,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
     add_ops_routes(app, OpsParts(  # /v1/models, /health, /ready, /metrics, /admin/*
         state, registry, app[TOKEN_COSTS], app[PREFIX_REPORT], app[DECISIONS], app[SESSIONS], app[ADMISSION].waiting,
-        lambda: app[LIFECYCLE].draining, lambda: app[RATE_LIMITS].local_only))
+        lambda: app[LIFECYCLE].draining, lambda: app[RATE_LIMITS].local_only, lambda: app[HOMES].asking_replicas))
     add_dashboard_routes(app)  # /dashboard: one page over the admin routes
     return app
 
@@ -133,6 +135,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     _stream_options(request, view, route, exchange, config)
     with state.using(route.router):  # a reload closes this router only once the request is done
         await _within_limits(request, view, route, config)
+        await app[HOMES].locate(view, route, config, app[PROXY].session, request.headers)  # a follow-up's home
         _instrumented(route, exchange, request)
         try:  # decide (admission, router) → commit → attempt → on a retryable failure undo, decide again → relay
             return await attempts.answer(request, view, route, exchange, config)

@@ -128,7 +128,7 @@ def test_api_keys_tenants_rate_limits_and_logs(tmp_path: Path) -> None:
             assert http.get("/admin/replicas", headers={"X-API-Key": ADMIN_KEY}).status_code == 200
             statuses = [http.post("/v1/chat/completions", json=chat(SECRET_PROMPT), headers=user).status_code
                         for _ in range(6)]
-            assert statuses == [200] * 4 + [429] * 2, "4 requests per minute, bucket starts full"
+            assert statuses == [200] * 4 + [429] * 2, "4 requests in any minute, the first 4 at once"
             metrics = http.get("/metrics").text
             assert 'affinity_gateway_tenant_requests_total{status="200",tenant="acme"} 4.0' in metrics
             assert 'affinity_gateway_tenant_requests_total{status="429",tenant="acme"} 2.0' in metrics

@@ -4,6 +4,7 @@ ignore file, the images run as non-root with a health check, and their commands 
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 
 import pytest
@@ -115,3 +116,13 @@ def test_real_model_image_pins_cpu_torch_and_installs_the_model_without_its_depe
     assert "from replica_stub.engine.model import load_model; load_model()" in runs and callable(model.load_model)
     copied = {(src, paths[0]) for s, src, paths, _ in copies() if s == "replica-real"}
     assert ("build-real", "/opt/model-cache") in copied
+
+
+def test_the_gateway_image_installs_every_extra_the_docs_describe() -> None:
+    # Issue 36: the image had `.[k8s]` only, so `tracing.enabled: true` failed in compose and Helm.
+    (install,) = [rest for ins, rest in STAGES["build"].instructions if ins == "RUN" and "pip install" in rest]
+    (extras,) = re.findall(r'"\.\[([^\]]*)\]"', install)
+    installed = {e.strip() for e in extras.split(",")}
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    not_for_the_gateway = {"dev", "bench", "model"}  # tests; plots on a workstation; the replica-real stage's
+    assert installed == declared - not_for_the_gateway and "otel" in installed

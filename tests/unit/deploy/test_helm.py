@@ -28,7 +28,8 @@ helm = pytest.importorskip("helm_python",
 pytestmark = pytest.mark.timeout(60)
 
 CHART = DEPLOY / "helm/affinity-gateway"
-VALUES_FILES = ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml", "values-k8s-discovery.yaml"]
+VALUES_FILES = ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml", "values-k8s-discovery.yaml",
+                "values-vllm-fleet.yaml"]
 KUBE_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 RELEASE = "ag"
 
@@ -66,6 +67,31 @@ def replica_workload(name: str) -> dict[str, Any]:
     return workload
 
 
+def values(name: str) -> dict[str, Any]:
+    """values.yaml with the file's values over it (one level deep is enough for the keys read here)."""
+    merged = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key, value in (values_file(name) or {}).items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+            else value
+    return merged
+
+
+def stand_in_secrets(data: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """The files the config reads from mounted Secrets (Redis URL, digests, the backend key), written under
+    tmp_path with what such a Secret holds, so the gateway's loader can read them."""
+    if data.get("redis", {}).get("url_file"):
+        (tmp_path / "url").write_text("redis://:secret@redis.example:6379/0")
+        data["redis"]["url_file"] = str(tmp_path / "url")
+    for i, entry in enumerate(data.get("auth", {}).get("keys", [])):
+        (tmp_path / f"digests-{i}").write_text(f"{i:064x}\n")
+        entry["sha256_file"] = str(tmp_path / f"digests-{i}")
+    for pool in data["pools"].values():
+        if "api_key_file" in pool:
+            (tmp_path / "backend-key").write_text("sk-backend\n")
+            pool["api_key_file"] = str(tmp_path / "backend-key")
+    return data
+
+
 def gateway_yaml(name: str) -> dict[str, Any]:
     return yaml.safe_load(one(name, "ConfigMap", "gateway")["data"]["gateway.yaml"])
 
@@ -87,12 +113,9 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(name: str) -> N
 
 @pytest.mark.parametrize("name", VALUES_FILES)
 def test_the_gateway_config_loads_and_finds_the_replicas_and_their_kv_events(name: str, tmp_path: Path) -> None:
-    data = gateway_yaml(name)
-    if data.get("redis", {}).get("url_file"):  # the mounted Secret, stood in for here
-        (tmp_path / "url").write_text("redis://:secret@redis.example:6379/0")
-        data["redis"]["url_file"] = str(tmp_path / "url")
+    data = stand_in_secrets(gateway_yaml(name), tmp_path)
     config = parse_config(data)
-    (pool,) = config.pools.values()
+    pool = config.pools[values(name)["pool"]["name"]]
     service = one(name, "Service", "replica")
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     if pool.discovery.kubernetes is not None:  # the API: that Service's slices, the port named http
@@ -258,10 +281,10 @@ def test_label_mapping_merges_into_the_generated_kubernetes_discovery() -> None:
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"replicas": {"mode": "sglang"}}, "replicas.mode"),
-    ({"discovery": {"mode": "consul"}}, "discovery.mode"),
     ({"discovery": {"mode": "kubernetes"}, "serviceAccount": {"create": False}}, "serviceAccount.name"),
     ({"externalRedis": {"existingSecret": "r"}}, "redis.enabled=false"),
+    ({"auth": {"existingSecret": "keys"}}, "auth: set existingSecret and files together"),
+    ({"extraPools": [{"name": "stub-model", "service": "s"}]}, "is pool.name already"),
 ])
 def test_contradictory_values_fail_the_render(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):

@@ -56,6 +56,7 @@ def pool(**changes: Any) -> dict[str, Any]:
     ({**MINIMAL, "logging": {"level": "loud"}}, "logging.level", "one of"),
     ({**MINIMAL, "redis": {"url": "mysql://x"}}, "redis.url", "redis://"),
     ({**MINIMAL, "redis": {}}, "redis.url", "url or url_file"),
+    ({**MINIMAL, "redis": {"url": "redis://r:6379/0", "response_ttl_s": 0}}, "redis.response_ttl_s", "> 0"),
     ({**MINIMAL, "index": {"store": "mysql"}}, "index.store", "one of"),
     ({**MINIMAL, "index": {"store": "redis"}}, "index.store", "top-level `redis`"),
     # The shared Redis was configured under `index` until it was named for what it is: each old key names its new one.

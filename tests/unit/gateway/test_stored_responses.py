@@ -3,15 +3,20 @@ a Responses answer's id, whole and streamed, from the events it parses for usage
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from dataclasses import dataclass
 
 import pytest
+import redis.asyncio as aioredis
 
+from gateway.relay.shared_homes import SharedHomes
 from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.stored_responses import ResponseHomes
 from gateway.replicas import Replica, ReplicaPool
 from gateway.request.usage import Usage
 from gateway.view import RequestView
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -65,3 +70,53 @@ def test_only_a_follow_up_of_a_known_response_is_held_to_its_home() -> None:
     assert homes.excluded(view("resp_other"), route, set()) == set()
     assert homes.excluded(view(None), route, set()) == set()
     assert homes.excluded(view("resp_a", "chat"), route, set()) == set()
+
+
+async def test_shared_homes_are_written_in_the_background_and_read_by_another_gateway(redis_url: str) -> None:
+    prefix = f"homes-{uuid.uuid4().hex}:"
+    one, other = SharedHomes(redis_url, prefix, 30.0), SharedHomes(redis_url, prefix, 30.0)
+    writer = asyncio.get_running_loop().create_task(one.run())
+    try:
+        one.put("resp_x", ("m", "r2"))
+        for _ in range(100):
+            if (found := await other.get("resp_x")) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert found == ("m", "r2") and await other.get("resp_none") is None
+        client = aioredis.from_url(redis_url)
+        assert 0 < await client.ttl(f"{prefix}response:resp_x") <= 30
+        await client.aclose()
+    finally:
+        writer.cancel()
+        await one.close()
+        await other.close()
+
+
+async def test_an_unreachable_redis_is_degraded_and_keeps_the_writes() -> None:
+    homes = SharedHomes(f"redis://127.0.0.1:{free_port()}/0", "x:", 30.0)
+    homes.put("resp_x", ("m", "r0"))
+    assert not await homes.flush() and homes.degraded
+    assert await homes.get("resp_x") is None  # within RETRY_S: no wait at all
+    assert homes._pending == {"resp_x": ("m", "r0")}
+    await homes.close()
+
+
+async def test_locate_counts_a_known_home_and_asks_nothing_for_other_requests() -> None:
+    found: list[str] = []
+    homes = ResponseHomes(counted=found.append)
+    homes.remember("resp_a", "m", "r1")
+    route = Route("m", ReplicaPool("m", [Replica("r1", "http://h1")]))
+    await homes.locate(view("resp_a"), route, None, None, {})  # type: ignore[arg-type]  # never reached: known
+    await homes.locate(view(None), route, None, None, {})  # type: ignore[arg-type]
+    await homes.locate(view("resp_a", "chat"), route, None, None, {})  # type: ignore[arg-type]
+    assert found == ["local"]
+
+
+async def test_a_value_not_written_by_a_gateway_reads_as_absent(redis_url: str) -> None:
+    prefix = f"homes-{uuid.uuid4().hex}:"
+    client = aioredis.from_url(redis_url)
+    await client.set(f"{prefix}response:resp_odd", b"not json")
+    await client.aclose()
+    homes = SharedHomes(redis_url, prefix, 30.0)
+    assert await homes.get("resp_odd") is None and not homes.degraded
+    await homes.close()

@@ -67,8 +67,8 @@ promtool-check:
 	  elif command -v brew >/dev/null 2>&1; then brew install prometheus; \
 	  else echo "promtool not found: install it (apt-get install prometheus / brew install prometheus), else the alert-rules check skips" >&2; fi; }
 
-# The gates: ruff (pyflakes, pycodestyle, bugbear, import order, pyupgrade) and mypy --strict over the
-# product, the stub and the benchmarks (pyproject.toml has both configurations). The real engine's
+# The gates: ruff (pyflakes, pycodestyle, bugbear, import order, pyupgrade), ruff format, and mypy --strict over the
+# product, the lab, the stub, the benchmarks and the tests' helpers (pyproject.toml has both configurations). The real engine's
 # torch and transformers are checked against too, hence the model.
 # The documentation site, built strictly: a broken link, a missing anchor or a page left out of the nav
 # fails. The output goes to .venv/docs-site (ignored); `mkdocs serve -f docs/mkdocs/mkdocs.yml` shows it.
@@ -77,9 +77,10 @@ docs: install
 
 lint: install model
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# tests/integration/test_dashboard.py opens the dashboard in headless Chromium; install Debian's where we can.
+# tests/integration/insights/test_dashboard.py opens the dashboard in headless Chromium; install Debian's where we can.
 # Without it that test skips (fails with CI=true).
 chromium-check:
 	@command -v chromium >/dev/null 2>&1 || { \

@@ -50,7 +50,7 @@ def below(rng: random.Random, n: int, count: int) -> list[int]:
     """`count` draws of `rng.randrange(n)` (n >= 1), which is also what `rng.choice` of an n-long
     sequence draws. For a plain `random.Random` they are inlined: `randrange(n)` is `_randbelow(n)`,
     which draws `n.bit_length()` bits until below `n`; so the same state gives the same numbers and
-    leaves the same state (tests/unit/gateway/test_simulate.py)."""
+    leaves the same state (tests/unit/lab/test_simulate.py)."""
     if type(rng) is not random.Random:
         return [rng.randrange(n) for _ in range(count)]
     getrandbits, k = rng.getrandbits, n.bit_length()

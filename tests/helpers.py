@@ -14,7 +14,9 @@ from pathlib import Path
 
 import httpx
 
-from lab.cluster import free_port  # noqa: F401  (re-exported: the tests take ports from here)
+from lab.cluster import free_port  # the tests take ports from here
+
+__all__ = ["ROOT", "free_port"]
 from lab.tether import Tethered
 
 ROOT = Path(__file__).resolve().parent.parent

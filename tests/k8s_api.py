@@ -140,8 +140,10 @@ class FakeSliceAPI:
                 self._follow(shown, kind, item, selector)
                 await response.write(json.dumps({"type": kind, "object": item}).encode() + b"\n")
             async with self._changed:
-                await self._changed.wait_for(
-                    lambda since=since: self._drops != drops or bool(self.events) and self.events[-1][0] > since)
+                def changed(since: int = since, drops: int = drops) -> bool:
+                    return self._drops != drops or bool(self.events) and self.events[-1][0] > since
+
+                await self._changed.wait_for(changed)
             if self._drops != drops:
                 assert request.transport is not None
                 request.transport.close()

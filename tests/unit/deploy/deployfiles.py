@@ -27,7 +27,8 @@ CONFIG_PATH = "/etc/affinity-gateway/gateway.yaml"  # where the gateway image re
 
 
 def compose() -> dict[str, Any]:
-    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    loaded: dict[str, Any] = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    return loaded
 
 
 def mounts(service: dict[str, Any]) -> dict[str, str]:

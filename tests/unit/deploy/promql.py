@@ -13,7 +13,8 @@ import subprocess
 import pytest
 
 from gateway.config.loader import load_config
-from gateway.serving.app import METRICS, make_app
+from gateway.serving.app import make_app
+from gateway.serving.app_keys import METRICS
 from tests.unit.deploy.deployfiles import DEPLOY
 
 # What each family type puts on the wire (prometheus_client's exposition, OpenMetrics `_created` too).

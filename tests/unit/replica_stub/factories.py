@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from replica_stub.block_pool import BlockPool
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, SamplingParams
-from replica_stub.scheduler import Batching, Scheduler
+from replica_stub.scheduler import Batching, RequestOutput, Scheduler
 
 EOS = 999_999
 _ids = itertools.count()
@@ -31,7 +31,7 @@ def make_request(tokens: Sequence[int] | int = 10, *, block_size: int = 4, max_t
                    block_size, eos_token_id=EOS)
 
 
-def run_step(scheduler: Scheduler, token: int = 7) -> list:
+def run_step(scheduler: Scheduler, token: int = 7) -> list[RequestOutput]:
     """One schedule/update round where every sampling request samples `token`."""
     out = scheduler.schedule()
     sampled = {s.request.request_id: token for s in out.scheduled if s.samples}

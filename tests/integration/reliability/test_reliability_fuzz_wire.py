@@ -24,10 +24,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.integration.gateway_procs import MODEL, Gateway
-from tests.integration.test_reliability_fuzz import FUZZ, _dump, gateway, rss_kb  # noqa: F401 (the module's gateway)
-from tests.integration.test_reliability_fuzz import body as json_body
-from tests.integration.test_reliability_fuzz import headers as http_headers
-from tests.integration.test_reliability_fuzz import path as api_path
+from tests.integration.reliability.test_reliability_fuzz import (  # noqa: F401 (the module's gateway)
+    FUZZ,
+    _dump,
+    gateway,
+    rss_kb,
+)
+from tests.integration.reliability.test_reliability_fuzz import body as json_body
+from tests.integration.reliability.test_reliability_fuzz import headers as http_headers
+from tests.integration.reliability.test_reliability_fuzz import path as api_path
 
 pytestmark = pytest.mark.timeout(3600)  # FUZZ_EXAMPLES=10000 runs long; the default 300 takes seconds
 WIRE = settings(FUZZ, max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")))

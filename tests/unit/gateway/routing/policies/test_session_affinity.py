@@ -6,7 +6,7 @@ import collections
 
 from gateway.routing.policies.registry import build_policy
 from gateway.routing.policies.session_affinity import home_replica
-from tests.unit.gateway.test_policies_affinity import IDS, make_candidates, make_view
+from tests.unit.gateway.routing.policies.test_prefix_affinity import IDS, make_candidates, make_view
 
 
 def test_session_goes_home_across_policy_instances() -> None:

@@ -13,7 +13,7 @@ import pytest
 from gateway.request.decision import Candidate, Decision
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.view import RequestView
-from tests.unit.gateway.test_policies_affinity import (
+from tests.unit.gateway.routing.policies.test_prefix_affinity import (
     IDS,
     dispatch,
     make_candidates,

@@ -17,7 +17,7 @@ from gateway.routing.policies.bound import has_room, has_room_loads
 from gateway.routing.policies.prefix_affinity import PrefixAffinityPolicy
 from gateway.routing.policies.registry import build_policy
 from gateway.view import RequestView
-from tests.unit.gateway.predictions import predict, wait_s
+from tests.unit.gateway.routing.policies.predictions import predict, wait_s
 
 IDS = ("a", "b", "c", "d")
 _ids = iter(range(10**9))

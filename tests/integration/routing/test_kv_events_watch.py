@@ -12,7 +12,15 @@ import pytest
 from tests.helpers import free_port
 from tests.integration.gateway_procs import running
 from tests.integration.reliability_tools import eventually
-from tests.integration.test_kv_events_routing import chat, feed, gateway_for, predicted, prompt, start_replica, warm
+from tests.integration.routing.test_kv_events_routing import (
+    chat,
+    feed,
+    gateway_for,
+    predicted,
+    prompt,
+    start_replica,
+    warm,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,11 +4,10 @@ lazy and TYPE_CHECKING ones too, since each is a dependency a reader must follow
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
+from tests.helpers import ROOT
 from tests.import_graph import cycles, eager_graph, graph, module_files, package_graph
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_TOP_LEVEL = 8  # errors, log, the request view, __main__, __init__ and a few more: the rest live in rooms
 
 

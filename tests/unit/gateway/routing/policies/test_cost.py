@@ -11,7 +11,7 @@ from gateway.config.policy_params import CostModelConfig
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
 from gateway.routing.policies.cost import CostModel
-from tests.unit.gateway.predictions import predict, wait_s
+from tests.unit.gateway.routing.policies.predictions import predict, wait_s
 
 
 class Clock:

@@ -19,7 +19,7 @@ from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from tests.helpers import free_port
-from tests.unit.gateway.predictions import predict
+from tests.unit.gateway.routing.policies.predictions import predict
 
 IDS = ("a", "b", "c", "d")
 SYSTEM = "You are a helpful assistant for the ACME support desk. Be brief. " * 10

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
-from tests.integration.test_reliability_fuzz_wire import Conn as WireConn  # reads chunked answers
+from tests.integration.reliability.test_reliability_fuzz_wire import Conn as WireConn  # reads chunked answers
 from tests.upstream import FakeReplica, ThreadServer
 
 pytestmark = pytest.mark.timeout(60)

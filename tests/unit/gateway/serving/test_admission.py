@@ -111,7 +111,7 @@ async def test_a_decision_that_loses_its_slot_records_nothing_for_that_replica()
     from gateway.config.pools import RoutingConfig
     from gateway.routing.model_route import ModelRoute
     from gateway.serving.admission import Admission
-    from tests.unit.gateway.test_routing import SYSTEM, chat_view, make_router
+    from tests.unit.gateway.routing.test_router import SYSTEM, chat_view, make_router
 
     pool, _, _ = _pool()
     router = make_router(seed=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 from gateway.routing.policies.registry import build_policy
-from tests.unit.gateway.test_policies_affinity import IDS, make_candidates, make_view
+from tests.unit.gateway.routing.policies.test_prefix_affinity import IDS, make_candidates, make_view
 
 
 def test_ring_is_balanced_and_stable() -> None:

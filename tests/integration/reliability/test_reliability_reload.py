@@ -25,9 +25,9 @@ import pytest
 import redis
 
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
+from tests.integration.reliability.test_reliability_fuzz import rss_kb
 from tests.integration.reliability_tools import Outcome, RedisServer, chat, eventually, post_until, report
-from tests.integration.test_kv_events_routing import start_replica
-from tests.integration.test_reliability_fuzz import rss_kb
+from tests.integration.routing.test_kv_events_routing import start_replica
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(120)]
 RELOADS = 20

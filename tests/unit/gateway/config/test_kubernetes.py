@@ -1,6 +1,6 @@
 """Kubernetes labels → pools, adapters and roles: the config rules (errors name the key), what a slice's
 labels give its pods, and the running state taking a discovered pod's adapters and role (also when the
-pod is relabelled). End to end through a gateway process: tests/integration/test_k8s_labels_routing.py."""
+pod is relabelled). End to end through a gateway process: tests/integration/routing/test_k8s_labels_routing.py."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import yaml
 
 from gateway.config.loader import load_config
 from gateway.errors import ConfigError
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 MINIMAL = {"pools": {"m": {"replicas": [{"url": "http://127.0.0.1:9001"}]}}}
 
 

@@ -28,13 +28,18 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=10.0, help="sim replicas' speed factor")
     parser.add_argument("--policy", default="round_robin", help="the gateway's routing policy in both runs")
     parser.add_argument("--concurrency", type=int, default=16, help="closed loop: requests in flight")
-    parser.add_argument("--params", default="-p requests=200 -p short_tokens=32 -p long_tokens=512 -p long_share=0.2",
-                        help="varied-output workload parameters")
+    parser.add_argument(
+        "--params",
+        default="-p requests=200 -p short_tokens=32 -p long_tokens=512 -p long_share=0.2",
+        help="varied-output workload parameters",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-results/batching"))
     args = parser.parse_args()
-    base = (f"bench --compare {args.policy} --replicas {args.replicas} --speedup {args.speedup:g} -w varied-output "
-            f"{args.params} --concurrency {args.concurrency} --seed {args.seed} --no-plots -q")
+    base = (
+        f"bench --compare {args.policy} --replicas {args.replicas} --speedup {args.speedup:g} -w varied-output "
+        f"{args.params} --concurrency {args.concurrency} --seed {args.seed} --no-plots -q"
+    )
     runs: dict[str, dict[str, Any]] = {}
     for mode in BATCHING:
         command = f"{base} --batching {mode} --out {args.out / mode}"
@@ -43,21 +48,32 @@ def main() -> None:
             cli(shlex.split(command))
         result = orjson.loads((args.out / mode / "result.json").read_bytes())
         runs[mode] = result["runs"][args.policy]
-    print(f"\n{result['meta']['requests']} requests, {args.replicas} sim replicas at speedup {args.speedup:g}, "
-          f"{args.concurrency} in flight, routing {args.policy}\n")
+    print(
+        f"\n{result['meta']['requests']} requests, {args.replicas} sim replicas at speedup {args.speedup:g}, "
+        f"{args.concurrency} in flight, routing {args.policy}\n"
+    )
     print(table(runs))
 
 
 def table(runs: dict[str, dict[str, Any]]) -> str:
     """One row per batching mode, then static's figures over continuous's."""
-    columns = (("TTFT p50 s", "ttft_p50_s"), ("TTFT p90 s", "ttft_p90_s"), ("e2e p50 s", "e2e_p50_s"),
-               ("e2e p90 s", "e2e_p90_s"), ("out tok/s", "output_tokens_per_s"))
-    rows = ["| batching | requests | errors | " + " | ".join(name for name, _ in columns) + " |",
-            "|---|---|---|" + "---|" * len(columns)]
+    columns = (
+        ("TTFT p50 s", "ttft_p50_s"),
+        ("TTFT p90 s", "ttft_p90_s"),
+        ("e2e p50 s", "e2e_p50_s"),
+        ("e2e p90 s", "e2e_p90_s"),
+        ("out tok/s", "output_tokens_per_s"),
+    )
+    rows = [
+        "| batching | requests | errors | " + " | ".join(name for name, _ in columns) + " |",
+        "|---|---|---|" + "---|" * len(columns),
+    ]
     for mode, run in runs.items():
-        rows.append(f"| {mode} | {run['requests']} | {run['errors']} | "
-                    + " | ".join(f"{run[key]:.0f}" if key == "output_tokens_per_s" else f"{run[key]:.3f}"
-                                 for _, key in columns) + " |")
+        rows.append(
+            f"| {mode} | {run['requests']} | {run['errors']} | "
+            + " | ".join(f"{run[key]:.0f}" if key == "output_tokens_per_s" else f"{run[key]:.3f}" for _, key in columns)
+            + " |"
+        )
     static, continuous = runs["static"], runs["continuous"]
     ratios = [f"{static[key] / continuous[key]:.2f}x" if continuous[key] else "-" for _, key in columns]
     rows.append("| static / continuous | | | " + " | ".join(ratios) + " |")

@@ -59,8 +59,9 @@ http {{ access_log off; upstream replica {{ server 127.0.0.1:{replica}; keepaliv
 def _process(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[int]:
     """Run a child process until the block ends; ready once its port accepts connections. Yields its pid."""
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -151,21 +152,28 @@ async def _throughput(url: str, n: int, concurrency: int, stream: bool, pid: int
 
 
 async def _run(targets: dict[str, str], pids: dict[str, int], args: argparse.Namespace) -> list[str]:
-    rows = [f"| mode | target | p50 ms | added p50 ms | p99 ms | added p99 ms | rps (c={args.concurrency}) "
-            "| rps / direct | rps / ours | CPU ms per request |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"| mode | target | p50 ms | added p50 ms | p99 ms | added p99 ms | rps (c={args.concurrency}) "
+        "| rps / direct | rps / ours | CPU ms per request |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for stream in (False, True):
         samples = await _latency(targets, args.requests, stream)
-        rps = {name: await _throughput(url, args.requests, args.concurrency, stream, pids.get(name))
-               for name, url in targets.items()}
+        rps = {
+            name: await _throughput(url, args.requests, args.concurrency, stream, pids.get(name))
+            for name, url in targets.items()
+        }
         d50, d99 = statistics.median(samples["direct"]) * 1e3, _percentile(samples["direct"], 0.99) * 1e3
         ours = rps["affinity-gateway"][0]
         for name in targets:
             p50, p99 = statistics.median(samples[name]) * 1e3, _percentile(samples[name], 0.99) * 1e3
             rate, cpu_ms = rps[name]
             cpu = "-" if name == "direct" else f"{cpu_ms:.3f}"
-            rows.append(f"| {'streaming' if stream else 'non-streaming'} | {name} | {p50:.2f} | {p50 - d50:.2f} "
-                        f"| {p99:.2f} | {p99 - d99:.2f} | {rate:.0f} | {rate / rps['direct'][0]:.2f} "
-                        f"| {rate / ours:.2f} | {cpu} |")
+            rows.append(
+                f"| {'streaming' if stream else 'non-streaming'} | {name} | {p50:.2f} | {p50 - d50:.2f} "
+                f"| {p99:.2f} | {p99 - d99:.2f} | {rate:.0f} | {rate / rps['direct'][0]:.2f} "
+                f"| {rate / ours:.2f} | {cpu} |"
+            )
     return rows
 
 
@@ -177,9 +185,12 @@ def _start(stack: ExitStack, router: str, replica: str, replica_port: int, workd
     if workers and (name != "affinity-gateway" or not workers.isdigit() or int(workers) < 1):
         return f"@{workers}: only affinity-gateway[:policy]@N, N >= 1, has worker processes"
     if name == "affinity-gateway":
-        config = {"listen": {"host": "127.0.0.1", "port": port, "workers": int(workers or 1)},
-                  "pools": {MODEL: {"replicas": [{"url": replica, "name": "r0"}],
-                                    "routing": {"policy": policy or "round_robin"}}}}
+        config = {
+            "listen": {"host": "127.0.0.1", "port": port, "workers": int(workers or 1)},
+            "pools": {
+                MODEL: {"replicas": [{"url": replica, "name": "r0"}], "routing": {"policy": policy or "round_robin"}}
+            },
+        }
         path = workdir / f"gateway-{port}.yaml"
         path.write_text(yaml.safe_dump(config))
         pid = stack.enter_context(_process([sys.executable, "-m", "gateway", "serve", "--config", str(path)], port))
@@ -215,8 +226,21 @@ def main(argv: list[str] | None = None) -> int:
 
     replica_port = free_port()
     replica = f"http://127.0.0.1:{replica_port}"
-    stub = [sys.executable, "-m", "replica_stub", "--port", str(replica_port), "--model", MODEL,
-            "--engine", "sim", "--speedup", str(args.speedup), "--log-level", "warning"]
+    stub = [
+        sys.executable,
+        "-m",
+        "replica_stub",
+        "--port",
+        str(replica_port),
+        "--model",
+        MODEL,
+        "--engine",
+        "sim",
+        "--speedup",
+        str(args.speedup),
+        "--log-level",
+        "warning",
+    ]
     missing: list[str] = []
     with tempfile.TemporaryDirectory() as workdir, ExitStack() as stack:
         stack.enter_context(_process(stub, replica_port))
@@ -230,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         if "affinity-gateway" not in targets:
             parser.error("--routers must include affinity-gateway (the ratios are to it)")
         rows = asyncio.run(_run(targets, pids, args))
-    print(f"# router overhead: {args.requests} requests per cell, replica stub speedup {args.speedup}, "
-          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}")
+    print(
+        f"# router overhead: {args.requests} requests per cell, replica stub speedup {args.speedup}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}"
+    )
     print("\n".join(rows))
     if missing:
         print("\nNot measured:\n" + "\n".join(missing))

@@ -42,11 +42,11 @@ def batches(requests: int, prompt_tokens: int, answer_tokens: int, capacity: int
         for start, end in runs:
             hashes = tuple(range(next_hash, next_hash + end - start))
             next_hash += end - start
-            stored = BlockStored(hashes, parent, tuple(tokens[start * BLOCK:end * BLOCK]), BLOCK)
+            stored = BlockStored(hashes, parent, tuple(tokens[start * BLOCK : end * BLOCK]), BLOCK)
             events: list[BlockStored | BlockRemoved] = [stored]
             held.extend(hashes)
             if len(held) > capacity:
-                gone, held = held[:len(held) - capacity], held[len(held) - capacity:]
+                gone, held = held[: len(held) - capacity], held[len(held) - capacity :]
                 events.append(BlockRemoved(tuple(gone)))
             out.append(msgpack.packb([time.time(), [encode_event(e, "array") for e in events], None]))
             parent = hashes[-1]
@@ -70,8 +70,10 @@ def main() -> None:
     args = parser.parse_args()
     payloads = batches(args.requests, args.prompt_tokens, args.answer_tokens, args.blocks, seed=0)
     per_request = len(payloads) // args.requests
-    print(f"{len(payloads)} batches ({args.requests} requests × {args.prompt_tokens}+{args.answer_tokens} tokens), "
-          f"capacity {args.blocks} blocks")
+    print(
+        f"{len(payloads)} batches ({args.requests} requests × {args.prompt_tokens}+{args.answer_tokens} tokens), "
+        f"capacity {args.blocks} blocks"
+    )
     spent = {"prefill": 0.0, "decode": 0.0}
     tables = ExactTables(prefix.model_seed("m"), BLOCK)
     for i, payload in enumerate(payloads):

@@ -25,7 +25,8 @@ from bench.policy_matrix import MULTI_TURN
 from gateway.request.decision import Candidate, Decision
 from gateway.view import RequestView
 from lab.results import Result, quantile
-from lab.simulate import SimSpec, Simulation
+from lab.sim_spec import SimSpec
+from lab.simulate import Simulation
 from lab.workloads import multi_turn
 from replica_stub.config import StubConfig
 
@@ -68,11 +69,13 @@ def main() -> None:
         if policy == "round_robin":
             bar = quantile(ttfts, 0.9) / 3
         slow = [r for r in later if (r.ttft_s or 0.0) > bar]
-        print(f"{policy}: TTFT p90 {quantile(ttfts, 0.9):.2f} s | "
-              f"first turns ({len(first)}) p10 {quantile(first, 0.1):.2f} "
-              f"p50 {quantile(first, 0.5):.2f} s | later turns ({len(later)}) p50 {quantile(later_ttfts, 0.5):.2f} "
-              f"p90 {quantile(later_ttfts, 0.9):.2f} p99 {quantile(later_ttfts, 0.99):.2f} max {later_ttfts[-1]:.2f} s "
-              f"| later turns above round_robin's p90 / 3 ({bar:.2f} s): {len(slow)}")
+        print(
+            f"{policy}: TTFT p90 {quantile(ttfts, 0.9):.2f} s | "
+            f"first turns ({len(first)}) p10 {quantile(first, 0.1):.2f} "
+            f"p50 {quantile(first, 0.5):.2f} s | later turns ({len(later)}) p50 {quantile(later_ttfts, 0.5):.2f} "
+            f"p90 {quantile(later_ttfts, 0.9):.2f} p99 {quantile(later_ttfts, 0.99):.2f} max {later_ttfts[-1]:.2f} s "
+            f"| later turns above round_robin's p90 / 3 ({bar:.2f} s): {len(slow)}"
+        )
         if policy != "prefix_affinity":
             continue
         causes: collections.Counter[str] = collections.Counter()

@@ -31,8 +31,16 @@ from gateway.cli.main import main as cli
 from lab.workloads import Session, build
 from replica_stub.engine.timing import TimingModel
 
-CONTESTANTS = ("prefix_affinity", "round_robin", "smg:cache_aware", "smg:prefix_hash", "smg:round_robin",
-               "sglang:cache_aware", "vllm-router:cache_aware", "vllm-router:consistent_hash")
+CONTESTANTS = (
+    "prefix_affinity",
+    "round_robin",
+    "smg:cache_aware",
+    "smg:prefix_hash",
+    "smg:round_robin",
+    "sglang:cache_aware",
+    "vllm-router:cache_aware",
+    "vllm-router:consistent_hash",
+)
 # family -> workload and its parameters (the workload's registered defaults otherwise)
 FAMILIES: dict[str, tuple[str, str]] = {
     "tenant-chat": ("tenant-chat", ""),
@@ -92,15 +100,20 @@ def main() -> None:
             rate = rate_for(workload, pairs, LOADS[load])
             for seed in (int(s) for s in args.seeds.split(",")):
                 out = args.out / f"{family}-{load}" / f"seed-{seed}"
-                command = (f"bench --compare {args.contestants} -w {workload} {params} --rate {rate:.3g} --seed {seed} "
-                           f"--replicas {REPLICAS} --speedup {SPEEDUP:g} --no-plots -q --out {out}")
+                command = (
+                    f"bench --compare {args.contestants} -w {workload} {params} --rate {rate:.3g} --seed {seed} "
+                    f"--replicas {REPLICAS} --speedup {SPEEDUP:g} --no-plots -q --out {out}"
+                )
                 if not args.report:
                     started = time.perf_counter()
                     with contextlib.redirect_stdout(io.StringIO()):
                         code = cli(shlex.split(command))
                     took = time.perf_counter() - started
-                    print(f"{family} {load} ({rate:.3g} sessions/s) seed {seed}: {took:.0f} s, exit {code}\n"
-                          f"  affinity-gateway {command}", flush=True)
+                    print(
+                        f"{family} {load} ({rate:.3g} sessions/s) seed {seed}: {took:.0f} s, exit {code}\n"
+                        f"  affinity-gateway {command}",
+                        flush=True,
+                    )
                 if not (out / "result.json").exists():
                     print(f"{family} {load} seed {seed}: no result in {out}", flush=True)
                     continue
@@ -121,14 +134,19 @@ def table(cells: dict[tuple[str, str], list[dict[str, Any]]], contestants: list[
             if len(runs) < len(results):
                 line.append("missing")
                 continue
-            p90 = median([r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"]
-                          for r in runs])
+            p90 = median(
+                [r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"] for r in runs]
+            )
             errors = sum(r["errors"] for r in runs)
-            line.append(f"{p90 * 1000:.0f} / {median([r['cached_ratio'] for r in runs]):.2f} / "
-                        f"{median([r['busiest_over_mean'] for r in runs]):.2f}" + (f", {errors} err" if errors else ""))
+            line.append(
+                f"{p90 * 1000:.0f} / {median([r['cached_ratio'] for r in runs]):.2f} / "
+                f"{median([r['busiest_over_mean'] for r in runs]):.2f}" + (f", {errors} err" if errors else "")
+            )
         rows.append("| " + " | ".join(line) + " |")
-    return ("\n".join(rows) + "\n\nEach cell: TTFT p90 ms (later turns for session workloads) / cached share / "
-            "busiest÷mean, each the median over the row's seeds.")
+    return (
+        "\n".join(rows) + "\n\nEach cell: TTFT p90 ms (later turns for session workloads) / cached share / "
+        "busiest÷mean, each the median over the row's seeds."
+    )
 
 
 if __name__ == "__main__":

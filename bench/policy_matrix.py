@@ -52,31 +52,42 @@ def main() -> None:
         params, rates = MATRIX[workload]
         for load in args.loads.split(","):
             rate = rates[LOADS.index(load)] * k
-            base = (f"simulate -w {workload} {params.format(**sizes)} --rate {rate:g} --replicas {args.replicas} "
-                    f"--no-plots -q")
+            base = (
+                f"simulate -w {workload} {params.format(**sizes)} --rate {rate:g} --replicas {args.replicas} "
+                f"--no-plots -q"
+            )
             cell = args.out / f"{workload}-{load}"
             runs = {}
             started = time.perf_counter()
-            for name, extra, out in (("", "", cell), (" (preamble_weight=1)",
-                                     f"--policies prefix_affinity {VARIANT}", cell / "preamble1")):
+            for name, extra, out in (
+                ("", "", cell),
+                (" (preamble_weight=1)", f"--policies prefix_affinity {VARIANT}", cell / "preamble1"),
+            ):
                 with contextlib.redirect_stdout(io.StringIO()):
                     cli(shlex.split(f"{base} {extra} --out {out}"))
                 result = orjson.loads((out / "result.json").read_bytes())
                 runs.update({policy + name: run for policy, run in result["runs"].items()})
-            print(f"\n#### {workload}, {load} load ({rate:g} sessions/s, {args.replicas} replicas, "
-                  f"{result['meta']['requests']} requests; simulated in {time.perf_counter() - started:.0f} s)\n")
+            print(
+                f"\n#### {workload}, {load} load ({rate:g} sessions/s, {args.replicas} replicas, "
+                f"{result['meta']['requests']} requests; simulated in {time.perf_counter() - started:.0f} s)\n"
+            )
             print(f"`affinity-gateway {base} --out {cell}` (+ `--policies prefix_affinity {VARIANT}`)\n")
             print(_table(runs), flush=True)
 
 
 def _table(runs: dict[str, dict[str, float]]) -> str:
-    rows = ["| policy | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | e2e p90 s "
-            "| cached | busiest/mean |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| policy | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | e2e p90 s "
+        "| cached | busiest/mean |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in runs.items():
         later = "-" if r.get("later_ttft_p90_s") is None else f"{r['later_ttft_p90_s']:.2f}"
-        rows.append(f"| {name} | {r['ttft_p50_s']:.2f} | {r['ttft_p90_s']:.2f} | {r['ttft_p99_s']:.2f} | {later} | "
-                    f"{r['itl_p50_s'] * 1000:.0f} | {r['e2e_p90_s']:.1f} | {r['cached_ratio']:.2f} | "
-                    f"{r['busiest_over_mean']:.2f} |")
+        rows.append(
+            f"| {name} | {r['ttft_p50_s']:.2f} | {r['ttft_p90_s']:.2f} | {r['ttft_p99_s']:.2f} | {later} | "
+            f"{r['itl_p50_s'] * 1000:.0f} | {r['e2e_p90_s']:.1f} | {r['cached_ratio']:.2f} | "
+            f"{r['busiest_over_mean']:.2f} |"
+        )
     return "\n".join(rows)
 
 

@@ -37,7 +37,9 @@ def _stats(client: redis.Redis) -> dict[str, tuple[int, int]]:
 
 async def run(replicas: int, blocks: int, requests: int, port: int) -> None:
     client = redis.Redis(port=port)
-    index = RedisIndex(IndexStore(IndexConfig(capacity_blocks=blocks * 2, timeout_s=1.0), f"redis://127.0.0.1:{port}/0"))
+    index = RedisIndex(
+        IndexStore(IndexConfig(capacity_blocks=blocks * 2, timeout_s=1.0), f"redis://127.0.0.1:{port}/0")
+    )
     rng = random.Random(7)
     before = int(client.info("memory")["used_memory"])
     for r in range(replicas):
@@ -46,9 +48,11 @@ async def run(replicas: int, blocks: int, requests: int, port: int) -> None:
         await index.flush()
     after = int(client.info("memory")["used_memory"])
     total = replicas * (blocks // CHAIN) * CHAIN
-    print(f"fill: {replicas} tables x {blocks // CHAIN * CHAIN} blocks = {total} blocks, "
-          f"used_memory {before} -> {after} B: {(after - before) / total:.1f} B per block, "
-          f"{client.dbsize()} keys, redis-server {client.info('server')['redis_version']}")
+    print(
+        f"fill: {replicas} tables x {blocks // CHAIN * CHAIN} blocks = {total} blocks, "
+        f"used_memory {before} -> {after} B: {(after - before) / total:.1f} B per block, "
+        f"{client.dbsize()} keys, redis-server {client.info('server')['redis_version']}"
+    )
 
     ids = [f"replica-{r}" for r in range(replicas)]
     prefixes = [[rng.getrandbits(64) for _ in range(CHAIN // 2)] for _ in range(50)]
@@ -63,15 +67,22 @@ async def run(replicas: int, blocks: int, requests: int, port: int) -> None:
     await index.flush()
     elapsed = time.perf_counter() - started
     end_stats = _stats(client)
-    delta = {k: (calls - start_stats.get(k, (0, 0))[0], usec - start_stats.get(k, (0, 0))[1])
-             for k, (calls, usec) in end_stats.items() if k not in ("info", "hello")}
+    delta = {
+        k: (calls - start_stats.get(k, (0, 0))[0], usec - start_stats.get(k, (0, 0))[1])
+        for k, (calls, usec) in end_stats.items()
+        if k not in ("info", "hello")
+    }
     per_request = ", ".join(f"{name} {calls / requests:.2f}" for name, (calls, _) in sorted(delta.items()) if calls)
     busy_us = sum(usec for name, (_, usec) in delta.items() if name.startswith(("evalsha", "script")))
     lookup_s.sort()
-    print(f"traffic: {requests} requests ({replicas} candidates, {CHAIN}-block chains) in {elapsed:.2f} s; "
-          f"per request: {per_request}; Redis busy {busy_us / requests:.1f} µs per request (commandstats usec)")
-    print(f"lookup round trip p50 {lookup_s[len(lookup_s) // 2] * 1e3:.3f} ms, "
-          f"p99 {lookup_s[int(len(lookup_s) * 0.99)] * 1e3:.3f} ms (client, Lua and loopback included)")
+    print(
+        f"traffic: {requests} requests ({replicas} candidates, {CHAIN}-block chains) in {elapsed:.2f} s; "
+        f"per request: {per_request}; Redis busy {busy_us / requests:.1f} µs per request (commandstats usec)"
+    )
+    print(
+        f"lookup round trip p50 {lookup_s[len(lookup_s) // 2] * 1e3:.3f} ms, "
+        f"p99 {lookup_s[int(len(lookup_s) * 0.99)] * 1e3:.3f} ms (client, Lua and loopback included)"
+    )
     await index.close()
     client.close()
 
@@ -86,8 +97,22 @@ def main() -> None:
     if binary is None:
         raise SystemExit("redis-server not found")
     port = free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                               "--loglevel", "warning"], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         client = redis.Redis(port=port)
         for _ in range(100):

@@ -46,8 +46,11 @@ def series(metrics: dict[str, float], prefix: str) -> float:
 
 def lag_buckets(before: dict[str, float], after: dict[str, float]) -> list[tuple[float, float]]:
     """(upper bound, cumulative count) of the lag probe's samples taken between two scrapes."""
-    return sorted((float(k.split('le="')[1].split('"')[0]), after[k] - before.get(k, 0.0))
-                  for k in after if k.startswith(f"{LAG}_bucket"))
+    return sorted(
+        (float(k.split('le="')[1].split('"')[0]), after[k] - before.get(k, 0.0))
+        for k in after
+        if k.startswith(f"{LAG}_bucket")
+    )
 
 
 def lag_quantile(buckets: list[tuple[float, float]], q: float) -> float:
@@ -56,11 +59,17 @@ def lag_quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return next((bound for bound, count in buckets if count >= q * total), float("inf"))
 
 
-async def one_stream(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int,
-                     delay_s: float = 0.0) -> tuple[float, int]:
+async def one_stream(
+    session: aiohttp.ClientSession, url: str, i: int, max_tokens: int, delay_s: float = 0.0
+) -> tuple[float, int]:
     await asyncio.sleep(delay_s)
-    body = {"model": "stub-model", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "messages": [{"role": "user", "content": f"stream {i}: tell me a long story about the sea"}]}
+    body = {
+        "model": "stub-model",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "messages": [{"role": "user", "content": f"stream {i}: tell me a long story about the sea"}],
+    }
     start, ttft, chunks = time.perf_counter(), 0.0, 0
     async with session.post(f"{url}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
@@ -83,8 +92,10 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, float]:
 
         before = await scrape()
         start = time.perf_counter()
-        tasks = [asyncio.create_task(one_stream(session, url, i, args.max_tokens, args.ramp_s * i / args.streams))
-                 for i in range(args.streams)]
+        tasks = [
+            asyncio.create_task(one_stream(session, url, i, args.max_tokens, args.ramp_s * i / args.streams))
+            for i in range(args.streams)
+        ]
         peak_running, all_running = 0.0, before
         while not all(t.done() for t in tasks):
             now = await scrape()
@@ -99,11 +110,16 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, float]:
     tokens = sum(r[1] for r in results)
     ramp, steady = lag_buckets(before, all_running), lag_buckets(all_running, after)
     return {
-        "streams": args.streams, "completed": sum(1 for r in results if r[1] == args.max_tokens),
-        "peak_running": peak_running, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
-        "ttft_p50_s": ttfts[len(ttfts) // 2], "ttft_p99_s": ttfts[int(len(ttfts) * 0.99) - 1],
+        "streams": args.streams,
+        "completed": sum(1 for r in results if r[1] == args.max_tokens),
+        "peak_running": peak_running,
+        "elapsed_s": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "ttft_p50_s": ttfts[len(ttfts) // 2],
+        "ttft_p99_s": ttfts[int(len(ttfts) * 0.99) - 1],
         "ramp_lag_max_le_s": lag_quantile(ramp, 1.0),
-        "steady_lag_p99_le_s": lag_quantile(steady, 0.99), "steady_lag_max_le_s": lag_quantile(steady, 1.0),
+        "steady_lag_p99_le_s": lag_quantile(steady, 0.99),
+        "steady_lag_max_le_s": lag_quantile(steady, 1.0),
         "steady_probe_samples": steady[-1][1],
         "replica_cpu_util": (after["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / elapsed,
         "lag_max_s": after["replica_stub_event_loop_lag_max_seconds"],
@@ -120,10 +136,23 @@ def main() -> int:
     parser.add_argument("--num-gpu-blocks", type=int, default=16384, help="KV capacity; the default holds all streams")
     args = parser.parse_args()
     port = free_port()
-    cmd = [sys.executable, "-m", "replica_stub", "--port", str(port), "--engine", "sim",
-           "--speedup", str(args.speedup),
-           "--max-num-seqs", str(args.max_num_seqs), "--num-gpu-blocks", str(args.num_gpu_blocks),
-           "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "replica_stub",
+        "--port",
+        str(port),
+        "--engine",
+        "sim",
+        "--speedup",
+        str(args.speedup),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--num-gpu-blocks",
+        str(args.num_gpu_blocks),
+        "--log-level",
+        "warning",
+    ]
     replica = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:

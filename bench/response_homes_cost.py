@@ -52,8 +52,10 @@ async def main(url: str, n: int) -> None:
     print(f"finished with a stored response (table + queue): {(time.perf_counter() - started) / n * 1e6:.2f} µs")
     started = time.perf_counter()
     await writer.flush()
-    print(f"background write of {n} homes (pipelines of 500): {(time.perf_counter() - started) / n * 1e6:.2f} µs "
-          "per home (off the request path)")
+    print(
+        f"background write of {n} homes (pipelines of 500): {(time.perf_counter() - started) / n * 1e6:.2f} µs "
+        "per home (off the request path)"
+    )
     waits = []
     for response_id in ids[-2000:]:  # the newest: at most MAX_PENDING wait for the writer
         t = time.perf_counter()

@@ -69,16 +69,21 @@ def main() -> None:
 
     policy = build_policy("prefix_affinity", {"seed": 0}, "bench")
     view.block_hashes, view.prompt_tokens_estimate = keyed.block_hashes, keyed.prompt_tokens
-    view.preamble_tokens, view.preamble_key, view.tokens_per_block = (keyed.preamble_tokens, keyed.preamble_key,
-                                                                      keyed.tokens_per_block)
+    view.preamble_tokens, view.preamble_key, view.tokens_per_block = (
+        keyed.preamble_tokens,
+        keyed.preamble_key,
+        keyed.tokens_per_block,
+    )
     matched = index.match_now(keyed.block_hashes, ids)
-    candidates = [Candidate(r, in_flight=rng.randrange(8), cached_tokens=int(matched[r] * keyed.tokens_per_block))
-                  for r in ids]
+    candidates = [
+        Candidate(r, in_flight=rng.randrange(8), cached_tokens=int(matched[r] * keyed.tokens_per_block)) for r in ids
+    ]
     choose_us = per_call_us(lambda: policy.choose(view, candidates), 200)
     print(f"  prefix_affinity.choose: {choose_us:.0f} µs ({choose_us / REPLICAS:.1f} µs per candidate)")
 
     try:
         from gateway.prompt.tokenizers import build_prompt_tokenizer
+
         tokenizer = build_prompt_tokenizer("model:smollm2")
     except Exception as exc:  # noqa: BLE001 - the real model is optional here
         print(f"  (tokenizer skipped: {exc})")

@@ -67,10 +67,14 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     gateways = 1 if store == "memory" else args.gateways
     params = IndexConfig(mirror=mirror, capacity_blocks=args.capacity_blocks)
-    indexes = [TimedIndex(build_index(IndexStore(params, None if store == "memory" else store, prefix)))
-               for _ in range(gateways)]
-    routers = [Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixConfig(), index)
-               for g, index in enumerate(indexes)]
+    indexes = [
+        TimedIndex(build_index(IndexStore(params, None if store == "memory" else store, prefix)))
+        for _ in range(gateways)
+    ]
+    routers = [
+        Router(build_policy(args.policy, {"seed": g}, "bench"), PrefixConfig(), index)
+        for g, index in enumerate(indexes)
+    ]
     replicas = [f"replica-{i}" for i in range(args.replicas)]
     # Sized by the gateway's own estimate (characters / 4), the number the Router and policy see.
     words_per_token = 1000 / (len(words(random.Random(1), 1000)) / PrefixConfig().chars_per_token)
@@ -83,8 +87,10 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
         for conv in convs:
             n += 1
             await routers[n % gateways].route(view(conv, n), [Candidate(r) for r in replicas])
-            conv += [{"role": "assistant", "content": words(rng, 50)},
-                     {"role": "user", "content": words(rng, per_turn - 50)}]
+            conv += [
+                {"role": "assistant", "content": words(rng, 50)},
+                {"role": "user", "content": words(rng, per_turn - 50)},
+            ]
     for index in indexes:
         await index.flush()
         index.times.clear()
@@ -102,12 +108,17 @@ async def measure(store: str, mirror: bool, args: argparse.Namespace) -> dict[st
         tokens.append(v.prompt_tokens_estimate)
         await asyncio.sleep(0)  # let the background Redis writer run, as it would between requests
     lookups = sorted(t for index in indexes for t in index.times)
-    out = {"p50_ms": quantile(sorted(times), 0.5) * 1000, "p99_ms": quantile(sorted(times), 0.99) * 1000,
-           "cpu_p50_ms": quantile(sorted(cpu_times), 0.5) * 1000,
-           "cpu_p99_ms": quantile(sorted(cpu_times), 0.99) * 1000,
-           "max_ms": max(times) * 1000, "lookup_p50_ms": quantile(lookups, 0.5) * 1000,
-           "lookup_p99_ms": quantile(lookups, 0.99) * 1000, "prompt_tokens": sum(tokens) / len(tokens),
-           "heap_mb": heap_mb}
+    out = {
+        "p50_ms": quantile(sorted(times), 0.5) * 1000,
+        "p99_ms": quantile(sorted(times), 0.99) * 1000,
+        "cpu_p50_ms": quantile(sorted(cpu_times), 0.5) * 1000,
+        "cpu_p99_ms": quantile(sorted(cpu_times), 0.99) * 1000,
+        "max_ms": max(times) * 1000,
+        "lookup_p50_ms": quantile(lookups, 0.5) * 1000,
+        "lookup_p99_ms": quantile(lookups, 0.99) * 1000,
+        "prompt_tokens": sum(tokens) / len(tokens),
+        "heap_mb": heap_mb,
+    }
     if store != "memory":
         redis = Redis.from_url(store)  # default timeouts: the index's own clients fail fast by design
         keys = [f"{prefix}blocks:{r}" for r in replicas]
@@ -125,16 +136,22 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8000)
     parser.add_argument("--conversations", type=int, default=256)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--capacity-blocks", type=int, default=IndexConfig().capacity_blocks,
-                        help="each replica's table size (smaller: tables at capacity, evicting as they record)")
+    parser.add_argument(
+        "--capacity-blocks",
+        type=int,
+        default=IndexConfig().capacity_blocks,
+        help="each replica's table size (smaller: tables at capacity, evicting as they record)",
+    )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--policy", default="prefix_affinity")
     parser.add_argument("--redis", help="also measure the Redis index at this URL (keys are removed afterwards)")
     parser.add_argument("--gateways", type=int, default=1, help="Routers sharing the Redis tables, taking turns")
     args = parser.parse_args()
     setup_logging("warning")
-    print("| index | prompt tokens | route p50 ms | route p99 ms | max ms | CPU p50 ms | CPU p99 ms | lookup p50 ms "
-          "| lookup p99 ms | gateway heap MB | Redis MB |")
+    print(
+        "| index | prompt tokens | route p50 ms | route p99 ms | max ms | CPU p50 ms | CPU p99 ms | lookup p50 ms "
+        "| lookup p99 ms | gateway heap MB | Redis MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     runs = [("memory", True)] + ([(args.redis, True), (args.redis, False)] if args.redis else [])
     for store, mirror in runs:
@@ -142,10 +159,12 @@ def main() -> None:
         name = "memory" if store == "memory" else "redis, mirror" if mirror else "redis, mirror: false"
         if store != "memory" and args.gateways > 1:
             name += f", ×{args.gateways} gateways"
-        print(f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
-              f"{r['cpu_p50_ms']:.3f} | {r['cpu_p99_ms']:.3f} | "
-              f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
-              f"| {r.get('redis_mb', 0):.1f} |")
+        print(
+            f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
+            f"{r['cpu_p50_ms']:.3f} | {r['cpu_p99_ms']:.3f} | "
+            f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
+            f"| {r.get('redis_mb', 0):.1f} |"
+        )
 
 
 if __name__ == "__main__":

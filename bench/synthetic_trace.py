@@ -43,8 +43,14 @@ def generate(requests: int, rate: float, apps: int, seed: int) -> list[dict[str,
         if len(hash_ids) <= MAX_BLOCKS:
             recent[app] = (recent[app] + [hash_ids])[-32:]
         hash_ids = hash_ids[:MAX_BLOCKS]
-        rows.append({"timestamp": round(now * 1000), "input_length": len(hash_ids) * BLOCK - rng.randrange(BLOCK),
-                     "output_length": rng.randint(20, 300), "hash_ids": hash_ids})
+        rows.append(
+            {
+                "timestamp": round(now * 1000),
+                "input_length": len(hash_ids) * BLOCK - rng.randrange(BLOCK),
+                "output_length": rng.randint(20, 300),
+                "hash_ids": hash_ids,
+            }
+        )
         now += rng.expovariate(rate)
     return rows
 

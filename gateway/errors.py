@@ -1,18 +1,18 @@
 """The gateway's error tree, translated to OpenAI error JSON at one boundary (the server).
 
-    ConfigError                 bad YAML; names the file and the dotted key
-    GatewayError                anything answered to a client with an error body
-    ├── BadRequestError         400  malformed JSON, wrong types, missing fields
-    ├── AuthenticationError     401  missing or unknown API key
-    ├── PermissionDeniedError   403  admin route without the admin key
-    ├── NotFoundError           404  unknown model or route
-    ├── RequestTimeoutError     408  the client sent its body too slowly
-    ├── PayloadTooLargeError    413  body over the configured limit
-    ├── UnsupportedMediaTypeError 415  a Content-Encoding the gateway does not decode
-    ├── RateLimitError          429  admission queue full / rate limit (Retry-After)
-    ├── UpstreamError           502  replica failed before any byte reached the client
-    ├── NoReplicaError          503  no healthy replica for the model (Retry-After)
-    └── UpstreamTimeoutError    504  replica did not answer within the deadline
+ConfigError                 bad YAML; names the file and the dotted key
+GatewayError                anything answered to a client with an error body
+├── BadRequestError         400  malformed JSON, wrong types, missing fields
+├── AuthenticationError     401  missing or unknown API key
+├── PermissionDeniedError   403  admin route without the admin key
+├── NotFoundError           404  unknown model or route
+├── RequestTimeoutError     408  the client sent its body too slowly
+├── PayloadTooLargeError    413  body over the configured limit
+├── UnsupportedMediaTypeError 415  a Content-Encoding the gateway does not decode
+├── RateLimitError          429  admission queue full / rate limit (Retry-After)
+├── UpstreamError           502  replica failed before any byte reached the client
+├── NoReplicaError          503  no healthy replica for the model (Retry-After)
+└── UpstreamTimeoutError    504  replica did not answer within the deadline
 """
 
 from __future__ import annotations
@@ -122,15 +122,24 @@ class UpstreamTimeoutError(GatewayError):
     status, type = 504, "GatewayTimeoutError"
 
 
-_HTTP_KINDS = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowedError", 408: "RequestTimeoutError",
-               413: "PayloadTooLargeError", 415: "UnsupportedMediaTypeError", 417: "ExpectationFailedError",
-               431: "RequestHeaderFieldsTooLargeError", 500: "InternalServerError"}
+_HTTP_KINDS = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
+    413: "PayloadTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    417: "ExpectationFailedError",
+    431: "RequestHeaderFieldsTooLargeError",
+    500: "InternalServerError",
+}
 
 
 def http_error_body(status: int, message: str) -> bytes:
     """An error aiohttp itself raised (routing, parsing, Expect) in the OpenAI shape."""
-    return error_body(message, _HTTP_KINDS.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
-                      status)
+    return error_body(
+        message, _HTTP_KINDS.get(status, "BadRequestError" if status < 500 else "InternalServerError"), status
+    )
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -16,7 +16,8 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
     """Idempotent; a reload calls it again with the new level."""
     json = fmt == "json"
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer(serializer=orjson.dumps) if json
+        structlog.processors.JSONRenderer(serializer=orjson.dumps)
+        if json
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
@@ -28,8 +29,9 @@ def setup_logging(level: str = "info", fmt: str = "json") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=(structlog.BytesLoggerFactory(sys.stderr.buffer) if json
-                        else structlog.PrintLoggerFactory(sys.stderr)),
+        logger_factory=(
+            structlog.BytesLoggerFactory(sys.stderr.buffer) if json else structlog.PrintLoggerFactory(sys.stderr)
+        ),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(_LEVELS[level], logging.WARNING), stream=sys.stderr)

@@ -21,7 +21,8 @@ from gateway import __version__
 from lab import loadgen, peers
 from lab.cluster import ClusterSpec, free_port, started
 from lab.results import Result, Summary, summarise, table
-from lab.simulate import SimSpec, Simulation
+from lab.sim_spec import SimSpec
+from lab.simulate import Simulation
 from lab.workloads import Session, num_requests
 
 Runs = dict[str, tuple[Summary, list[Result]]]
@@ -32,9 +33,16 @@ console = Console(stderr=True)
 def progress(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[Result], None]]:
     """A live bar with done/total, errors, running TTFT p50 and cache hits; yields the per-result hook."""
     seen: list[Result] = []
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[stats]}"), console=console, disable=not enabled,
-                  refresh_per_second=4) as bar:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        disable=not enabled,
+        refresh_per_second=4,
+    ) as bar:
         task = bar.add_task(label, total=total, stats="")
 
         def on_result(result: Result) -> None:
@@ -43,8 +51,10 @@ def progress(label: str, total: int, enabled: bool = True) -> Iterator[Callable[
                 return  # redraw the stats ~200 times per run, not per request
             ttfts = sorted(r.ttft_s for r in seen[-500:] if r.ttft_s is not None)
             prompt = sum(r.prompt_tokens for r in seen) or 1
-            stats = (f"errors {sum(not r.ok for r in seen)}  TTFT p50 {ttfts[len(ttfts) // 2] if ttfts else 0:.3f}s  "
-                     f"cached {sum(r.cached_tokens for r in seen) / prompt:.2f}")
+            stats = (
+                f"errors {sum(not r.ok for r in seen)}  TTFT p50 {ttfts[len(ttfts) // 2] if ttfts else 0:.3f}s  "
+                f"cached {sum(r.cached_tokens for r in seen) / prompt:.2f}"
+            )
             bar.update(task, completed=len(seen), stats=stats)
 
         yield on_result
@@ -58,20 +68,46 @@ def target_rate(sessions: list[Session], concurrency: int) -> float:
     return (len(starts) - 1) / (starts[-1] - starts[0]) if starts[-1] > starts[0] else 0.0
 
 
-def bench_url(url: str, model: str, sessions: list[Session], *, concurrency: int = 0, ignore_eos: bool = True,
-              timeout_s: float = 300.0, label: str = "bench", show: bool = True,
-              replicas: list[str] | None = None) -> tuple[Summary, list[Result]]:
+def bench_url(
+    url: str,
+    model: str,
+    sessions: list[Session],
+    *,
+    concurrency: int = 0,
+    ignore_eos: bool = True,
+    timeout_s: float = 300.0,
+    label: str = "bench",
+    show: bool = True,
+    replicas: list[str] | None = None,
+) -> tuple[Summary, list[Result]]:
     """`replicas`: the pool's replica names when known, so one that served nothing shows as 0."""
     with progress(label, num_requests(sessions), show) as on_result:
-        results = asyncio.run(loadgen.run(url, model, sessions, concurrency=concurrency, ignore_eos=ignore_eos,
-                                          timeout_s=timeout_s, on_result=on_result))
+        results = asyncio.run(
+            loadgen.run(
+                url,
+                model,
+                sessions,
+                concurrency=concurrency,
+                ignore_eos=ignore_eos,
+                timeout_s=timeout_s,
+                on_result=on_result,
+            )
+        )
     return summarise(results, target_session_rate=target_rate(sessions, concurrency), replicas=replicas), results
 
 
-def bench_compare(contestants: list[str], sessions: list[Session], cluster: ClusterSpec, *, concurrency: int = 0,
-                  timeout_s: float = 300.0, show: bool = True, evidence: list[str] | tuple[str, ...] = ("history",),
-                  policy_params: dict[str, dict[str, Any]] | None = None,
-                  labels: dict[str, dict[str, str]] | None = None) -> Runs:
+def bench_compare(
+    contestants: list[str],
+    sessions: list[Session],
+    cluster: ClusterSpec,
+    *,
+    concurrency: int = 0,
+    timeout_s: float = 300.0,
+    show: bool = True,
+    evidence: list[str] | tuple[str, ...] = ("history",),
+    policy_params: dict[str, dict[str, Any]] | None = None,
+    labels: dict[str, dict[str, str]] | None = None,
+) -> Runs:
     """One fresh cluster (replicas + a router) per contestant, the same sessions against each. A
     contestant is one of our policies (run once per `evidence`, with its `policy_params`) or a peer
     router, `peer:policy` (`lab.peers`). `labels` receives each run's router, version and policy."""
@@ -81,16 +117,32 @@ def bench_compare(contestants: list[str], sessions: list[Session], cluster: Clus
         sources = evidence if entry.peer is None else ("history",)
         for source in sources:
             name = entry.name if entry.peer is not None else run_name(entry.policy, source)
-            spec = dataclasses.replace(cluster, policy=entry.policy, port=free_port(), peer=entry.peer,
-                                       kv_events=source == "events" and entry.peer is None,
-                                       policy_params={} if entry.peer else (policy_params or {}).get(entry.policy, {}))
+            spec = dataclasses.replace(
+                cluster,
+                policy=entry.policy,
+                port=free_port(),
+                peer=entry.peer,
+                kv_events=source == "events" and entry.peer is None,
+                policy_params={} if entry.peer else (policy_params or {}).get(entry.policy, {}),
+            )
             with started(spec) as running:
-                runs[name] = bench_url(running.urls[0], spec.model, sessions, concurrency=concurrency,
-                                       timeout_s=timeout_s, label=name, show=show, replicas=names)
+                runs[name] = bench_url(
+                    running.urls[0],
+                    spec.model,
+                    sessions,
+                    concurrency=concurrency,
+                    timeout_s=timeout_s,
+                    label=name,
+                    show=show,
+                    replicas=names,
+                )
             if labels is not None:
                 peer = entry.peer
-                labels[name] = {"router": peer.package if peer else "affinity-gateway",
-                                "version": peer.version if peer else __version__, "policy": entry.policy}
+                labels[name] = {
+                    "router": peer.package if peer else "affinity-gateway",
+                    "version": peer.version if peer else __version__,
+                    "policy": entry.policy,
+                }
     return runs
 
 
@@ -98,10 +150,15 @@ def run_name(policy: str, evidence: str) -> str:
     return policy if evidence == "history" else f"{policy}+events"
 
 
-def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpec,
-                      policy_params: dict[str, dict[str, Any]] | None = None, show: bool = True,
-                      effective: dict[str, Any] | None = None, evidence: tuple[str, ...] | list[str] = ("history",),
-                      ) -> Runs:
+def simulate_policies(
+    policies: list[str],
+    sessions: list[Session],
+    spec: SimSpec,
+    policy_params: dict[str, dict[str, Any]] | None = None,
+    show: bool = True,
+    effective: dict[str, Any] | None = None,
+    evidence: tuple[str, ...] | list[str] = ("history",),
+) -> Runs:
     """`policy_params`: per policy name, its routing params (the policy's defaults otherwise).
     `effective` receives every policy's full parameters as run (defaults included), for the record.
     `evidence`: "history" and/or "events" (KV events); an events run is named `<policy>+events`."""
@@ -113,8 +170,10 @@ def simulate_policies(policies: list[str], sessions: list[Session], spec: SimSpe
         for source in evidence:
             name = run_name(policy, source)
             started_at = time.perf_counter()
-            simulation = Simulation(dataclasses.replace(spec, policy=policy, policy_params=params,
-                                                        kv_events=source == "events"), on_result=None)
+            simulation = Simulation(
+                dataclasses.replace(spec, policy=policy, policy_params=params, kv_events=source == "events"),
+                on_result=None,
+            )
             effective[policy] = dataclasses.asdict(simulation.router.policy.params)
             with progress(name, num_requests(sessions), show) as on_result:
                 simulation.on_result = on_result

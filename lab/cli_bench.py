@@ -22,35 +22,65 @@ import yaml
 if TYPE_CHECKING:
     from gateway.config.pools import PricesConfig
 
-ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity",
-                "prefix_affinity")
-_STUB_KEYS = ("speedup", "block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-              "timing")
+ALL_POLICIES = ("round_robin", "least_loaded", "power_of_two", "consistent_hash", "session_affinity", "prefix_affinity")
+_STUB_KEYS = (
+    "speedup",
+    "block_size",
+    "num_gpu_blocks",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "timing",
+)
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
     from lab.workloads import WORKLOADS
 
     p.add_argument("--workload", "-w", default="multi-turn", choices=list(WORKLOADS), help="default multi-turn")
-    p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
-                   help="workload parameter, repeatable (e.g. -p users=64 -p rounds=5; trace: -p path=FILE)")
+    p.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="workload parameter, repeatable (e.g. -p users=64 -p rounds=5; trace: -p path=FILE)",
+    )
     p.add_argument("--rate", type=float, help="session arrival rate per second (the workload's rate_per_s)")
-    p.add_argument("--concurrency", type=int, default=0,
-                   help="closed loop: this many sessions at a time, back to back (ignores arrival times)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="closed loop: this many sessions at a time, back to back (ignores arrival times)",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload (and policy) seed")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for result.json, table.md, PNGs")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
-    p.add_argument("--prices", default="3,0.3,15", type=_prices, metavar="INPUT,CACHED,OUTPUT",
-                   help="money per million input, cached input and output tokens, for each run's cost and cache "
-                        "savings (default 3,0.3,15: example prices, a 90%% cache discount)")
-    p.add_argument("--policy-param", "-P", action="append", default=[], metavar="POLICY.NAME=VALUE",
-                   help="simulate / bench --compare: a routing parameter of one policy, "
-                        "e.g. -P prefix_affinity.load_epsilon=0.5")
-    p.add_argument("--evidence", default="history", metavar="history,events",
-                   help="simulate / bench --compare: what the gateway knows of the replicas' caches: its own routing "
-                        "history (character keys, no tokenizer) and/or their KV events (token keys); each policy "
-                        "runs once per value, an events run named <policy>+events")
+    p.add_argument(
+        "--prices",
+        default="3,0.3,15",
+        type=_prices,
+        metavar="INPUT,CACHED,OUTPUT",
+        help="money per million input, cached input and output tokens, for each run's cost and cache "
+        "savings (default 3,0.3,15: example prices, a 90%% cache discount)",
+    )
+    p.add_argument(
+        "--policy-param",
+        "-P",
+        action="append",
+        default=[],
+        metavar="POLICY.NAME=VALUE",
+        help="simulate / bench --compare: a routing parameter of one policy, e.g. -P prefix_affinity.load_epsilon=0.5",
+    )
+    p.add_argument(
+        "--evidence",
+        default="history",
+        metavar="history,events",
+        help="simulate / bench --compare: what the gateway knows of the replicas' caches: its own routing "
+        "history (character keys, no tokenizer) and/or their KV events (token keys); each policy "
+        "runs once per value, an events run named <policy>+events",
+    )
 
 
 def add_bench(p: argparse.ArgumentParser) -> None:
@@ -59,19 +89,32 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", nargs="?", help="OpenAI-compatible base URL (gateway, other router or replica)")
     _workload_args(p)
     p.add_argument("--model", help="default: the first model the URL's /v1/models lists (with --compare: stub-model)")
-    p.add_argument("--compare", metavar="C1,C2,...",
-                   help="start fresh sim replicas + a router per contestant instead of URL: our policies "
-                        f"('all' = {','.join(ALL_POLICIES)}) and peers as ROUTER:POLICY (smg:cache_aware, "
-                        "sglang:cache_aware, vllm-router:consistent_hash, ...; `make peers` installs them)")
+    p.add_argument(
+        "--compare",
+        metavar="C1,C2,...",
+        help="start fresh sim replicas + a router per contestant instead of URL: our policies "
+        f"('all' = {','.join(ALL_POLICIES)}) and peers as ROUTER:POLICY (smg:cache_aware, "
+        "sglang:cache_aware, vllm-router:consistent_hash, ...; `make peers` installs them)",
+    )
     p.add_argument("--replicas", type=int, default=4, help="with --compare: replica stubs per cluster")
     p.add_argument("--speedup", type=float, default=10.0, help="with --compare: sim replicas' speed factor")
-    p.add_argument("--engine", default="sim", choices=("sim", "real", "vllm"),
-                   help="with --compare: the replicas (sim stubs, real-model stubs, or real vLLM: `make vllm`)")
+    p.add_argument(
+        "--engine",
+        default="sim",
+        choices=("sim", "real", "vllm"),
+        help="with --compare: the replicas (sim stubs, real-model stubs, or real vLLM: `make vllm`)",
+    )
     p.add_argument("--num-gpu-blocks", type=int, help="with --compare: KV capacity per replica in 16-token blocks")
-    p.add_argument("--batching", choices=BATCHING,
-                   help="with --compare: the replica stubs' batching (default continuous; static shows its cost)")
-    p.add_argument("--no-ignore-eos", action="store_true",
-                   help="do not send ignore_eos (for servers that reject it; answers may then be shorter)")
+    p.add_argument(
+        "--batching",
+        choices=BATCHING,
+        help="with --compare: the replica stubs' batching (default continuous; static shows its cost)",
+    )
+    p.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="do not send ignore_eos (for servers that reject it; answers may then be shorter)",
+    )
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
     p.set_defaults(run=_bench)
 
@@ -94,8 +137,14 @@ def _sessions(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     if args.rate is not None:
         params["rate_per_s"] = args.rate
     sessions = build(args.workload, params, seed=args.seed)
-    meta = {"workload": args.workload, "params": params, "seed": args.seed, "concurrency": args.concurrency,
-            "sessions": len(sessions), "requests": sum(len(s.user_turns) for s in sessions)}
+    meta = {
+        "workload": args.workload,
+        "params": params,
+        "seed": args.seed,
+        "concurrency": args.concurrency,
+        "sessions": len(sessions),
+        "requests": sum(len(s.user_turns) for s in sessions),
+    }
     return sessions, meta
 
 
@@ -133,17 +182,38 @@ def _bench(args: argparse.Namespace) -> int:
     if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace
         return peers.rerun_isolated(args.argv)
     if args.compare:
-        cluster = ClusterSpec(replicas=args.replicas, model=args.model or "stub-model", speedup=args.speedup,
-                              log_level="error", num_gpu_blocks=args.num_gpu_blocks, engine=args.engine,
-                              stub_flags=("--batching", args.batching) if args.batching else ())
-        meta.update(mode="bench --compare", replicas=args.replicas, speedup=args.speedup, engine=args.engine,
-                    num_gpu_blocks=args.num_gpu_blocks, batching=args.batching or "continuous", evidence=evidence,
-                    policy_params=policy_params)
+        cluster = ClusterSpec(
+            replicas=args.replicas,
+            model=args.model or "stub-model",
+            speedup=args.speedup,
+            log_level="error",
+            num_gpu_blocks=args.num_gpu_blocks,
+            engine=args.engine,
+            stub_flags=("--batching", args.batching) if args.batching else (),
+        )
+        meta.update(
+            mode="bench --compare",
+            replicas=args.replicas,
+            speedup=args.speedup,
+            engine=args.engine,
+            num_gpu_blocks=args.num_gpu_blocks,
+            batching=args.batching or "continuous",
+            evidence=evidence,
+            policy_params=policy_params,
+        )
         labels: dict[str, dict[str, str]] = {}
         meta["contestants"] = labels
-        runs = benchmark.bench_compare(contestants, sessions, cluster, concurrency=args.concurrency,
-                                       timeout_s=args.timeout, show=not args.quiet, evidence=evidence,
-                                       policy_params=policy_params, labels=labels)
+        runs = benchmark.bench_compare(
+            contestants,
+            sessions,
+            cluster,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            show=not args.quiet,
+            evidence=evidence,
+            policy_params=policy_params,
+            labels=labels,
+        )
     else:
         meta.update(mode="bench", url=args.url)
         try:
@@ -151,9 +221,17 @@ def _bench(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"affinity-gateway bench: cannot tell which model {args.url} serves ({exc}): give --model")
             return 2
-        runs = {"bench": benchmark.bench_url(args.url, model, sessions, concurrency=args.concurrency,
-                                             ignore_eos=not args.no_ignore_eos, timeout_s=args.timeout,
-                                             show=not args.quiet)}
+        runs = {
+            "bench": benchmark.bench_url(
+                args.url,
+                model,
+                sessions,
+                concurrency=args.concurrency,
+                ignore_eos=not args.no_ignore_eos,
+                timeout_s=args.timeout,
+                show=not args.quiet,
+            )
+        }
     return _finish(args, runs, meta)
 
 
@@ -168,27 +246,44 @@ def served_model(url: str) -> str:
 
 def _simulate(args: argparse.Namespace) -> int:
     from lab import benchmark
-    from lab.simulate import SimSpec
+    from lab.sim_spec import SimSpec
     from replica_stub.config import StubConfig
 
     try:
         sessions, meta = _sessions(args)
         policy_params = _policy_params(args.policy_param)
-        stub = StubConfig(num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
-                          speedup=args.speedup).resolved()
+        stub = StubConfig(
+            num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs, speedup=args.speedup
+        ).resolved()
         evidence = _evidence(args.evidence)
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway simulate: {exc}")
         return 2
-    spec = SimSpec(replicas=args.replicas, stub=stub, scrape_interval_s=args.scrape_interval,
-                   concurrency=args.concurrency, seed=args.seed)
-    meta.update(mode="simulate", replicas=args.replicas, policy_params=policy_params,
-                stub={k: v for k, v in dataclasses.asdict(stub).items() if k in _STUB_KEYS})
+    spec = SimSpec(
+        replicas=args.replicas,
+        stub=stub,
+        scrape_interval_s=args.scrape_interval,
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
+    meta.update(
+        mode="simulate",
+        replicas=args.replicas,
+        policy_params=policy_params,
+        stub={k: v for k, v in dataclasses.asdict(stub).items() if k in _STUB_KEYS},
+    )
     effective: dict[str, Any] = {}
     meta["effective_policy_params"] = effective
     meta["evidence"] = evidence
-    runs = benchmark.simulate_policies(_policies(args.policies), sessions, spec, policy_params, show=not args.quiet,
-                                       effective=effective, evidence=evidence)
+    runs = benchmark.simulate_policies(
+        _policies(args.policies),
+        sessions,
+        spec,
+        policy_params,
+        show=not args.quiet,
+        effective=effective,
+        evidence=evidence,
+    )
     return _finish(args, runs, meta)
 
 

@@ -61,8 +61,13 @@ START_REDIS = "start"
 class _Child:
     def __init__(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
         self.name = name
-        self.tethered = Tethered(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env={**(env or os.environ), "PYTHONUNBUFFERED": "1"})
+        self.tethered = Tethered(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
+        )
         self.popen = self.tethered.popen
         threading.Thread(target=self._forward, daemon=True).start()
 
@@ -86,19 +91,26 @@ class _Child:
         self.tethered.release()
 
 
-def build_config(spec: ClusterSpec, replica_ports: list[int], store: str = "memory",
-                 event_ports: list[tuple[int, int]] | None = None,
-                 kv_events: list[dict[str, str]] | None = None) -> dict[str, object]:
+def build_config(
+    spec: ClusterSpec,
+    replica_ports: list[int],
+    store: str = "memory",
+    event_ports: list[tuple[int, int]] | None = None,
+    kv_events: list[dict[str, str]] | None = None,
+) -> dict[str, object]:
     """One config for every gateway; each gets its own port through `--port`. With `event_ports`
     ((publisher, replay) per replica) or `kv_events` (each replica's config section) the pool
     subscribes to the replicas' KV events."""
-    replicas: list[dict[str, object]] = [{"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"}
-                                         for i, port in enumerate(replica_ports)]
+    replicas: list[dict[str, object]] = [
+        {"url": f"http://127.0.0.1:{port}", "name": f"replica-{i}"} for i, port in enumerate(replica_ports)
+    ]
     routing: dict[str, object] = {"policy": spec.policy}
     if spec.policy_params:
         routing["params"] = dict(spec.policy_params)
-    events = kv_events or [{"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
-                           for pub, replay in event_ports or []]
+    events = kv_events or [
+        {"endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}"}
+        for pub, replay in event_ports or []
+    ]
     if events:
         for replica, section in zip(replicas, events):
             replica["kv_events"] = section
@@ -203,27 +215,70 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
 
 
 def _stub(spec: ClusterSpec, i: int, port: int, events: tuple[int, int] | None) -> _Child:
-    return _Child(f"replica-{i}", [
-        sys.executable, "-m", "replica_stub", "--port", str(port), "--model", spec.model, "--engine", spec.engine,
-        "--speedup", str(spec.speedup), "--replica-id", f"replica-{i}", "--log-level", spec.log_level,
-        *_engine_flags(spec), *spec.stub_flags, *_replica_flags(spec, events)])
+    return _Child(
+        f"replica-{i}",
+        [
+            sys.executable,
+            "-m",
+            "replica_stub",
+            "--port",
+            str(port),
+            "--model",
+            spec.model,
+            "--engine",
+            spec.engine,
+            "--speedup",
+            str(spec.speedup),
+            "--replica-id",
+            f"replica-{i}",
+            "--log-level",
+            spec.log_level,
+            *_engine_flags(spec),
+            *spec.stub_flags,
+            *_replica_flags(spec, events),
+        ],
+    )
 
 
 def gateway_command(spec: ClusterSpec, config_path: str, index: int) -> list[str]:
     """Gateway `index` of the cluster: its own port, `spec.workers` processes on it."""
-    return [sys.executable, "-m", "gateway", "serve", "--config", config_path, "--port", str(spec.port + index),
-            "--workers", str(spec.workers)]
+    return [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--config",
+        config_path,
+        "--port",
+        str(spec.port + index),
+        "--workers",
+        str(spec.workers),
+    ]
 
 
-def _start_vllm(spec: ClusterSpec, ports: list[int], events: list[tuple[int, int]], run_dir: Path,
-                children: list[_Child], stopping: threading.Event) -> list[dict[str, str]]:
+def _start_vllm(
+    spec: ClusterSpec,
+    ports: list[int],
+    events: list[tuple[int, int]],
+    run_dir: Path,
+    children: list[_Child],
+    stopping: threading.Event,
+) -> list[dict[str, str]]:
     """N vLLM API servers started together (start-up is mostly imports, ~50 s); their `kv_events` sections."""
     if not vllm_replica.installed():
         raise RuntimeError(f"--engine vllm needs vLLM's CPU build in {vllm_replica.VLLM_DIR} (run `make vllm`)")
-    replicas = [vllm_replica.VLLMReplica(i, port, *(events[i] if events else (free_port(), free_port())),
-                                         run_dir=run_dir, served_name=spec.model, num_blocks=spec.num_gpu_blocks,
-                                         log_level=spec.log_level)
-                for i, port in enumerate(ports)]
+    replicas = [
+        vllm_replica.VLLMReplica(
+            i,
+            port,
+            *(events[i] if events else (free_port(), free_port())),
+            run_dir=run_dir,
+            served_name=spec.model,
+            num_blocks=spec.num_gpu_blocks,
+            log_level=spec.log_level,
+        )
+        for i, port in enumerate(ports)
+    ]
     started_children = [_Child(f"vllm-{r.index}", r.command(), env=r.env()) for r in replicas]
     children.extend(started_children)
     for child, replica in zip(started_children, replicas):
@@ -231,8 +286,9 @@ def _start_vllm(spec: ClusterSpec, ports: list[int], events: list[tuple[int, int
     return [r.kv_events() for r in replicas] if events else []
 
 
-def _start_peer(spec: ClusterSpec, peer: Peer, ports: list[int], children: list[_Child],
-                stopping: threading.Event) -> str:
+def _start_peer(
+    spec: ClusterSpec, peer: Peer, ports: list[int], children: list[_Child], stopping: threading.Event
+) -> str:
     """Another router in front of the replicas, on `spec.port`; returns its URL once it routes."""
     workers = [f"http://127.0.0.1:{port}" for port in ports]
     child = _Child(peer.name, peer.command(spec.policy, spec.port, workers, free_port()), env=peer_env())
@@ -250,8 +306,22 @@ def _start_redis(spec: ClusterSpec, children: list[_Child], stopping: threading.
     if binary is None:
         raise RuntimeError("--redis without a URL needs redis-server on PATH (or pass --redis redis://host:6379/0)")
     port = free_port()
-    child = _Child("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                   "--loglevel", "warning"])
+    child = _Child(
+        "redis",
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+    )
     children.append(child)
     client = redis.Redis(port=port, socket_timeout=1.0)
     deadline = time.monotonic() + 10.0
@@ -298,8 +368,12 @@ def _engine_flags(spec: ClusterSpec) -> list[str]:
 def _replica_flags(spec: ClusterSpec, events: tuple[int, int] | None) -> list[str]:
     flags = [] if spec.num_gpu_blocks is None else ["--num-gpu-blocks", str(spec.num_gpu_blocks)]
     if events is not None:
-        flags += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events[0]}",
-                  "--kv-events-replay-endpoint", f"tcp://127.0.0.1:{events[1]}"]
+        flags += [
+            "--kv-events-endpoint",
+            f"tcp://127.0.0.1:{events[0]}",
+            "--kv-events-replay-endpoint",
+            f"tcp://127.0.0.1:{events[1]}",
+        ]
     return flags
 
 

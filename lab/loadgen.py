@@ -25,8 +25,16 @@ from lab.workloads import Session
 OnResult = Callable[[Result], None]
 
 
-async def run(base_url: str, model: str, sessions: list[Session], *, concurrency: int = 0, timeout_s: float = 120.0,
-              ignore_eos: bool = True, on_result: OnResult | None = None) -> list[Result]:
+async def run(
+    base_url: str,
+    model: str,
+    sessions: list[Session],
+    *,
+    concurrency: int = 0,
+    timeout_s: float = 120.0,
+    ignore_eos: bool = True,
+    on_result: OnResult | None = None,
+) -> list[Result]:
     """Run every session and return one Result per request (in completion order).
 
     `ignore_eos` asks the server (a vLLM extension) to produce exactly `max_tokens`, so every
@@ -55,8 +63,9 @@ async def run(base_url: str, model: str, sessions: list[Session], *, concurrency
 
 
 class _Client:
-    def __init__(self, http: aiohttp.ClientSession, base_url: str, model: str, ignore_eos: bool, t0: float,
-                 record: OnResult) -> None:
+    def __init__(
+        self, http: aiohttp.ClientSession, base_url: str, model: str, ignore_eos: bool, t0: float, record: OnResult
+    ) -> None:
         self.http, self.base_url, self.model, self.ignore_eos = http, base_url, model, ignore_eos
         self.t0, self.record = t0, record
 
@@ -79,19 +88,26 @@ class _Client:
                 return
             messages.append({"role": "assistant", "content": answer})
 
-    async def chat(self, messages: list[dict[str, str]], session: Session, turn: int,
-                   due: float) -> tuple[Result, str]:
-        body = {"model": self.model, "messages": messages, "max_tokens": session.max_tokens, "stream": True,
-                "temperature": 0, "stream_options": {"include_usage": True}}
+    async def chat(self, messages: list[dict[str, str]], session: Session, turn: int, due: float) -> tuple[Result, str]:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": session.max_tokens,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        }
         if self.ignore_eos:
             body["ignore_eos"] = True
         result = Result(session.session_id, turn, ok=False, scheduled_s=due, sent_s=self.now())
         parts: list[str] = []
         start = time.monotonic()
         try:
-            async with self.http.post(f"{self.base_url}/v1/chat/completions", data=orjson.dumps(body),
-                                      headers={"Content-Type": "application/json",
-                                               "X-Session-ID": session.session_id}) as resp:
+            async with self.http.post(
+                f"{self.base_url}/v1/chat/completions",
+                data=orjson.dumps(body),
+                headers={"Content-Type": "application/json", "X-Session-ID": session.session_id},
+            ) as resp:
                 result.status = resp.status
                 result.replica = resp.headers.get("X-Replica-Id", "")
                 if resp.status != 200:

@@ -43,19 +43,53 @@ class Peer:
 
     def command(self, policy: str, port: int, workers: list[str], metrics_port: int) -> list[str]:
         head = [str(self.venv() / "bin" / self.launcher[0]), *self.launcher[1:]]
-        return [*head, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers, "--policy", policy,
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "error",
-                *self.offline_flags]
+        return [
+            *head,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *workers,
+            "--policy",
+            policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(metrics_port),
+            "--log-level",
+            "error",
+            *self.offline_flags,
+        ]
 
 
-PEERS: dict[str, Peer] = {p.name: p for p in (
-    Peer("smg", "smg", "1.13.0", ("cache_aware", "prefix_hash", "round_robin", "power_of_two", "consistent_hashing"),
-         ("smg", "launch"), ("--disable-tokenizer-autoload",)),
-    Peer("sglang", "sglang-router", "0.3.2", ("cache_aware", "round_robin", "power_of_two"),
-         ("python", "-m", "sglang_router.launch_router")),
-    Peer("vllm-router", "vllm-router", "0.1.17", ("cache_aware", "consistent_hash", "round_robin", "power_of_two"),
-         ("vllm-router",)),
-)}
+PEERS: dict[str, Peer] = {
+    p.name: p
+    for p in (
+        Peer(
+            "smg",
+            "smg",
+            "1.13.0",
+            ("cache_aware", "prefix_hash", "round_robin", "power_of_two", "consistent_hashing"),
+            ("smg", "launch"),
+            ("--disable-tokenizer-autoload",),
+        ),
+        Peer(
+            "sglang",
+            "sglang-router",
+            "0.3.2",
+            ("cache_aware", "round_robin", "power_of_two"),
+            ("python", "-m", "sglang_router.launch_router"),
+        ),
+        Peer(
+            "vllm-router",
+            "vllm-router",
+            "0.1.17",
+            ("cache_aware", "consistent_hash", "round_robin", "power_of_two"),
+            ("vllm-router",),
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -78,14 +112,21 @@ def contestant(name: str) -> Contestant:
     if policy not in peer.policies:
         raise ValueError(f"{peer.package} has no policy {policy!r} here (known: {', '.join(peer.policies)})")
     if not peer.installed():
-        raise ValueError(f"contestant {name!r}: {peer.package} {peer.version} is not installed in {peer.venv()} "
-                         "(run `make peers`)")
+        raise ValueError(
+            f"contestant {name!r}: {peer.package} {peer.version} is not installed in {peer.venv()} (run `make peers`)"
+        )
     return Contestant(name, peer, policy)
 
 
 def peer_env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1",
-            "RUST_LOG": "error", "NO_COLOR": "1"}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+        "RUST_LOG": "error",
+        "NO_COLOR": "1",
+    }
 
 
 def isolated() -> bool:

@@ -18,6 +18,7 @@ from gateway.config.pools import PricesConfig
 
 EXAMPLE_PRICES = PricesConfig(input=3.0, cached_input=0.3, output=15.0)  # per million tokens: `bench --prices`' default
 
+
 @dataclass(slots=True)
 class Result:
     session_id: str
@@ -103,19 +104,32 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
     share.update(r.replica for r in ok)
     errors = [abs(r.predicted_cached_tokens - r.cached_tokens) for r in ok if r.predicted_cached_tokens is not None]
     return Summary(
-        requests=len(results), errors=len(results) - len(ok), duration_s=duration,
-        ttft_p50_s=quantile(ttfts, 0.50), ttft_p90_s=quantile(ttfts, 0.90), ttft_p99_s=quantile(ttfts, 0.99),
-        itl_p50_s=quantile(itls, 0.50), itl_p90_s=quantile(itls, 0.90), itl_p99_s=quantile(itls, 0.99),
-        e2e_p50_s=quantile(e2es, 0.50), e2e_p90_s=quantile(e2es, 0.90), e2e_p99_s=quantile(e2es, 0.99),
+        requests=len(results),
+        errors=len(results) - len(ok),
+        duration_s=duration,
+        ttft_p50_s=quantile(ttfts, 0.50),
+        ttft_p90_s=quantile(ttfts, 0.90),
+        ttft_p99_s=quantile(ttfts, 0.99),
+        itl_p50_s=quantile(itls, 0.50),
+        itl_p90_s=quantile(itls, 0.90),
+        itl_p99_s=quantile(itls, 0.99),
+        e2e_p50_s=quantile(e2es, 0.50),
+        e2e_p90_s=quantile(e2es, 0.90),
+        e2e_p99_s=quantile(e2es, 0.99),
         requests_per_s=len(ok) / duration if duration > 0 else 0.0,
         output_tokens_per_s=sum(r.completion_tokens for r in ok) / duration if duration > 0 else 0.0,
         cached_ratio=sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
-        target_session_rate=target_session_rate, achieved_session_rate=achieved,
-        lag_p50_s=quantile(lags, 0.50), lag_p99_s=quantile(lags, 0.99), lag_max_s=lags[-1] if lags else 0.0,
+        target_session_rate=target_session_rate,
+        achieved_session_rate=achieved,
+        lag_p50_s=quantile(lags, 0.50),
+        lag_p99_s=quantile(lags, 0.99),
+        lag_max_s=lags[-1] if lags else 0.0,
         replica_share=dict(sorted(share.items())),
         prediction_error_tokens=statistics.fmean(errors) if errors else None,
-        later_ttft_p90_s=quantile(later, 0.90) if later else None, prompt_tokens=prompt,
-        cached_tokens=sum(r.cached_tokens for r in ok), completion_tokens=sum(r.completion_tokens for r in ok),
+        later_ttft_p90_s=quantile(later, 0.90) if later else None,
+        prompt_tokens=prompt,
+        cached_tokens=sum(r.cached_tokens for r in ok),
+        completion_tokens=sum(r.completion_tokens for r in ok),
     )
 
 
@@ -129,18 +143,25 @@ def quantile(sorted_values: list[float], q: float) -> float:
 
 def table(summaries: dict[str, Summary]) -> str:
     """A Markdown table, one row per run (policy), the columns a reader compares first."""
-    head = ("| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | "
-            "e2e p90 s | out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok | cost | "
-            "saved by cache |")
+    head = (
+        "| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | "
+        "e2e p90 s | out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok | cost | "
+        "saved by cache |"
+    )
     rows = [head, "|" + "---|" * 16]
     for name, s in summaries.items():
         error = "-" if s.prediction_error_tokens is None else f"{s.prediction_error_tokens:.1f}"
         later = "-" if s.later_ttft_p90_s is None else f"{s.later_ttft_p90_s:.3f}"
         cost = "-" if s.cost is None else f"{s.cost:.4g}"
-        saved = "-" if s.saved_by_cache is None else \
-            f"{s.saved_by_cache:.4g} ({100 * (s.saved_share_of_prompt_cost or 0):.1f} % of prompt cost)"
-        rows.append(f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
-                    f"{s.ttft_p99_s:.3f} | {later} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
-                    f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {s.busiest_over_mean:.2f} | "
-                    f"{s.lag_p99_s * 1000:.1f} | {error} | {cost} | {saved} |")
+        saved = (
+            "-"
+            if s.saved_by_cache is None
+            else f"{s.saved_by_cache:.4g} ({100 * (s.saved_share_of_prompt_cost or 0):.1f} % of prompt cost)"
+        )
+        rows.append(
+            f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
+            f"{s.ttft_p99_s:.3f} | {later} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
+            f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {s.busiest_over_mean:.2f} | "
+            f"{s.lag_p99_s * 1000:.1f} | {error} | {cost} | {saved} |"
+        )
     return "\n".join(rows)

@@ -22,53 +22,29 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import xxhash
 
-from gateway.config.policy_params import policy_config
-from gateway.config.pools import PrefixConfig
 from gateway.index.exact import ExactTables
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.sim_tokens import IM_END, IM_START
 from gateway.prompt.tokenized import TokenizedPrompt
 from gateway.request.decision import Candidate, Outcome
-from gateway.routing.policies import Policy
-from gateway.routing.policies.cost import CostModel
-from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab import workloads
 from lab.results import Result
+from lab.sim_spec import SimSpec, build_policy_for, run_sync
 from lab.workloads import Session
 from replica_stub.block_pool import BlockPool, BlockRemoved, BlockStored, KVEvent
-from replica_stub.config import StubConfig
 from replica_stub.engine.simulated import SimEngine
 from replica_stub.kv_cache import KVCacheManager
 from replica_stub.request import Request, SamplingParams
 from replica_stub.scheduler import Scheduler, SchedulerOutput
 
 OnResult = Callable[[Result], None]
-
-
-@dataclass(frozen=True)
-class SimSpec:
-    """The simulated cluster. `stub` holds the replicas' settings (KV blocks, batch limits, timing,
-    speedup) with the replica stub's defaults; `scrape_interval_s` is the gateway's `load.interval_s`."""
-
-    replicas: int = 4
-    policy: str = "round_robin"
-    policy_params: Mapping[str, Any] = field(default_factory=dict)
-    model: str = "stub-model"
-    stub: StubConfig = field(default_factory=lambda: StubConfig().resolved())
-    prefix: PrefixConfig = field(default_factory=PrefixConfig)
-    scrape_interval_s: float = 0.25
-    concurrency: int = 0  # > 0: closed loop, this many sessions at a time (start times ignored)
-    itl_every: int = 8  # keep every n-th inter-token gap (memory: 100k requests × 256 tokens)
-    seed: int = 0
-    kv_events: bool = False  # route from the replicas' KV events (token keys) instead of history
 
 
 @dataclass(slots=True)
@@ -126,14 +102,24 @@ class Simulation:
         self.tokenizer = self.engine.tokenizer
         self._encoded: dict[str, list[int]] = {}
         self.prefix = dataclasses.replace(spec.prefix, block_tokens=stub.block_size)
-        self.exact = ExactTables(prefix.model_seed(spec.model), stub.block_size, self.prefix.speculative_ttl_s,
-                                 clock=self.clock) if spec.kv_events else None
-        self.replicas = {name: _Replica(name, Scheduler(
-            KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size, self._event_sink(name))),
-            max_num_seqs=stub.max_num_seqs, max_num_batched_tokens=stub.max_num_batched_tokens,
-            max_model_len=stub.max_model_len))
-            for name in (f"replica-{i}" for i in range(spec.replicas))}
-        self.router = Router(_policy(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
+        self.exact = (
+            ExactTables(prefix.model_seed(spec.model), stub.block_size, self.prefix.speculative_ttl_s, clock=self.clock)
+            if spec.kv_events
+            else None
+        )
+        self.replicas = {
+            name: _Replica(
+                name,
+                Scheduler(
+                    KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size, self._event_sink(name))),
+                    max_num_seqs=stub.max_num_seqs,
+                    max_num_batched_tokens=stub.max_num_batched_tokens,
+                    max_model_len=stub.max_model_len,
+                ),
+            )
+            for name in (f"replica-{i}" for i in range(spec.replicas))
+        }
+        self.router = Router(build_policy_for(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
         for name in self.replicas:
             self.router.calibration.set_capacity(name, stub.num_gpu_blocks * stub.block_size)
         self._active: dict[str, _Active] = {}
@@ -162,6 +148,7 @@ class Simulation:
                 exact.removed(name, event.block_hashes)
             else:  # AllBlocksCleared
                 exact.cleared(name)
+
         return deliver
 
     def run(self, sessions: list[Session]) -> list[Result]:
@@ -177,7 +164,7 @@ class Simulation:
         while self._heap:
             self.now, _, action = heapq.heappop(self._heap)
             action()
-        _sync(self.router.close())
+        run_sync(self.router.close())
         return self.results
 
     def _at(self, when: float, action: Callable[[], None]) -> None:
@@ -225,28 +212,49 @@ class Simulation:
         request_id = f"sim-{self._ids}"
         stub = spec.stub
         if len(prompt_ids) + session.max_tokens > stub.max_model_len:  # the stub answers 400, as vLLM does
-            self._record(Result(session.session_id, active.turn, ok=False, status=400, scheduled_s=self.now,
-                                sent_s=self.now, error="prompt + max_tokens exceed max_model_len"))
+            self._record(
+                Result(
+                    session.session_id,
+                    active.turn,
+                    ok=False,
+                    status=400,
+                    scheduled_s=self.now,
+                    sent_s=self.now,
+                    error="prompt + max_tokens exceed max_model_len",
+                )
+            )
             self._end(active)
             return
-        body = {"model": spec.model, "messages": list(active.messages), "max_tokens": session.max_tokens,
-                "stream": True}
+        body = {
+            "model": spec.model,
+            "messages": list(active.messages),
+            "max_tokens": session.max_tokens,
+            "stream": True,
+        }
         view = RequestView(request_id, "chat", spec.model, True, body, b"", session_key=session.session_id)
         if self.exact is not None:  # token keys, as a gateway with the model's tokenizer computes them
             system = len(self._encode_message(active.messages[0], cache=True)) if session.system else 0
             prefix.attach(view, prefix.from_tokens(view, self.prefix, TokenizedPrompt(tuple(prompt_ids), system)))
-        candidates = [Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage)
-                      for r in self.replicas.values()]
-        replica = self.replicas[_sync(self.router.route(view, candidates)).replica_id]
+        candidates = [
+            Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage) for r in self.replicas.values()
+        ]
+        replica = self.replicas[run_sync(self.router.route(view, candidates)).replica_id]
         replica.in_flight += 1
         max_tokens = session.max_tokens
-        request = Request(request_id, prompt_ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                          stub.block_size, eos_token_id=self.tokenizer.eos_token_id, arrival_time=self.now)
+        request = Request(
+            request_id,
+            prompt_ids,
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            stub.block_size,
+            eos_token_id=self.tokenizer.eos_token_id,
+            arrival_time=self.now,
+        )
         vocab = self._vocab_ids
         active.answer_ids = [vocab[i] for i in workloads.below(active.answer_rng, len(vocab), max_tokens)]
         active.view, active.replica, active.request = view, replica, request
-        active.result = Result(session.session_id, active.turn, ok=False, scheduled_s=self.now, sent_s=self.now,
-                               replica=replica.name)
+        active.result = Result(
+            session.session_id, active.turn, ok=False, scheduled_s=self.now, sent_s=self.now, replica=replica.name
+        )
         self._by_request[request_id] = active
         replica.scheduler.add_request(request)
         if not replica.busy:
@@ -258,8 +266,9 @@ class Simulation:
             if steps:
                 running = list(replica.scheduler.running)
                 replica.busy = True
-                self._decode_step(replica, _DecodeRun(running, [r.num_computed_tokens for r in running], steps,
-                                                      [self.now]))
+                self._decode_step(
+                    replica, _DecodeRun(running, [r.num_computed_tokens for r in running], steps, [self.now])
+                )
                 return
         out = replica.scheduler.schedule()
         if not out.scheduled:
@@ -268,8 +277,10 @@ class Simulation:
         replica.busy = True
         engine = self.engine
         self._seq += 1
-        heapq.heappush(self._heap, (self.now + engine.step_ms(out) / 1000 / engine.speedup, self._seq,
-                                    lambda: self._step_done(replica, out)))
+        heapq.heappush(
+            self._heap,
+            (self.now + engine.step_ms(out) / 1000 / engine.speedup, self._seq, lambda: self._step_done(replica, out)),
+        )
 
     def _decode_step(self, replica: _Replica, run: _DecodeRun) -> None:
         """Start the run's next step: what `_step` does for it (the engine's cost of a decode-only step)."""
@@ -277,8 +288,10 @@ class Simulation:
         engine = self.engine
         step_ms = engine.timing.step_ms((), [context + done for context in run.contexts])
         self._seq += 1
-        heapq.heappush(self._heap, (self.now + step_ms / 1000 / engine.speedup, self._seq,
-                                    lambda: self._decode_step_done(replica, run)))
+        heapq.heappush(
+            self._heap,
+            (self.now + step_ms / 1000 / engine.speedup, self._seq, lambda: self._decode_step_done(replica, run)),
+        )
 
     def _decode_step_done(self, replica: _Replica, run: _DecodeRun) -> None:
         run.times.append(self.now)
@@ -293,7 +306,7 @@ class Simulation:
             result = active.result
             assert result is not None and result.ttft_s is not None  # past its first token
             done = len(request.output_token_ids)
-            replica.scheduler.advance_decode(request, active.answer_ids[done:done + steps])
+            replica.scheduler.advance_decode(request, active.answer_ids[done : done + steps])
             last = active.last_token_s
             for step in range(1, steps + 1):
                 if (done + step) % every == 0:
@@ -336,9 +349,17 @@ class Simulation:
         result.prompt_tokens, result.completion_tokens = request.num_prompt_tokens, len(request.output_token_ids)
         result.cached_tokens = request.num_cached_tokens or 0
         answer = "".join(self._word[t] for t in request.output_token_ids)
-        predicted = self.router.finished(view, replica.name, Outcome(
-            ok=True, ttft_s=result.ttft_s, prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
-            answer=answer if self.router.records_answers else None))
+        predicted = self.router.finished(
+            view,
+            replica.name,
+            Outcome(
+                ok=True,
+                ttft_s=result.ttft_s,
+                prompt_tokens=result.prompt_tokens,
+                cached_tokens=result.cached_tokens,
+                answer=answer if self.router.records_answers else None,
+            ),
+        )
         if predicted is not None and self.router.policy.needs_index:
             result.predicted_cached_tokens = predicted.cached_tokens
         self._record(result)
@@ -362,29 +383,6 @@ class Simulation:
         del self._active[active.session.session_id]
         if self.spec.concurrency > 0:
             self._next_closed_loop()
-
-
-def _policy(spec: SimSpec, clock: Callable[[], float]) -> Policy:
-    params = dict(spec.policy_params)
-    config = policy_config(spec.policy, params, "simulate")
-    if "seed" in {f.name for f in dataclasses.fields(config)} and "seed" not in params:
-        params["seed"] = spec.seed  # reproducible runs
-    policy = build_policy(spec.policy, params, "simulate")
-    # The prefix policy's prefill queue drains in (virtual) time: give it the simulation's clock.
-    cost = getattr(policy, "cost", None)
-    if isinstance(cost, CostModel):
-        cost.clock = clock
-    return policy
-
-
-def _sync(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine that never really waits (the in-memory index) to completion, synchronously."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("the simulation needs an index that never waits (index.store: memory)")
 
 
 def simulate(sessions: list[Session], spec: SimSpec, on_result: OnResult | None = None) -> list[Result]:

@@ -29,9 +29,13 @@ class Tethered:
         self.popen = subprocess.Popen(list(args), start_new_session=True, **popen)
         read, self._writer = os.pipe()  # non-inheritable: no later child holds the pipe open
         try:
-            self._watchdog = subprocess.Popen(["/bin/sh", "-c", WATCHDOG, str(self.popen.pid)], stdin=read,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                              start_new_session=True)
+            self._watchdog = subprocess.Popen(
+                ["/bin/sh", "-c", WATCHDOG, str(self.popen.pid)],
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError:
             self.popen.kill()
             os.close(self._writer)

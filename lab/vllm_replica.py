@@ -75,22 +75,51 @@ class VLLMReplica:
 
     def command(self) -> list[str]:
         endpoint, replay = self._endpoints(bind=True)
-        events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
-                  "replay_endpoint": replay, "topic": ""}
-        return [str(VLLM_DIR / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", str(model_dir()), "--served-model-name", self.served_name,
-                "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", resolve_dtype("auto"), "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
-                "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--kv-events-config", json.dumps(events), "--uvicorn-log-level", "warning",
-                *(["--num-gpu-blocks-override", str(self.num_blocks)] if self.num_blocks else [])]
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": endpoint,
+            "replay_endpoint": replay,
+            "topic": "",
+        }
+        return [
+            str(VLLM_DIR / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir()),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            resolve_dtype("auto"),
+            "--enforce-eager",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--kv-events-config",
+            json.dumps(events),
+            "--uvicorn-log-level",
+            "warning",
+            *(["--num-gpu-blocks-override", str(self.num_blocks)] if self.num_blocks else []),
+        ]
 
     def env(self) -> dict[str, str]:
         cores = os.cpu_count() or 1
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
-               "VLLM_CPU_OMP_THREADS_BIND": str(self.index % cores),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "VLLM_LOGGING_LEVEL": self.log_level.upper()}
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
+            "VLLM_CPU_OMP_THREADS_BIND": str(self.index % cores),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_LOGGING_LEVEL": self.log_level.upper(),
+        }
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         return env

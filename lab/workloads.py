@@ -78,8 +78,14 @@ def _arrivals(rng: random.Random, count: int, rate_per_s: float) -> list[float]:
 
 
 def shared_prefix(
-    *, groups: int = 64, prompts_per_group: int = 16, system_tokens: int = 2048, question_tokens: int = 128,
-    answer_tokens: int = 256, rate_per_s: float = 8.0, seed: int = 0,
+    *,
+    groups: int = 64,
+    prompts_per_group: int = 16,
+    system_tokens: int = 2048,
+    question_tokens: int = 128,
+    answer_tokens: int = 256,
+    rate_per_s: float = 8.0,
+    seed: int = 0,
 ) -> list[Session]:
     """G groups × P prompts: a long system prompt per group plus a short question (SGLang's
     generated-shared-prefix shape), requests of all groups interleaved at random, Poisson arrivals."""
@@ -87,15 +93,25 @@ def shared_prefix(
     systems = [f"Group {g} instructions. " + words(rng, system_tokens) for g in range(groups)]
     pairs = [(g, p) for g in range(groups) for p in range(prompts_per_group)]
     rng.shuffle(pairs)
-    return [Session(f"g{g}-p{p}", start, systems[g], (f"Question {p}: " + words(rng, question_tokens),),
-                    answer_tokens)
-            for (g, p), start in zip(pairs, _arrivals(rng, len(pairs), rate_per_s))]
+    return [
+        Session(f"g{g}-p{p}", start, systems[g], (f"Question {p}: " + words(rng, question_tokens),), answer_tokens)
+        for (g, p), start in zip(pairs, _arrivals(rng, len(pairs), rate_per_s))
+    ]
 
 
 def multi_turn(
-    *, users: int = 16, rounds: int = 5, systems: int = 2, system_tokens: int = 300,
-    question_tokens: int = 60, first_turn_tokens: int = 600, answer_tokens: int = 40,
-    rate_per_s: float = 4.0, think_s: float = 0.0, tenant_skew: float = 0.0, seed: int = 0,
+    *,
+    users: int = 16,
+    rounds: int = 5,
+    systems: int = 2,
+    system_tokens: int = 300,
+    question_tokens: int = 60,
+    first_turn_tokens: int = 600,
+    answer_tokens: int = 40,
+    rate_per_s: float = 4.0,
+    think_s: float = 0.0,
+    tenant_skew: float = 0.0,
+    seed: int = 0,
 ) -> list[Session]:
     """U users, R rounds each, a few shared system prompts, a private history that grows per turn.
 
@@ -114,8 +130,9 @@ def multi_turn(
     for user in range(users):
         turns = [f"Document for user {user}: " + words(rng, first_turn_tokens)]
         turns += [f"Question {r} from user {user}: " + words(rng, question_tokens) for r in range(1, rounds)]
-        sessions.append(Session(f"user-{user}", start, system_prompts[tenant_of[user]], tuple(turns),
-                                answer_tokens, think_s))
+        sessions.append(
+            Session(f"user-{user}", start, system_prompts[tenant_of[user]], tuple(turns), answer_tokens, think_s)
+        )
         start += rng.expovariate(rate_per_s)
     return sessions
 
@@ -136,8 +153,15 @@ def _tenants(users: int, tenants: int, skew: float) -> list[int]:
 
 
 def hot_tenant(
-    *, requests: int = 400, hot_share: float = 0.6, hot_system_tokens: int = 3000, tenants: int = 8,
-    system_tokens: int = 1000, question_tokens: int = 100, answer_tokens: int = 64, rate_per_s: float = 8.0,
+    *,
+    requests: int = 400,
+    hot_share: float = 0.6,
+    hot_system_tokens: int = 3000,
+    tenants: int = 8,
+    system_tokens: int = 1000,
+    question_tokens: int = 100,
+    answer_tokens: int = 64,
+    rate_per_s: float = 8.0,
     seed: int = 0,
 ) -> list[Session]:
     """One tenant's long system prompt carries `hot_share` of the traffic; the rest is spread over
@@ -148,14 +172,20 @@ def hot_tenant(
     sessions = []
     for i, start in enumerate(_arrivals(rng, requests, rate_per_s)):
         system = hot if rng.random() < hot_share else others[rng.randrange(tenants)]
-        sessions.append(Session(f"req-{i}", start, system, (f"Question {i}: " + words(rng, question_tokens),),
-                                answer_tokens))
+        sessions.append(
+            Session(f"req-{i}", start, system, (f"Question {i}: " + words(rng, question_tokens),), answer_tokens)
+        )
     return sessions
 
 
 def hot_prefix(
-    *, requests: int = 64, system_tokens: int = 1000, question_tokens: int = 40,
-    answer_tokens: int = 20, rate_per_s: float = 20.0, seed: int = 0,
+    *,
+    requests: int = 64,
+    system_tokens: int = 1000,
+    question_tokens: int = 40,
+    answer_tokens: int = 20,
+    rate_per_s: float = 20.0,
+    seed: int = 0,
 ) -> list[Session]:
     """One system prompt shared by every request, Poisson arrivals: the hot-spot trap."""
     rng = random.Random(seed)
@@ -163,15 +193,24 @@ def hot_prefix(
     sessions = []
     start = 0.0
     for i in range(requests):
-        sessions.append(Session(f"req-{i}", start, system, (f"Question {i}: " + words(rng, question_tokens),),
-                                answer_tokens))
+        sessions.append(
+            Session(f"req-{i}", start, system, (f"Question {i}: " + words(rng, question_tokens),), answer_tokens)
+        )
         start += rng.expovariate(rate_per_s)
     return sessions
 
 
 def agent_loop(
-    *, sessions: int = 32, min_hops: int = 3, max_hops: int = 8, tools_tokens: int = 800, task_tokens: int = 200,
-    tool_output_tokens: int = 300, answer_tokens: int = 60, tool_latency_s: float = 0.2, rate_per_s: float = 2.0,
+    *,
+    sessions: int = 32,
+    min_hops: int = 3,
+    max_hops: int = 8,
+    tools_tokens: int = 800,
+    task_tokens: int = 200,
+    tool_output_tokens: int = 300,
+    answer_tokens: int = 60,
+    tool_latency_s: float = 0.2,
+    rate_per_s: float = 2.0,
     seed: int = 0,
 ) -> list[Session]:
     """Agent sessions of 3–8 hops: each hop's prompt is the previous prompt, the model's answer (a
@@ -188,8 +227,14 @@ def agent_loop(
 
 
 def varied_output(
-    *, requests: int = 200, prompt_tokens: int = 100, short_tokens: int = 32, long_tokens: int = 512,
-    long_share: float = 0.2, rate_per_s: float = 4.0, seed: int = 0,
+    *,
+    requests: int = 200,
+    prompt_tokens: int = 100,
+    short_tokens: int = 32,
+    long_tokens: int = 512,
+    long_share: float = 0.2,
+    rate_per_s: float = 4.0,
+    seed: int = 0,
 ) -> list[Session]:
     """Single requests whose answers differ widely in length: most up to `short_tokens`, a
     `long_share` of them up to `long_tokens` (each from the upper half of its range), private
@@ -199,13 +244,21 @@ def varied_output(
     sessions = []
     for i, start in enumerate(_arrivals(rng, requests, rate_per_s)):
         top = long_tokens if rng.random() < long_share else short_tokens
-        sessions.append(Session(f"req-{i}", start, "", (f"Request {i}: " + words(rng, prompt_tokens),),
-                                rng.randint(max(1, top // 2), top)))
+        sessions.append(
+            Session(
+                f"req-{i}",
+                start,
+                "",
+                (f"Request {i}: " + words(rng, prompt_tokens),),
+                rng.randint(max(1, top // 2), top),
+            )
+        )
     return sessions
 
 
-def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: int = 512,
-          seed: int = 0) -> list[Session]:
+def trace(
+    *, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: int = 512, seed: int = 0
+) -> list[Session]:
     """Replay a Mooncake-format JSONL trace: one request per line with `timestamp` (ms),
     `input_length`, `output_length` and `hash_ids` (one per `block_tokens`-token block).
 
@@ -235,20 +288,50 @@ def trace(*, path: str, rate_per_s: float = 0.0, limit: int = 0, block_tokens: i
         need = int(row["input_length"])
         while len(text) < need:  # a trace line longer than its hash ids: private tail
             text += words(random.Random(f"{seed}:tail:{i}"), need - len(text)).split(" ")
-        sessions.append(Session(f"trace-{i}", (row["timestamp"] / 1000 - t0) * scale, "",
-                                (" ".join(text[:max(1, need)]),), max(1, int(row["output_length"]))))
+        sessions.append(
+            Session(
+                f"trace-{i}",
+                (row["timestamp"] / 1000 - t0) * scale,
+                "",
+                (" ".join(text[: max(1, need)]),),
+                max(1, int(row["output_length"])),
+            )
+        )
     return sessions
 
 
 WORKLOADS: dict[str, Callable[..., list[Session]]] = {
-    "shared-prefix": shared_prefix, "multi-turn": multi_turn, "hot-prefix": hot_prefix,
-    "agent-loop": agent_loop, "trace": trace, "hot-tenant": hot_tenant, "varied-output": varied_output,
+    "shared-prefix": shared_prefix,
+    "multi-turn": multi_turn,
+    "hot-prefix": hot_prefix,
+    "agent-loop": agent_loop,
+    "trace": trace,
+    "hot-tenant": hot_tenant,
+    "varied-output": varied_output,
     # The shapes above with the defaults of the head-to-head against other routers (bench/peers_matrix.py):
     # long-document chat over tenants of unequal size; more prefix groups than the fleet's caches hold.
-    "tenant-chat": partial(multi_turn, users=48, rounds=6, systems=4, system_tokens=400, first_turn_tokens=1200,
-                           question_tokens=40, answer_tokens=48, tenant_skew=1.0, think_s=1.0, rate_per_s=1.0),
-    "prefix-groups": partial(shared_prefix, groups=120, prompts_per_group=5, system_tokens=2500, question_tokens=60,
-                             answer_tokens=32, rate_per_s=4.0),
+    "tenant-chat": partial(
+        multi_turn,
+        users=48,
+        rounds=6,
+        systems=4,
+        system_tokens=400,
+        first_turn_tokens=1200,
+        question_tokens=40,
+        answer_tokens=48,
+        tenant_skew=1.0,
+        think_s=1.0,
+        rate_per_s=1.0,
+    ),
+    "prefix-groups": partial(
+        shared_prefix,
+        groups=120,
+        prompts_per_group=5,
+        system_tokens=2500,
+        question_tokens=60,
+        answer_tokens=32,
+        rate_per_s=4.0,
+    ),
 }
 
 

@@ -99,8 +99,7 @@ class FreeKVCacheBlockQueue:
 class BlockPool:
     """Fixed pool of `num_blocks` blocks, a hash -> block map and the LRU free queue."""
 
-    def __init__(self, num_blocks: int, block_size: int,
-                 on_event: Callable[[KVEvent], None] | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, on_event: Callable[[KVEvent], None] | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -147,8 +146,14 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[int],
-                          parent_hash: int | None, token_ids: Sequence[int], lora: Lora | None = None) -> None:
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        lora: Lora | None = None,
+    ) -> None:
         """Register freshly filled blocks under their chain hashes (first writer wins on a race).
         Emits one BlockStored per contiguous run of newly stored blocks, naming `lora`'s adapter."""
         run: list[int] = []
@@ -177,14 +182,28 @@ class BlockPool:
             self.on_event(AllBlocksCleared())
         return True
 
-    def _stored(self, run: list[int], start: int, block_hashes: Sequence[int], parent_hash: int | None,
-                token_ids: Sequence[int], lora: Lora | None) -> None:
+    def _stored(
+        self,
+        run: list[int],
+        start: int,
+        block_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        lora: Lora | None,
+    ) -> None:
         if not run or self.on_event is None:
             return
         parent = block_hashes[start - 1] if start else parent_hash
-        tokens = token_ids[start * self.block_size:(start + len(run)) * self.block_size]
-        self.on_event(BlockStored(tuple(run), parent, tuple(tokens), self.block_size,
-                                  *((lora.lora_id, lora.name) if lora is not None else ())))
+        tokens = token_ids[start * self.block_size : (start + len(run)) * self.block_size]
+        self.on_event(
+            BlockStored(
+                tuple(run),
+                parent,
+                tuple(tokens),
+                self.block_size,
+                *((lora.lora_id, lora.name) if lora is not None else ()),
+            )
+        )
 
     def _evict(self, block: KVCacheBlock) -> None:
         block_hash = block.block_hash

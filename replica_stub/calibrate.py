@@ -49,8 +49,9 @@ class Sample:
 def _lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     import torch
 
-    solution = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64),
-                                  torch.tensor(ys, dtype=torch.float64).unsqueeze(1)).solution
+    solution = torch.linalg.lstsq(
+        torch.tensor(rows, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64).unsqueeze(1)
+    ).solution
     return [max(0.0, float(v)) for v in solution.squeeze(1)]
 
 
@@ -58,11 +59,18 @@ def fit(samples: Sequence[Sample]) -> TimingModel:
     """TimingModel coefficients from measured prefill and decode steps."""
     prefill = [s for s in samples if s.kind == "prefill"]
     decode = [s for s in samples if s.kind == "decode"]
-    p_base, p_token, p_attn = _lstsq([[1.0, s.a, s.a * (s.b + s.a / 2) / 1000] for s in prefill],
-                                     [s.ms for s in prefill])
+    p_base, p_token, p_attn = _lstsq(
+        [[1.0, s.a, s.a * (s.b + s.a / 2) / 1000] for s in prefill], [s.ms for s in prefill]
+    )
     d_base, d_seq, d_ctx = _lstsq([[1.0, s.a - 1, s.a * s.b / 1000] for s in decode], [s.ms for s in decode])
-    model = TimingModel(prefill_base_ms=p_base, prefill_token_ms=p_token, prefill_attention_ms=p_attn,
-                        decode_base_ms=d_base, decode_context_ms=d_ctx, decode_seq_ms=d_seq)
+    model = TimingModel(
+        prefill_base_ms=p_base,
+        prefill_token_ms=p_token,
+        prefill_attention_ms=p_attn,
+        decode_base_ms=d_base,
+        decode_context_ms=d_ctx,
+        decode_seq_ms=d_seq,
+    )
     return TimingModel(**{k: round(v, 4) for k, v in asdict(model).items()})
 
 
@@ -104,8 +112,7 @@ class Bench:
         ids = [f"dec-{next(self._ids)}" for _ in range(batch)]
         times = []
         for step in range(self.repeats + 1):
-            items = [self.work(rid, [self.rng.randrange(1000, 40000)], ctx + step, blocks, True, GREEDY)
-                     for rid in ids]
+            items = [self.work(rid, [self.rng.randrange(1000, 40000)], ctx + step, blocks, True, GREEDY) for rid in ids]
             times.append(self._step(items))
         self.engine.release_all()
         return statistics.median(times[1:])  # the first step also gathers the prefix from the store
@@ -136,8 +143,10 @@ def run_calibration(output: Path, *, threads: int, block_size: int, quick: bool)
     engine = RealEngine(block_size=block_size, kv_cache_mb=512, threads=threads)
     samples = measure(engine, quick=quick)
     model = fit(samples)
-    header = (f"# replica-stub calibrate: SmolLM2-135M-Instruct, bf16, {threads} torch thread(s), "
-              f"block_size {block_size}, measured {time.strftime('%Y-%m-%d %H:%M %Z')}\n")
+    header = (
+        f"# replica-stub calibrate: SmolLM2-135M-Instruct, bf16, {threads} torch thread(s), "
+        f"block_size {block_size}, measured {time.strftime('%Y-%m-%d %H:%M %Z')}\n"
+    )
     output.write_text(header + yaml.safe_dump({"timing": asdict(model)}, sort_keys=False))
     print(report(samples, model))
     print(f"\nwrote {output}: use it with `replica-stub --engine sim --config {output}`")

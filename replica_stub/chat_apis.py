@@ -38,8 +38,7 @@ def add_routes(app: web.Application, read_body: ReadBody) -> None:
         return await _serve(request, await read_body(request), _messages_chat, _Anthropic)
 
     async def responses(request: web.Request) -> web.StreamResponse:
-        return await _serve(request, await read_body(request), partial(_responses_chat, request.app[STORE]),
-                            _Responses)
+        return await _serve(request, await read_body(request), partial(_responses_chat, request.app[STORE]), _Responses)
 
     async def stored(request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
@@ -61,10 +60,14 @@ def _text(content: Any) -> Any:
         return content or ""
     if not isinstance(content, list):
         raise BadRequestError("`content` must be a string or a list of blocks", param="messages")
-    return [{"type": "text", "text": part["text"]}
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
-            and isinstance(part.get("text"), str) else {"type": "text", "text": orjson.dumps(part).decode()}
-            for part in content]
+    return [
+        {"type": "text", "text": part["text"]}
+        if isinstance(part, dict)
+        and part.get("type") in ("text", "input_text", "output_text")
+        and isinstance(part.get("text"), str)
+        else {"type": "text", "text": orjson.dumps(part).decode()}
+        for part in content
+    ]
 
 
 def _messages_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -76,9 +79,13 @@ def _messages_chat(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             raise BadRequestError(f"messages[{i}] must be a user or assistant message", param="messages")
         turns.append({"role": message["role"], "content": _text(message.get("content"))})
-    return {"messages": turns, "max_tokens": body["max_tokens"], "stream": body.get("stream", False),
-            **{k: body[k] for k in ("temperature", "top_p") if k in body},
-            **({"stop": body["stop_sequences"]} if body.get("stop_sequences") else {})}
+    return {
+        "messages": turns,
+        "max_tokens": body["max_tokens"],
+        "stream": body.get("stream", False),
+        **{k: body[k] for k in ("temperature", "top_p") if k in body},
+        **({"stop": body["stop_sequences"]} if body.get("stop_sequences") else {}),
+    }
 
 
 def _responses_chat(store: Store, body: dict[str, Any]) -> dict[str, Any]:
@@ -99,13 +106,17 @@ def _responses_chat(store: Store, body: dict[str, Any]) -> dict[str, Any]:
                 turns.append({"role": "user", "content": orjson.dumps(item).decode()})
     else:
         raise BadRequestError("`input` must be a string or a list of items", param="input")
-    return {"messages": turns, "stream": body.get("stream", False),
-            **({"max_tokens": body["max_output_tokens"]} if body.get("max_output_tokens") else {}),
-            **{k: body[k] for k in ("temperature", "top_p") if k in body}}
+    return {
+        "messages": turns,
+        "stream": body.get("stream", False),
+        **({"max_tokens": body["max_output_tokens"]} if body.get("max_output_tokens") else {}),
+        **{k: body[k] for k in ("temperature", "top_p") if k in body},
+    }
 
 
-async def _serve(http: web.Request, body: dict[str, Any], as_chat: Callable[[dict[str, Any]], dict[str, Any]],
-                 shape: type[_Shape]) -> web.StreamResponse:
+async def _serve(
+    http: web.Request, body: dict[str, Any], as_chat: Callable[[dict[str, Any]], dict[str, Any]], shape: type[_Shape]
+) -> web.StreamResponse:
     config = http.app[CONFIG]
     await http.app[ARRIVALS].enter()
     check_model(body, config.model)
@@ -148,31 +159,52 @@ class _Shape:
 class _Anthropic(_Shape):
     def _message(self, text: str, stream: RequestStream, done: bool) -> dict[str, Any]:
         request = stream.request
-        usage = {"input_tokens": request.num_prompt_tokens, "output_tokens": stream.num_output_tokens if done else 0,
-                 "cache_read_input_tokens": request.num_cached_tokens or 0}
-        return {"id": f"msg_{self.id}", "type": "message", "role": "assistant", "model": self.model,
-                "content": [{"type": "text", "text": text}] if done else [],
-                "stop_reason": _STOP.get(stream.finish_reason or "", "end_turn") if done else None,
-                "stop_sequence": None, "usage": usage}
+        usage = {
+            "input_tokens": request.num_prompt_tokens,
+            "output_tokens": stream.num_output_tokens if done else 0,
+            "cache_read_input_tokens": request.num_cached_tokens or 0,
+        }
+        return {
+            "id": f"msg_{self.id}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [{"type": "text", "text": text}] if done else [],
+            "stop_reason": _STOP.get(stream.finish_reason or "", "end_turn") if done else None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
 
     def whole(self, text: str, stream: RequestStream) -> dict[str, Any]:
         return self._message(text, stream, True)
 
     async def events(self, stream: RequestStream) -> AsyncIterator[bytes]:
-        start = (_sse("message_start", {"type": "message_start", "message": self._message("", stream, False)})
-                 + _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                                "content_block": {"type": "text", "text": ""}}))
+        start = _sse("message_start", {"type": "message_start", "message": self._message("", stream, False)}) + _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        )
         async for batch in stream.batches():  # the first bytes once the prefill is done, as vLLM's
-            yield start + b"".join(_sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                                "delta": {"type": "text_delta", "text": d.text}})
-                                   for d in batch if d.text)
+            yield start + b"".join(
+                _sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d.text}},
+                )
+                for d in batch
+                if d.text
+            )
             start = b""
-        yield (_sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-               + _sse("message_delta", {"type": "message_delta",
-                                        "delta": {"stop_reason": _STOP.get(stream.finish_reason or "", "end_turn"),
-                                                  "stop_sequence": None},
-                                        "usage": {"output_tokens": stream.num_output_tokens}})
-               + _sse("message_stop", {"type": "message_stop"}))
+        yield (
+            _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + _sse(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": _STOP.get(stream.finish_reason or "", "end_turn"), "stop_sequence": None},
+                    "usage": {"output_tokens": stream.num_output_tokens},
+                },
+            )
+            + _sse("message_stop", {"type": "message_stop"})
+        )
 
 
 class _Responses(_Shape):
@@ -181,25 +213,51 @@ class _Responses(_Shape):
         self.created, self.seq = int(time.time()), 0
 
     def _item(self, text: str, status: str) -> dict[str, Any]:
-        return {"type": "message", "id": f"msg_{self.id}", "status": status, "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
+        return {
+            "type": "message",
+            "id": f"msg_{self.id}",
+            "status": status,
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else [],
+        }
 
     def _response(self, text: str | None, stream: RequestStream) -> dict[str, Any]:
         request, done = stream.request, text is not None
         status = "in_progress" if not done else "incomplete" if stream.finish_reason == "length" else "completed"
-        usage = {"input_tokens": request.num_prompt_tokens,
-                 "input_tokens_details": {"cached_tokens": request.num_cached_tokens or 0},
-                 "output_tokens": stream.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": request.num_prompt_tokens + stream.num_output_tokens} if done else None
-        return {"id": f"resp_{self.id}", "object": "response", "created_at": self.created, "model": self.model,
-                "status": status, "output": [self._item(text, "completed")] if text is not None else [],
-                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                "instructions": self.body.get("instructions"), "max_output_tokens": self.body.get("max_output_tokens"),
-                "parallel_tool_calls": True, "tool_choice": "auto", "tools": self.body.get("tools") or [],
-                "temperature": self.body.get("temperature", 1.0), "top_p": self.body.get("top_p", 1.0),
-                "previous_response_id": self.body.get("previous_response_id"), "reasoning": None,
-                "text": {"format": {"type": "text"}},
-                "truncation": "disabled", "error": None, "metadata": {}, "usage": usage}
+        usage = (
+            {
+                "input_tokens": request.num_prompt_tokens,
+                "input_tokens_details": {"cached_tokens": request.num_cached_tokens or 0},
+                "output_tokens": stream.num_output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": request.num_prompt_tokens + stream.num_output_tokens,
+            }
+            if done
+            else None
+        )
+        return {
+            "id": f"resp_{self.id}",
+            "object": "response",
+            "created_at": self.created,
+            "model": self.model,
+            "status": status,
+            "output": [self._item(text, "completed")] if text is not None else [],
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": self.body.get("instructions"),
+            "max_output_tokens": self.body.get("max_output_tokens"),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": self.body.get("tools") or [],
+            "temperature": self.body.get("temperature", 1.0),
+            "top_p": self.body.get("top_p", 1.0),
+            "previous_response_id": self.body.get("previous_response_id"),
+            "reasoning": None,
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "error": None,
+            "metadata": {},
+            "usage": usage,
+        }
 
     def whole(self, text: str, stream: RequestStream) -> dict[str, Any]:
         return self._stored(self._response(text, stream), text)
@@ -219,18 +277,36 @@ class _Responses(_Shape):
         where = {"item_id": f"msg_{self.id}", "output_index": 0}
         parts: list[str] = []
         async for batch in stream.batches():  # the first bytes once the prefill is done
-            start = b"" if parts else (
-                self._event("response.created", response=self._response(None, stream))
-                + self._event("response.in_progress", response=self._response(None, stream))
-                + self._event("response.output_item.added", output_index=0, item=self._item("", "in_progress"))
-                + self._event("response.content_part.added", **where, content_index=0,
-                              part={"type": "output_text", "text": "", "annotations": []}))
+            start = (
+                b""
+                if parts
+                else (
+                    self._event("response.created", response=self._response(None, stream))
+                    + self._event("response.in_progress", response=self._response(None, stream))
+                    + self._event("response.output_item.added", output_index=0, item=self._item("", "in_progress"))
+                    + self._event(
+                        "response.content_part.added",
+                        **where,
+                        content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": []},
+                    )
+                )
+            )
             parts += (d.text for d in batch if d.text)
-            yield start + b"".join(self._event("response.output_text.delta", **where, content_index=0,
-                                               delta=d.text, logprobs=[]) for d in batch if d.text)
+            yield start + b"".join(
+                self._event("response.output_text.delta", **where, content_index=0, delta=d.text, logprobs=[])
+                for d in batch
+                if d.text
+            )
         text = "".join(parts)
-        yield (self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
-               + self._event("response.content_part.done", **where, content_index=0,
-                             part={"type": "output_text", "text": text, "annotations": []})
-               + self._event("response.output_item.done", output_index=0, item=self._item(text, "completed"))
-               + self._event("response.completed", response=self._stored(self._response(text, stream), text)))
+        yield (
+            self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
+            + self._event(
+                "response.content_part.done",
+                **where,
+                content_index=0,
+                part={"type": "output_text", "text": text, "annotations": []},
+            )
+            + self._event("response.output_item.done", output_index=0, item=self._item(text, "completed"))
+            + self._event("response.completed", response=self._stored(self._response(text, stream), text))
+        )

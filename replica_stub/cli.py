@@ -38,9 +38,11 @@ _TIMING_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replica-stub",
-                                     description="A vLLM-compatible replica for tests and benchmarks.",
-                                     epilog="`serve` is the default subcommand; see `replica-stub serve --help`.")
+    parser = argparse.ArgumentParser(
+        prog="replica-stub",
+        description="A vLLM-compatible replica for tests and benchmarks.",
+        epilog="`serve` is the default subcommand; see `replica-stub serve --help`.",
+    )
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="run the replica server (default)")
     serve.add_argument("--config", help="YAML file with settings (flags override it)")
@@ -48,38 +50,63 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 8000)")
     serve.add_argument("--model", help="served model name (default stub-model)")
     serve.add_argument("--replica-id", help="X-Replica-Id value (default replica-<port>)")
-    serve.add_argument("--engine", choices=ENGINES,
-                       help="engine implementation (default auto: real if the model is installed, else sim)")
+    serve.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="engine implementation (default auto: real if the model is installed, else sim)",
+    )
     serve.add_argument("--speedup", type=float, help="run simulated time this many times faster (default 1)")
     serve.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     serve.add_argument("--num-gpu-blocks", type=int, help="KV capacity in blocks (default 4096)")
     serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 256)")
     serve.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048)")
     serve.add_argument("--max-model-len", type=int, help="max prompt+output tokens (default min(8192, KV capacity))")
-    serve.add_argument("--batching", choices=BATCHING,
-                       help="continuous (default): requests join and leave the running batch at every step; "
-                            "static: a batch runs until its longest request ends, later requests wait for it")
+    serve.add_argument(
+        "--batching",
+        choices=BATCHING,
+        help="continuous (default): requests join and leave the running batch at every step; "
+        "static: a batch runs until its longest request ends, later requests wait for it",
+    )
     serve.add_argument("--kv-cache-mb", type=float, help="real engine: KV cache memory in MiB (default 256)")
     serve.add_argument("--torch-threads", type=int, help="real engine: torch threads (default min(2, CPUs))")
-    serve.add_argument("--dtype", choices=DTYPES,
-                       help="real engine: weights and KV dtype (default auto: bfloat16 where the CPU has avx512_bf16 "
-                            "or AMX, else float32, ~5x faster there than emulated bf16)")
+    serve.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="real engine: weights and KV dtype (default auto: bfloat16 where the CPU has avx512_bf16 "
+        "or AMX, else float32, ~5x faster there than emulated bf16)",
+    )
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
-    serve.add_argument("--kv-events-endpoint",
-                       help="publish vLLM KV events on this ZMQ PUB endpoint, bound (e.g. tcp://*:5557; default off)")
-    serve.add_argument("--kv-events-replay-endpoint",
-                       help="ZMQ ROUTER endpoint answering replay requests (default off)")
+    serve.add_argument(
+        "--kv-events-endpoint",
+        help="publish vLLM KV events on this ZMQ PUB endpoint, bound (e.g. tcp://*:5557; default off)",
+    )
+    serve.add_argument(
+        "--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint answering replay requests (default off)"
+    )
     serve.add_argument("--kv-events-topic", help="topic frame of every KV event message (default empty)")
-    serve.add_argument("--kv-events-encoding", choices=ENCODINGS,
-                       help="events as vLLM's tagged arrays (<= 0.11) or tagged maps (newer) (default array)")
+    serve.add_argument(
+        "--kv-events-encoding",
+        choices=ENCODINGS,
+        help="events as vLLM's tagged arrays (<= 0.11) or tagged maps (newer) (default array)",
+    )
     serve.add_argument("--kv-events-buffer-steps", type=int, help="batches kept for replay (default 10000)")
-    serve.add_argument("--fail-on-marker", help="answer 500 to a generation request whose body contains this text "
-                       "(an input-dependent engine fault, for tests; default off)")
-    serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/* routes, as vLLM's "
-                       "--api-key does: 401 without it (default open)")
-    serve.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH",
-                       help="serve these LoRA adapters as vLLM's --lora-modules does (the sim engine's adapter is a "
-                            "name that changes its text and its cache keys; default none)")
+    serve.add_argument(
+        "--fail-on-marker",
+        help="answer 500 to a generation request whose body contains this text "
+        "(an input-dependent engine fault, for tests; default off)",
+    )
+    serve.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on /v1/* routes, as vLLM's "
+        "--api-key does: 401 without it (default open)",
+    )
+    serve.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="NAME=PATH",
+        help="serve these LoRA adapters as vLLM's --lora-modules does (the sim engine's adapter is a "
+        "name that changes its text and its cache keys; default none)",
+    )
     for field in dataclasses.fields(TimingModel):
         flag = "--" + field.name.replace("_", "-")
         serve.add_argument(flag, type=float, help=f"{_TIMING_HELP[field.name]} (default {field.default})")
@@ -136,10 +163,19 @@ async def serve(config: StubConfig) -> None:
     gc.set_threshold(50_000, 20, 100)
     await web.TCPSite(runner, config.host, config.port, backlog=4096).start()
     structlog.get_logger("replica_stub").info(
-        "replica_started", replica_id=config.replica_id, host=config.host, port=config.port, model=config.model,
-        engine=config.engine, speedup=config.speedup, block_size=config.block_size,
-        num_gpu_blocks=config.num_gpu_blocks, max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
-        batching=config.batching)
+        "replica_started",
+        replica_id=config.replica_id,
+        host=config.host,
+        port=config.port,
+        model=config.model,
+        engine=config.engine,
+        speedup=config.speedup,
+        block_size=config.block_size,
+        num_gpu_blocks=config.num_gpu_blocks,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=config.max_model_len,
+        batching=config.batching,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -78,8 +78,10 @@ class StubConfig:
         if config.speedup <= 0:
             raise ValueError("speedup must be > 0")
         if config.max_model_len > capacity:
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds the KV capacity "
-                             f"({config.num_gpu_blocks} blocks x {config.block_size} = {capacity} tokens)")
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the KV capacity "
+                f"({config.num_gpu_blocks} blocks x {config.block_size} = {capacity} tokens)"
+            )
         low, high = config.sim_output_len
         if not 1 <= low <= high:
             raise ValueError("sim_output_len must be [min, max] with 1 <= min <= max")

@@ -43,10 +43,22 @@ def submit(http: web.Request, gen: GenerateRequest, lora: Lora | None = None) ->
         prompt_ids = tokenizer.encode(gen.prompt_text or "")
     max_tokens = check_length(len(prompt_ids), gen.max_tokens, config.max_model_len)
     client_id = http.headers.get("X-Request-Id")
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
-                              stop=gen.stop, ignore_eos=gen.ignore_eos)
-    request = Request(f"{client_id or uuid.uuid4().hex}#{next(_ids)}", prompt_ids, sampling, config.block_size,
-                      eos_token_id=tokenizer.eos_token_id, lora=lora)
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        seed=gen.seed,
+        stop=gen.stop,
+        ignore_eos=gen.ignore_eos,
+    )
+    request = Request(
+        f"{client_id or uuid.uuid4().hex}#{next(_ids)}",
+        prompt_ids,
+        sampling,
+        config.block_size,
+        eos_token_id=tokenizer.eos_token_id,
+        lora=lora,
+    )
     try:
         return request, engine_loop.submit(request, gen.stop)
     except RuntimeError as exc:
@@ -72,7 +84,9 @@ def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int) ->
         raise BadRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{wanted} tokens ({num_prompt} in the messages, {max_tokens or 0} in the completion). "
-            "Please reduce the length of the messages or completion.", param="messages")
+            "Please reduce the length of the messages or completion.",
+            param="messages",
+        )
     return max_tokens if max_tokens is not None else max_model_len - num_prompt
 
 

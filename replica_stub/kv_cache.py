@@ -32,8 +32,9 @@ class KVCacheManager:
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: Sequence[KVCacheBlock] = ()) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVCacheBlock] = ()
+    ) -> bool:
         """Reserve blocks for `num_new_tokens` more tokens; False (and no change) if they don't fit."""
         if not new_computed_blocks:  # fast path: a running request growing inside the blocks it holds
             held = self._blocks.get(request.request_id)
@@ -77,9 +78,10 @@ class KVCacheManager:
         if num_full <= start:
             return
         parent = request.block_hashes[start - 1] if start else None  # None: a prompt's first block
-        tokens = request.all_token_ids[start * self.block_size:num_full * self.block_size]
-        self.pool.cache_full_blocks(held[start:num_full], request.block_hashes[start:num_full], parent, tokens,
-                                    request.lora)
+        tokens = request.all_token_ids[start * self.block_size : num_full * self.block_size]
+        self.pool.cache_full_blocks(
+            held[start:num_full], request.block_hashes[start:num_full], parent, tokens, request.lora
+        )
         self._num_cached[request.request_id] = num_full
 
     def free(self, request: Request) -> None:

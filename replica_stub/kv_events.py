@@ -51,10 +51,14 @@ END_MARKER = (-1).to_bytes(8, "big", signed=True)
 def encode_event(event: KVEvent, encoding: Encoding) -> list[Any] | dict[str, Any]:
     """One event in vLLM's wire shape, in its struct's field order."""
     if isinstance(event, BlockStored):
-        fields: dict[str, Any] = {"block_hashes": list(event.block_hashes),
-                                  "parent_block_hash": event.parent_block_hash,
-                                  "token_ids": list(event.token_ids), "block_size": event.block_size,
-                                  "lora_id": event.lora_id, "medium": MEDIUM}
+        fields: dict[str, Any] = {
+            "block_hashes": list(event.block_hashes),
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": list(event.token_ids),
+            "block_size": event.block_size,
+            "lora_id": event.lora_id,
+            "medium": MEDIUM,
+        }
         if encoding == "map":  # vLLM added it after its events became maps
             fields["lora_name"] = event.lora_name
     elif isinstance(event, BlockRemoved):
@@ -81,8 +85,14 @@ def merge_removals(events: list[KVEvent]) -> Iterator[KVEvent]:
 
 
 class KVEventPublisher:
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "",
-                 buffer_steps: int = 10_000, encoding: Encoding = "array") -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        buffer_steps: int = 10_000,
+        encoding: Encoding = "array",
+    ) -> None:
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
         self.topic, self.encoding = topic.encode(), encoding
@@ -143,8 +153,9 @@ class KVEventPublisher:
                     continue
             log.warning("kv_events_bad_replay_request", frames=len(frames), sizes=[len(f) for f in frames])
 
-    async def _replay_from(self, router: zmq.asyncio.Socket, identity: bytes, envelope: list[bytes],
-                           start: int) -> None:
+    async def _replay_from(
+        self, router: zmq.asyncio.Socket, identity: bytes, envelope: list[bytes], start: int
+    ) -> None:
         batches = [(seq, payload) for seq, payload in self._buffer if seq >= start]
         try:
             for seq, payload in batches:

@@ -25,8 +25,13 @@ DISPATCH_SLICE = 64  # streams woken per event-loop iteration; bounds the latenc
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, engine: Engine, metrics: StubMetrics,
-                 publish_events: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        engine: Engine,
+        metrics: StubMetrics,
+        publish_events: Callable[[], None] | None = None,
+    ) -> None:
         self.scheduler, self.engine, self.metrics = scheduler, engine, metrics
         self._publish_events = publish_events or (lambda: None)
         self._streams: dict[str, RequestStream] = {}
@@ -102,14 +107,21 @@ class EngineLoop:
             if stream.finish_reason is not None:
                 del self._streams[out.request_id]
                 self.metrics.on_finished(request, stream.finish_reason, now)
-                log.info("request_finished", request_id=request.request_id, finish_reason=stream.finish_reason,
-                         prompt_tokens=request.num_prompt_tokens, cached_tokens=request.num_cached_tokens,
-                         output_tokens=stream.num_output_tokens, e2e_s=round(now - request.arrival_time, 4))
+                log.info(
+                    "request_finished",
+                    request_id=request.request_id,
+                    finish_reason=stream.finish_reason,
+                    prompt_tokens=request.num_prompt_tokens,
+                    cached_tokens=request.num_cached_tokens,
+                    output_tokens=stream.num_output_tokens,
+                    e2e_s=round(now - request.arrival_time, 4),
+                )
         self.metrics.on_step(len(outputs))
 
 
-async def probe_loop_lag(metrics: StubMetrics, scheduler: Scheduler, interval_s: float = 0.01,
-                         warn_s: float = 0.05) -> None:
+async def probe_loop_lag(
+    metrics: StubMetrics, scheduler: Scheduler, interval_s: float = 0.01, warn_s: float = 0.05
+) -> None:
     """Measure how late the event loop wakes a sleeper: the latency every stream also suffers."""
     while True:
         start = time.perf_counter()
@@ -117,5 +129,9 @@ async def probe_loop_lag(metrics: StubMetrics, scheduler: Scheduler, interval_s:
         lag = max(0.0, time.perf_counter() - start - interval_s)
         metrics.on_loop_lag(lag)
         if lag > warn_s:
-            log.warning("event_loop_lag", lag_ms=round(lag * 1000, 1), running=scheduler.num_running,
-                        waiting=scheduler.num_waiting)
+            log.warning(
+                "event_loop_lag",
+                lag_ms=round(lag * 1000, 1),
+                running=scheduler.num_running,
+                waiting=scheduler.num_waiting,
+            )

@@ -56,5 +56,14 @@ def resolve(model: Any, served: str, loras: Mapping[str, Lora]) -> Lora | None:
 
 def cards(loras: Mapping[str, Lora], base_model: str, created: int) -> list[dict[str, Any]]:
     """The adapters' `/v1/models` entries, in vLLM's shape."""
-    return [{"id": lora.name, "object": "model", "created": created, "owned_by": "vllm", "root": lora.path,
-             "parent": base_model} for lora in loras.values()]
+    return [
+        {
+            "id": lora.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": lora.path,
+            "parent": base_model,
+        }
+        for lora in loras.values()
+    ]

@@ -9,8 +9,30 @@ from replica_stub.config import StubConfig
 from replica_stub.request import Request
 from replica_stub.scheduler import Scheduler
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                   10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -40,8 +62,12 @@ class StubMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemptions.")
-        self.request_success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                                       [*names, "finished_reason"], registry=reg)
+        self.request_success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*names, "finished_reason"],
+            registry=reg,
+        )
         for reason in ("stop", "length", "abort"):  # at 0 from the start, as vLLM's: a restart shows as a drop
             self.request_success.labels(**labels, finished_reason=reason)
         self._labels = labels
@@ -51,17 +77,27 @@ class StubMetrics:
 
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.")
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.")
-        info = Gauge("vllm:cache_config_info", "Information of the LLMCache", ["block_size", "num_gpu_blocks",
-                     "enable_prefix_caching"], registry=reg)
-        info.labels(block_size=str(config.block_size), num_gpu_blocks=str(config.num_gpu_blocks),
-                    enable_prefix_caching="True").set(1)
-        self.loop_lag = Histogram("replica_stub_event_loop_lag_seconds",
-                                  "How late the replica's event loop ran a periodic probe.",
-                                  buckets=LAG_BUCKETS, registry=reg)
-        self.loop_lag_max = Gauge("replica_stub_event_loop_lag_max_seconds",
-                                  "Largest event-loop lag seen since start.", registry=reg)
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."
+        )
+        info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMCache",
+            ["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+            registry=reg,
+        )
+        info.labels(
+            block_size=str(config.block_size), num_gpu_blocks=str(config.num_gpu_blocks), enable_prefix_caching="True"
+        ).set(1)
+        self.loop_lag = Histogram(
+            "replica_stub_event_loop_lag_seconds",
+            "How late the replica's event loop ran a periodic probe.",
+            buckets=LAG_BUCKETS,
+            registry=reg,
+        )
+        self.loop_lag_max = Gauge(
+            "replica_stub_event_loop_lag_max_seconds", "Largest event-loop lag seen since start.", registry=reg
+        )
         self._loop_lag_max = 0.0
         self._preemptions_seen = 0
         self._scheduler = scheduler

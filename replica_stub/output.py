@@ -67,7 +67,7 @@ class RequestStream:
                 self._text, stop_reason, finish_reason = self._text[:index], stop, "stop"
                 break
         end = len(self._text) if finish_reason else max(self._sent, len(self._text) - self._holdback)
-        delta, self._sent = self._text[self._sent:end], end
+        delta, self._sent = self._text[self._sent : end], end
         self.finish_reason, self.stop_reason = finish_reason, stop_reason
         self._pending.append(Delta(delta, len(token_ids), finish_reason, stop_reason))
         if self._waiter is not None and not self._waiter.done():

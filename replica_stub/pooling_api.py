@@ -29,15 +29,24 @@ LABELS = ("negative", "positive")
 
 def add_routes(app: web.Application, read_body: ReadBody) -> None:
     """`read_body` is the server's JSON-body reader (415 for other content types, 400 for bad JSON)."""
-    async def handle(request: web.Request, answer: Callable[[web.Request, dict[str, Any]], dict[str, Any]]) \
-            -> web.Response:
+
+    async def handle(
+        request: web.Request, answer: Callable[[web.Request, dict[str, Any]], dict[str, Any]]
+    ) -> web.Response:
         body = await read_body(request)
         check_model(body, request.app[CONFIG].model)
         return web.Response(body=orjson.dumps(answer(request, body)), content_type="application/json")
 
-    for path, answer in (("/v1/embeddings", _embeddings), ("/pooling", _pooling), ("/classify", _classify),
-                         ("/score", _score), ("/v1/score", _score), ("/rerank", _rerank), ("/v1/rerank", _rerank),
-                         ("/v2/rerank", _rerank)):
+    for path, answer in (
+        ("/v1/embeddings", _embeddings),
+        ("/pooling", _pooling),
+        ("/classify", _classify),
+        ("/score", _score),
+        ("/v1/score", _score),
+        ("/rerank", _rerank),
+        ("/v1/rerank", _rerank),
+        ("/v2/rerank", _rerank),
+    ):
         app.router.add_post(path, functools.partial(handle, answer=answer))
 
 
@@ -49,8 +58,7 @@ def _inputs(body: dict[str, Any], name: str = "input") -> list[str | list[int]]:
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
         return list(value)
-    raise BadRequestError(f"`{name}` must be a non-empty string, a list of strings or a list of token ids",
-                          param=name)
+    raise BadRequestError(f"`{name}` must be a non-empty string, a list of strings or a list of token ids", param=name)
 
 
 def _tokens(request: web.Request, text: str | list[int]) -> list[int]:
@@ -68,13 +76,23 @@ def _similarity(a: list[int], b: list[int]) -> float:
 
 
 def _usage(prompt_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
-            "prompt_tokens_details": None}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "prompt_tokens_details": None,
+    }
 
 
 def _listing(request: web.Request, prefix: str, data: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": request.app[CONFIG].model, "data": data, "usage": _usage(tokens)}
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": request.app[CONFIG].model,
+        "data": data,
+        "usage": _usage(tokens),
+    }
 
 
 def _embeddings(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -131,8 +149,13 @@ def _rerank(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
         raise BadRequestError("`top_n` must be a non-negative integer", param="top_n")
     q = _tokens(request, query)
     encoded = [_tokens(request, d) for d in documents]
-    ranked = sorted(((_similarity(q, t), i, d) for i, (d, t) in enumerate(zip(documents, encoded))),
-                    key=lambda scored: -scored[0])[:top_n]
+    ranked = sorted(
+        ((_similarity(q, t), i, d) for i, (d, t) in enumerate(zip(documents, encoded))), key=lambda scored: -scored[0]
+    )[:top_n]
     results = [{"index": i, "document": {"text": d}, "relevance_score": score} for score, i, d in ranked]
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": request.app[CONFIG].model,
-            "usage": {"total_tokens": len(q) * len(documents) + sum(map(len, encoded))}, "results": results}
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": request.app[CONFIG].model,
+        "usage": {"total_tokens": len(q) * len(documents) + sum(map(len, encoded))},
+        "results": results,
+    }

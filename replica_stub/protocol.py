@@ -59,8 +59,10 @@ def parse_chat(body: Mapping[str, Any]) -> GenerateRequest:
             raise BadRequestError(f"messages[{i}].content must be a string or a list of parts", param="messages")
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if not isinstance(part, dict) or (part.get("type") == "text" and not isinstance(part.get("text"), str)):
-                raise BadRequestError(f"messages[{i}].content[{j}] must be a content part object; a text part's "
-                                      "`text` a string", param="messages")  # vLLM: a validation error, 400
+                raise BadRequestError(
+                    f"messages[{i}].content[{j}] must be a content part object; a text part's `text` a string",
+                    param="messages",
+                )  # vLLM: a validation error, 400
     max_tokens = _max_tokens(body, "max_completion_tokens") or _max_tokens(body, "max_tokens")
     return _common(body, "chat", max_tokens, messages=messages)
 
@@ -73,17 +75,24 @@ def parse_completion(body: Mapping[str, Any]) -> GenerateRequest:
         return _common(body, "completion", _max_tokens(body, "max_tokens", default=16), text=prompt)
     if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
         return _common(body, "completion", _max_tokens(body, "max_tokens", default=16), ids=list(prompt))
-    raise BadRequestError("`prompt` must be a string or a non-empty list of token ids (one prompt per request)",
-                          param="prompt")
+    raise BadRequestError(
+        "`prompt` must be a string or a non-empty list of token ids (one prompt per request)", param="prompt"
+    )
 
 
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
-def _common(body: Mapping[str, Any], kind: Kind, max_tokens: int | None, *,
-            messages: list[dict[str, Any]] | None = None, text: str | None = None,
-            ids: list[int] | None = None) -> GenerateRequest:
+def _common(
+    body: Mapping[str, Any],
+    kind: Kind,
+    max_tokens: int | None,
+    *,
+    messages: list[dict[str, Any]] | None = None,
+    text: str | None = None,
+    ids: list[int] | None = None,
+) -> GenerateRequest:
     n = _typed(body, "n", int, 1)
     if n != 1:
         raise BadRequestError("Only n=1 is supported", param="n")
@@ -104,9 +113,17 @@ def _common(body: Mapping[str, Any], kind: Kind, max_tokens: int | None, *,
         raise BadRequestError("`stop` must be a string or a list of strings", param="stop")
     stream_options = _typed(body, "stream_options", dict, None) or {}
     return GenerateRequest(
-        kind=kind, messages=messages, prompt_text=text, prompt_token_ids=ids, max_tokens=max_tokens,
-        temperature=temperature, top_p=top_p, seed=_typed(body, "seed", int, None), stop=stops,
-        ignore_eos=_typed(body, "ignore_eos", bool, False), stream=_typed(body, "stream", bool, False),
+        kind=kind,
+        messages=messages,
+        prompt_text=text,
+        prompt_token_ids=ids,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=_typed(body, "seed", int, None),
+        stop=stops,
+        ignore_eos=_typed(body, "ignore_eos", bool, False),
+        stream=_typed(body, "stream", bool, False),
         include_usage=bool(stream_options.get("include_usage", False)),
     )
 
@@ -129,8 +146,12 @@ def _max_tokens(body: Mapping[str, Any], key: str, default: int | None = None) -
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 class ResponseFormatter:
@@ -143,46 +164,86 @@ class ResponseFormatter:
         self.created = int(time.time())
         self._chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
         # The hot path (one content chunk per token) splices the text into pre-rendered bytes.
-        head = orjson.dumps({"id": self.id, "object": self._chunk_object, "created": self.created,
-                             "model": self.model})[:-1]
+        head = orjson.dumps(
+            {"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model}
+        )[:-1]
         text_key = b'"delta":{"content":' if kind == "chat" else b'"text":'
         self._content_head = b"data: " + head + b',"choices":[{"index":0,' + text_key
-        self._content_tail = (b"}" if kind == "chat" else b"") + \
-            b',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
+        self._content_tail = (
+            b"}" if kind == "chat" else b""
+        ) + b',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
 
     def _choice(self, text: str, finish_reason: str | None, stop_reason: str | None, *, first: bool) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
-                    "stop_reason": stop_reason}
+            return {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
 
     def content_chunk(self, text: str) -> bytes:
         """Same bytes as `chunk(text)`, without building and encoding a dict."""
         return self._content_head + orjson.dumps(text) + self._content_tail + b"}\n\n"
 
-    def chunk(self, text: str, finish_reason: str | None = None, stop_reason: str | None = None, *,
-              first: bool = False) -> bytes:
+    def chunk(
+        self, text: str, finish_reason: str | None = None, stop_reason: str | None = None, *, first: bool = False
+    ) -> bytes:
         """No `usage` key, as vLLM (it serialises unset fields away; OpenAI sends `"usage": null`)."""
-        return sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
-                    "choices": [self._choice(text, finish_reason, stop_reason, first=first)]})
+        return sse(
+            {
+                "id": self.id,
+                "object": self._chunk_object,
+                "created": self.created,
+                "model": self.model,
+                "choices": [self._choice(text, finish_reason, stop_reason, first=first)],
+            }
+        )
 
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
-        return sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
-                    "choices": [], "usage": usage_})
+        return sse(
+            {
+                "id": self.id,
+                "object": self._chunk_object,
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage_,
+            }
+        )
 
-    def full(self, text: str, finish_reason: str | None, stop_reason: str | None,
-             usage_: dict[str, Any]) -> dict[str, Any]:
+    def full(
+        self, text: str, finish_reason: str | None, stop_reason: str | None, usage_: dict[str, Any]
+    ) -> dict[str, Any]:
         if self.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                                      "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                      "stop_reason": stop_reason}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
             obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage_}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_,
+        }
 
 
 def sse(payload: Any) -> bytes:

@@ -27,11 +27,11 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, parent_hash: int = R
     """Chain hashes of every full block of `token_ids` (one uint64 buffer, hashed block by block:
     the same bytes `hash_block_tokens` hashes)."""
     num_full = len(token_ids) // block_size
-    data = memoryview(array("Q", token_ids[:num_full * block_size]).tobytes())
+    data = memoryview(array("Q", token_ids[: num_full * block_size]).tobytes())
     step = block_size * 8
     hashes = []
     for start in range(0, num_full * step, step):
-        parent_hash = xxhash.xxh3_64_intdigest(data[start:start + step], seed=parent_hash)
+        parent_hash = xxhash.xxh3_64_intdigest(data[start : start + step], seed=parent_hash)
         hashes.append(parent_hash)
     return hashes
 
@@ -99,4 +99,4 @@ class Request:
         all_token_ids.append(token_id)
         if len(all_token_ids) % self.block_size == 0:
             parent = self.block_hashes[-1] if self.block_hashes else self.hash_root
-            self.block_hashes.append(hash_block_tokens(parent, all_token_ids[-self.block_size:]))
+            self.block_hashes.append(hash_block_tokens(parent, all_token_ids[-self.block_size :]))

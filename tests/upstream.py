@@ -94,8 +94,11 @@ class FakeReplica:
             if body.get("stream"):
                 return await self._stream(request, body)
             answer = orjson.dumps(_completion(self.replica_id, body, 0))
-            return web.Response(body=answer, content_type="application/json",
-                                headers={"X-Replica-Id": self.replica_id, "X-Custom": "kept", **self.headers})
+            return web.Response(
+                body=answer,
+                content_type="application/json",
+                headers={"X-Replica-Id": self.replica_id, "X-Custom": "kept", **self.headers},
+            )
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -130,16 +133,23 @@ class FakeReplica:
                     request.transport.write(b"zz\r\n")  # not a hex chunk size: the client's parser fails
                     await asyncio.sleep(30)
                 if self.mid_event:
-                    await response.write(b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"cont'
-                                         + b"x" * self.mid_event_pad)
+                    await response.write(
+                        b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"cont' + b"x" * self.mid_event_pad
+                    )
                 request.transport.close()
                 return response
             if i and self.hold is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.hold.wait, 10)
                 self.hold.clear()
-            chunk = {"id": "c1", "object": "chat.completion.chunk", "model": body.get("model"),
-                     "choices": [{"index": 0, "delta": {"content": f"tok{i} " + "x" * self.chunk_pad},
-                                  "finish_reason": None}], "usage": None}
+            chunk = {
+                "id": "c1",
+                "object": "chat.completion.chunk",
+                "model": body.get("model"),
+                "choices": [
+                    {"index": 0, "delta": {"content": f"tok{i} " + "x" * self.chunk_pad}, "finish_reason": None}
+                ],
+                "usage": None,
+            }
             await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         final = _completion(self.replica_id, body, 2)
         final["choices"] = []
@@ -149,11 +159,22 @@ class FakeReplica:
 
 def _completion(replica_id: str, body: dict[str, Any], cached: int) -> dict[str, Any]:
     return {
-        "id": "cmpl-1", "object": "chat.completion", "model": body.get("model"),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"hello from {replica_id}"},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
-                  "prompt_tokens_details": {"cached_tokens": cached}},
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "model": body.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": f"hello from {replica_id}"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 7,
+            "completion_tokens": 3,
+            "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        },
     }
 
 

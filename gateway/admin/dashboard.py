@@ -23,15 +23,15 @@ def add_dashboard_routes(app: web.Application) -> None:
     assets = {name: (static / name).read_bytes() for name in _ASSETS}
 
     async def dashboard(request: web.Request) -> web.Response:
-        return web.Response(body=page, content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-cache"})
+        return web.Response(body=page, content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-cache"})
 
     async def asset(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in assets:
             raise web.HTTPNotFound()
-        return web.Response(body=assets[name], content_type=_ASSETS[name], charset="utf-8",
-                            headers={"Cache-Control": "no-cache"})
+        return web.Response(
+            body=assets[name], content_type=_ASSETS[name], charset="utf-8", headers={"Cache-Control": "no-cache"}
+        )
 
     app.router.add_get("/dashboard", dashboard)
     app.router.add_get("/dashboard/{name}", asset)

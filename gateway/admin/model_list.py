@@ -22,8 +22,17 @@ def model_list(routes: dict[str, ModelRoute], config: Config, adapters: AdapterM
         card = {"object": "model", "created": _STARTED, "owned_by": "affinity-gateway", **_replica_card(route)}
         pool = config.pools.get(m)
         data += [{"id": name, **card} for name in (m, *(exact_aliases(pool.aliases) if pool else ()))]
-        data += [{"id": name, "object": "model", "created": _STARTED, "owned_by": "affinity-gateway", "root": root,
-                  "parent": m} for name, root in adapters.roots.get(m, {}).items()]
+        data += [
+            {
+                "id": name,
+                "object": "model",
+                "created": _STARTED,
+                "owned_by": "affinity-gateway",
+                "root": root,
+                "parent": m,
+            }
+            for name, root in adapters.roots.get(m, {}).items()
+        ]
     return {"object": "list", "data": data}
 
 

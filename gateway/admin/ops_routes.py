@@ -83,8 +83,14 @@ async def ready(request: web.Request) -> web.Response:
     homes unreachable: this gateway's own table and buckets, or asking the replicas, stand in) is reported but
     still ready."""
     ops = request.app[OPS]
-    body, status = report(ops.state, request.query.get("model"), ops.draining(), ops.waiting(), ops.local_only(),
-                          ops.homes_from_replicas())
+    body, status = report(
+        ops.state,
+        request.query.get("model"),
+        ops.draining(),
+        ops.waiting(),
+        ops.local_only(),
+        ops.homes_from_replicas(),
+    )
     return _json(body, status=status)
 
 
@@ -104,8 +110,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def admin_replicas(request: web.Request) -> web.Response:
     state = request.app[OPS].state
-    return _json({r.model: {"policy": r.routing.policy, "replicas": [_describe(state, r, rep) for rep in r.pool]}
-                  for r in state.routes.values()})
+    return _json(
+        {
+            r.model: {"policy": r.routing.policy, "replicas": [_describe(state, r, rep) for rep in r.pool]}
+            for r in state.routes.values()
+        }
+    )
 
 
 def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[str, Any]:
@@ -149,16 +159,18 @@ async def admin_session(request: web.Request) -> web.Response:
     session_id = request.match_info["session_id"]
     found = request.app[OPS].sessions.get(session_id)
     if found is None:
-        raise NotFoundError(f"no session {session_id!r} (unknown, or no longer among the recent ones)",
-                            param="session_id")
+        raise NotFoundError(
+            f"no session {session_id!r} (unknown, or no longer among the recent ones)", param="session_id"
+        )
     return _json(found)
 
 
 async def admin_explain(request: web.Request) -> web.Response:
     """Dry run: the decision a chat or completions body would get now, with every candidate's score."""
     state = request.app[OPS].state
-    view = await read_view(request, "chat", state.config.limits, request[REQUEST_ID],
-                           session_header=state.config.headers.session)
+    view = await read_view(
+        request, "chat", state.config.limits, request[REQUEST_ID], session_header=state.config.headers.session
+    )
     if "messages" not in view.body:
         view = dataclasses.replace(view, endpoint="completions")
     route = state.route_for(view.model)
@@ -174,8 +186,11 @@ async def admin_explain(request: web.Request) -> web.Response:
 async def admin_reload(request: web.Request) -> web.Response:
     error = await reload(request.app)
     if error is not None:
-        return web.Response(status=400, body=error_body(str(error), "ConfigError", 400, error.key or None),
-                            content_type="application/json")
+        return web.Response(
+            status=400,
+            body=error_body(str(error), "ConfigError", 400, error.key or None),
+            content_type="application/json",
+        )
     return _json({"status": "reloaded", "models": sorted(request.app[OPS].state.routes)})
 
 
@@ -189,8 +204,9 @@ async def reload(app: web.Application) -> ConfigError | None:
         log.error("config_reload_failed", error=str(exc), file=exc.file, key=exc.key)
         return exc
     ops.metrics.reloads.labels("ok").inc()
-    log.info("config_reloaded", models=sorted(config.pools),
-             policies={m: p.routing.policy for m, p in config.pools.items()})
+    log.info(
+        "config_reloaded", models=sorted(config.pools), policies={m: p.routing.policy for m, p in config.pools.items()}
+    )
     return None
 
 

@@ -15,8 +15,14 @@ if TYPE_CHECKING:
     from gateway.routing.route_table import GatewayState
 
 
-def report(state: GatewayState, model: str | None, draining: bool, queued: Mapping[str, int],
-           local_rate_limits: bool = False, homes_from_replicas: bool = False) -> tuple[dict[str, Any], int]:
+def report(
+    state: GatewayState,
+    model: str | None,
+    draining: bool,
+    queued: Mapping[str, int],
+    local_rate_limits: bool = False,
+    homes_from_replicas: bool = False,
+) -> tuple[dict[str, Any], int]:
     """The body and status of `/ready` (`model` from `?model=`); NotFoundError for an unknown model.
     `local_rate_limits`: the fleet's shared quota is unreachable, this gateway enforces its own.
     `homes_from_replicas`: the shared response homes are unreachable, a follow-up whose home this gateway
@@ -30,9 +36,16 @@ def report(state: GatewayState, model: str | None, draining: bool, queued: Mappi
     else:
         pools_ready = any(pools.values())
     is_ready = pools_ready and not draining
-    body = {"ready": is_ready, "draining": draining, "available_replicas": pools, "empty_pools": empty,
-            "degraded": {**({"index": degraded} if degraded else {}),
-                         **({"rate_limits": "local"} if local_rate_limits else {}),
-                 **({"response_homes": "ask_replicas"} if homes_from_replicas else {})},
-            "queued": {m: n for m, n in queued.items() if m in pools}}
+    body = {
+        "ready": is_ready,
+        "draining": draining,
+        "available_replicas": pools,
+        "empty_pools": empty,
+        "degraded": {
+            **({"index": degraded} if degraded else {}),
+            **({"rate_limits": "local"} if local_rate_limits else {}),
+            **({"response_homes": "ask_replicas"} if homes_from_replicas else {}),
+        },
+        "queued": {m: n for m, n in queued.items() if m in pools},
+    }
     return body, 200 if is_ready else 503

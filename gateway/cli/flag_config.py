@@ -1,7 +1,7 @@
 """Config without a file (`serve --replica URL --model NAME`) and `affinity-gateway check FILE`.
 
-    affinity-gateway serve --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --model llama [--policy P]
-    affinity-gateway check config.yaml     # validate; print the resolved config, secrets masked; exit 1 if bad
+affinity-gateway serve --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --model llama [--policy P]
+affinity-gateway check config.yaml     # validate; print the resolved config, secrets masked; exit 1 if bad
 """
 
 from __future__ import annotations
@@ -23,11 +23,20 @@ from gateway.errors import ConfigError
 
 def add_flag_config(p: argparse.ArgumentParser) -> None:
     """`serve`'s flags for a config-free start (one pool, every other key at its default)."""
-    p.add_argument("--replica", action="append", metavar="URL",
-                   help="a replica's base URL (repeat for more); with --model, instead of --config")
+    p.add_argument(
+        "--replica",
+        action="append",
+        metavar="URL",
+        help="a replica's base URL (repeat for more); with --model, instead of --config",
+    )
     p.add_argument("--model", help="the served model name of the --replica pool")
-    p.add_argument("--policy", default="prefix_affinity", type=policy_arg, metavar="{" + ",".join(POLICY_CONFIGS) + "}",
-                   help="routing policy of the --replica pool (default: %(default)s)")
+    p.add_argument(
+        "--policy",
+        default="prefix_affinity",
+        type=policy_arg,
+        metavar="{" + ",".join(POLICY_CONFIGS) + "}",
+        help="routing policy of the --replica pool (default: %(default)s)",
+    )
 
 
 def policy_arg(name: str) -> str:
@@ -45,15 +54,16 @@ def flag_config(replicas: Sequence[str], model: str, policy: str, env: Mapping[s
     try:
         return parse_config(data, env)
     except ConfigError as exc:  # name the flag the user gave, not the key of a file they never wrote
-        raise ConfigError.of([ConfigError(one.reason, key=_flag_of(one.key, model, replicas))
-                              for one in exc.each]) from None
+        raise ConfigError.of(
+            [ConfigError(one.reason, key=_flag_of(one.key, model, replicas)) for one in exc.each]
+        ) from None
 
 
 def _flag_of(key: str, model: str, replicas: Sequence[str]) -> str:
     """The flag behind a key of the config the flags make: `--replica URL`, `--policy` or `--model`."""
     pool = f"pools.{model}"
     if key.startswith(f"{pool}.replicas["):
-        index = int(key[len(f"{pool}.replicas["):].split("]")[0])
+        index = int(key[len(f"{pool}.replicas[") :].split("]")[0])
         return f"--replica {replicas[index]}"
     if key.startswith(f"{pool}.routing"):
         return "--policy"
@@ -67,8 +77,10 @@ def serve_config(args: argparse.Namespace) -> Config:
             raise ConfigError("give either --config or --replica/--model, not both", key="--replica")
         return load_config(args.config, os.environ)
     if not args.replica or not args.model:
-        raise ConfigError("needs --config FILE, or --replica URL (one or more) and --model NAME",
-                          key="--model" if args.replica else "--replica")
+        raise ConfigError(
+            "needs --config FILE, or --replica URL (one or more) and --model NAME",
+            key="--model" if args.replica else "--replica",
+        )
     return flag_config(args.replica, args.model, args.policy, os.environ)
 
 
@@ -101,7 +113,16 @@ def print_config_error(exc: ConfigError) -> None:
 
 def with_policy_defaults(config: Config) -> Config:
     """`config` with each pool's routing params as the policy runs with them: every default filled in."""
-    pools = {model: dataclasses.replace(pool, routing=dataclasses.replace(pool.routing, params=dataclasses.asdict(
-        policy_config(pool.routing.policy, pool.routing.params, f"pools.{model}.routing"))))
-        for model, pool in config.pools.items()}
+    pools = {
+        model: dataclasses.replace(
+            pool,
+            routing=dataclasses.replace(
+                pool.routing,
+                params=dataclasses.asdict(
+                    policy_config(pool.routing.policy, pool.routing.params, f"pools.{model}.routing")
+                ),
+            ),
+        )
+        for model, pool in config.pools.items()
+    }
     return dataclasses.replace(config, pools=pools)

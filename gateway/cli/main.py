@@ -51,10 +51,12 @@ def _add_lab(commands: argparse._SubParsersAction, chosen: str | None) -> None: 
     """The lab's commands by name and help; only the chosen one (the first argument: there are no
     options before the command but --version and --help) gets its arguments, from the lab."""
     up = commands.add_parser("up", help="start a local cluster: N replica stubs and one or more gateways")
-    bench = commands.add_parser("bench", help="drive a seeded workload against a URL "
-                                              "(or compare policies on fresh clusters)")
-    simulate = commands.add_parser("simulate", help="discrete-event simulation: N sim replicas, the real policies, "
-                                                    "virtual time")
+    bench = commands.add_parser(
+        "bench", help="drive a seeded workload against a URL (or compare policies on fresh clusters)"
+    )
+    simulate = commands.add_parser(
+        "simulate", help="discrete-event simulation: N sim replicas, the real policies, virtual time"
+    )
     if chosen == "up":
         from lab.cli_up import add_up
 
@@ -84,23 +86,32 @@ def _config_reference(args: argparse.Namespace) -> int:
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser(
-        "serve", help="run the gateway from a config file (or --replica/--model)",
+        "serve",
+        help="run the gateway from a config file (or --replica/--model)",
         description="Run the gateway: an OpenAI/vLLM-compatible endpoint that sends each request to the replica\n"
-                    "that will answer it first, its prompt's prefix cache counted in. Flags win over\n"
-                    f"{ENV_PREFIX}* variables, which win over the file.",
+        "that will answer it first, its prompt's prefix cache counted in. Flags win over\n"
+        f"{ENV_PREFIX}* variables, which win over the file.",
         epilog="examples:\n"
-               "  affinity-gateway serve --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --model llama\n"
-               "  affinity-gateway serve --config config.yaml --workers 2\n"
-               f"  {ENV_PREFIX}CONFIG=config.yaml affinity-gateway serve",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  affinity-gateway serve --replica http://10.0.0.5:8000 --replica http://10.0.0.6:8000 --model llama\n"
+        "  affinity-gateway serve --config config.yaml --workers 2\n"
+        f"  {ENV_PREFIX}CONFIG=config.yaml affinity-gateway serve",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", "-c", help=f"YAML config, see config.example.yaml (env {ENV_PREFIX}CONFIG)")
     add_flag_config(p)
     p.add_argument("--host", help=f"listen host (env {ENV_PREFIX}HOST; default: listen.host, 0.0.0.0)")
     p.add_argument("--port", type=int, help=f"listen port (env {ENV_PREFIX}PORT; default: listen.port, 8000)")
-    p.add_argument("--workers", type=workers_arg, help=f"gateway processes on the port, SO_REUSEPORT, one supervisor "
-                                                   f"(env {ENV_PREFIX}WORKERS; default: listen.workers, 1)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
-                   help=f"env {ENV_PREFIX}LOG_LEVEL; default: logging.level, info")
+    p.add_argument(
+        "--workers",
+        type=workers_arg,
+        help=f"gateway processes on the port, SO_REUSEPORT, one supervisor "
+        f"(env {ENV_PREFIX}WORKERS; default: listen.workers, 1)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help=f"env {ENV_PREFIX}LOG_LEVEL; default: logging.level, info",
+    )
     p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)  # set by serving.workers' supervisor
     p.add_argument("--worker-group", help=argparse.SUPPRESS)
     p.set_defaults(run=_serve)
@@ -114,8 +125,12 @@ def _serve(args: argparse.Namespace) -> int:
     if args.config is None and not args.replica:
         args.config = os.environ.get(ENV_PREFIX + "CONFIG")  # the file, when no flag names one
     # Flags win over env, env over the file; set as env so a reload (SIGHUP) keeps them.
-    for name, value in (("HOST", args.host), ("PORT", args.port), ("WORKERS", args.workers),
-                        ("LOG_LEVEL", args.log_level)):
+    for name, value in (
+        ("HOST", args.host),
+        ("PORT", args.port),
+        ("WORKERS", args.workers),
+        ("LOG_LEVEL", args.log_level),
+    ):
         if value is not None:
             os.environ[ENV_PREFIX + name] = str(value)
     try:
@@ -135,13 +150,18 @@ def _serve(args: argparse.Namespace) -> int:
 
         spec = WorkerSpec(args.worker_index, config.listen.workers, args.worker_group)
         structlog.contextvars.bind_contextvars(worker=spec.index)
-        serve(attach(make_app(config, args.config, handle_sighup=True), spec), config, reuse_port=True,
-              private_socket=spec.socket())
+        serve(
+            attach(make_app(config, args.config, handle_sighup=True), spec),
+            config,
+            reuse_port=True,
+            private_socket=spec.socket(),
+        )
     elif config.listen.workers > 1:
         from gateway.serving.workers import drain_time_s, supervise
 
-        return supervise(args.config, config.listen.workers,
-                         drain_time_s(config.shutdown.ready_delay_s, config.shutdown.grace_s))
+        return supervise(
+            args.config, config.listen.workers, drain_time_s(config.shutdown.ready_delay_s, config.shutdown.grace_s)
+        )
     else:
         serve(make_app(config, args.config, handle_sighup=args.config is not None), config)
     return 0

@@ -1,6 +1,6 @@
 """`affinity-gateway prefix-report URL`: a running gateway's prompt-prefix hygiene report as a table.
 
-    affinity-gateway prefix-report http://localhost:8000 [--admin-key KEY]   (or env AFFINITY_GATEWAY_ADMIN_KEY)
+affinity-gateway prefix-report http://localhost:8000 [--admin-key KEY]   (or env AFFINITY_GATEWAY_ADMIN_KEY)
 """
 
 from __future__ import annotations
@@ -16,15 +16,28 @@ import orjson
 
 from gateway.config.loader import ENV_PREFIX
 
-_COLUMNS = ("tenant", "model", "family", "affected", "block", "token offset", "recoverable tokens", "lost tokens",
-            "lost prefill s", "lost cost")
+_COLUMNS = (
+    "tenant",
+    "model",
+    "family",
+    "affected",
+    "block",
+    "token offset",
+    "recoverable tokens",
+    "lost tokens",
+    "lost prefill s",
+    "lost cost",
+)
 
 
 def add_prefix_report(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = commands.add_parser("prefix-report", help="which prompt families diverge early and what cache that loses")
     p.add_argument("url", help="the gateway's base URL, e.g. http://localhost:8000")
-    p.add_argument("--admin-key", default=os.environ.get(ENV_PREFIX + "ADMIN_KEY"),
-                   help=f"an admin API key, when auth is on (env {ENV_PREFIX}ADMIN_KEY)")
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get(ENV_PREFIX + "ADMIN_KEY"),
+        help=f"an admin API key, when auth is on (env {ENV_PREFIX}ADMIN_KEY)",
+    )
     p.set_defaults(run=_prefix_report)
 
 
@@ -46,17 +59,33 @@ def _prefix_report(args: argparse.Namespace) -> int:
 
 def table(report: dict[str, Any]) -> str:
     """The report's families as aligned columns, the most lost tokens first; a line when there are none."""
-    rows = [[f["tenant"], f["model"], f["family"], f"{f['affected_requests']}/{f['requests_seen']}",
-             str(f["divergence"]["block"]), str(f["divergence"]["token_offset"]), str(f["recoverable_tokens"]),
-             str(f["lost"]["tokens"]), f"{f['lost']['prefill_s']:.3f}",
-             "-" if f["lost"]["cost"] is None else f"{f['lost']['cost']:.6f}"] for f in report["families"]]
-    summary = (f"{report['analysed_requests']} requests analysed, {report['skipped_requests']} skipped; "
-               f"families sharing at least {report['min_tokens']} tokens after an early divergence")
+    rows = [
+        [
+            f["tenant"],
+            f["model"],
+            f["family"],
+            f"{f['affected_requests']}/{f['requests_seen']}",
+            str(f["divergence"]["block"]),
+            str(f["divergence"]["token_offset"]),
+            str(f["recoverable_tokens"]),
+            str(f["lost"]["tokens"]),
+            f"{f['lost']['prefill_s']:.3f}",
+            "-" if f["lost"]["cost"] is None else f"{f['lost']['cost']:.6f}",
+        ]
+        for f in report["families"]
+    ]
+    summary = (
+        f"{report['analysed_requests']} requests analysed, {report['skipped_requests']} skipped; "
+        f"families sharing at least {report['min_tokens']} tokens after an early divergence"
+    )
     if not rows:
         return f"{summary}: none"
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(_COLUMNS, widths)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-    lines += [f"  {f['tenant']}/{f['family']} around the divergence: {f['around']!r}"
-              for f in report["families"] if "around" in f]
+    lines += [
+        f"  {f['tenant']}/{f['family']} around the divergence: {f['around']!r}"
+        for f in report["families"]
+        if "around" in f
+    ]
     return "\n".join([f"{summary}:", *lines])

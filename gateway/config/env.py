@@ -56,8 +56,9 @@ def _substitute(text: str, env: Mapping[str, str], key: str) -> str:
         value = env.get(name)
         if value is None:
             if default is None:
-                raise ConfigError(f"environment variable {name!r} is not set (write ${{{name}:-default}} "
-                                  "for a default)", key=key)
+                raise ConfigError(
+                    f"environment variable {name!r} is not set (write ${{{name}:-default}} for a default)", key=key
+                )
             return default
         return value
 
@@ -94,8 +95,10 @@ def _masked(value: Any, secret_paths: set[Path], path: Path) -> Any:
     if path in secret_paths and value not in (None, ""):
         return MASK
     if isinstance(value, dict):
-        return {k: MASK if _SECRET_KEY.search(k) and isinstance(v, str) and v
-                else _masked(v, secret_paths, (*path, k)) for k, v in value.items()}
+        return {
+            k: MASK if _SECRET_KEY.search(k) and isinstance(v, str) and v else _masked(v, secret_paths, (*path, k))
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_masked(v, secret_paths, (*path, i)) for i, v in enumerate(value)]
     if isinstance(value, str) and "://" in value:

@@ -46,8 +46,9 @@ class ApiKeyConfig:
                 raise ConfigError(f"file {self.sha256_file!r} holds no digest, only comments", key=where)
         for digest, origin in found:
             if not _HEX64.fullmatch(digest):
-                raise ConfigError("expected the key's sha256 as 64 lowercase hex digits (printf %s KEY | sha256sum)",
-                                  key=origin)
+                raise ConfigError(
+                    "expected the key's sha256 as 64 lowercase hex digits (printf %s KEY | sha256sum)", key=origin
+                )
         return found
 
     def validate(self, key: str) -> None:
@@ -86,8 +87,9 @@ class AuthConfig:
 
     def validate(self, key: str) -> None:
         if not 0 < self.rate_limit_window_s <= 3600:
-            raise ConfigError(f"must be seconds in (0, 3600], got {self.rate_limit_window_s}",
-                              key=f"{key}.rate_limit_window_s")
+            raise ConfigError(
+                f"must be seconds in (0, 3600], got {self.rate_limit_window_s}", key=f"{key}.rate_limit_window_s"
+            )
         self.entries  # noqa: B018 - the files' digests now, at load, not on the event loop at the first request
 
     @property
@@ -121,12 +123,22 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
 
 
 MODEL_ROUTES: dict[str, str] = {
-    "/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
-    "/v1/messages": "messages", "/v1/responses": "responses",
-    "/tokenize": "tokenize", "/detokenize": "detokenize",
-    "/v1/rerank": "rerank", "/rerank": "rerank", "/v2/rerank": "rerank", "/v1/score": "score", "/score": "score",
-    "/pooling": "pooling", "/classify": "classify",
-    "/v1/audio/transcriptions": "audio", "/v1/audio/translations": "audio",  # multipart: the form's `model`
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+    "/v2/rerank": "rerank",
+    "/v1/score": "score",
+    "/score": "score",
+    "/pooling": "pooling",
+    "/classify": "classify",
+    "/v1/audio/transcriptions": "audio",
+    "/v1/audio/translations": "audio",  # multipart: the form's `model`
 }
 
 
@@ -148,8 +160,11 @@ class RoutesConfig:
             where = f"{key}.passthrough[{i}]"
             if not _PATH.fullmatch(path):
                 raise ConfigError(f"expected a path like /v1/something, got {path!r}", key=where)
-            if path in MODEL_ROUTES or any(path == r or path.startswith(r) for r in RESERVED if r.endswith("/")) \
-                    or path in RESERVED:
+            if (
+                path in MODEL_ROUTES
+                or any(path == r or path.startswith(r) for r in RESERVED if r.endswith("/"))
+                or path in RESERVED
+            ):
                 raise ConfigError(f"{path} is already a gateway route", key=where)
             if path in self.passthrough[:i]:
                 raise ConfigError(f"{path} is listed twice", key=where)
@@ -213,8 +228,9 @@ class RedisConfig:
 
     def validate(self, key: str) -> None:
         if not self.response_ttl_s > 0:
-            raise ConfigError(f"must be a number of seconds > 0, got {self.response_ttl_s}",
-                              key=f"{key}.response_ttl_s")
+            raise ConfigError(
+                f"must be a number of seconds > 0, got {self.response_ttl_s}", key=f"{key}.response_ttl_s"
+            )
         if (self.url is None) == (self.url_file is None):
             raise ConfigError("set url or url_file (one of them)", key=f"{key}.url")
         if self.url_file is not None:
@@ -256,5 +272,16 @@ class IndexStore:
     key_prefix: str = "affinity:"
 
 
-__all__ = ["MODEL_ROUTES", "RESERVED", "ApiKeyConfig", "AuthConfig", "HeadersConfig", "IndexConfig", "IndexStore",
-           "PrefixReportConfig", "RedisConfig", "RoutesConfig", "SessionsConfig"]
+__all__ = [
+    "MODEL_ROUTES",
+    "RESERVED",
+    "ApiKeyConfig",
+    "AuthConfig",
+    "HeadersConfig",
+    "IndexConfig",
+    "IndexStore",
+    "PrefixReportConfig",
+    "RedisConfig",
+    "RoutesConfig",
+    "SessionsConfig",
+]

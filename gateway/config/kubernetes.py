@@ -69,28 +69,38 @@ class KubernetesDiscoveryConfig:
             if value is not None and not _DNS_LABEL.fullmatch(value):
                 raise ConfigError(f"expected a Kubernetes name like vllm, got {value!r}", key=f"{key}.{name}")
         if self.service is None and not self.labels and self.pool_label is None:
-            raise ConfigError("set `service`, `labels` or `pool_label`: an empty selector would take every "
-                              "EndpointSlice of the namespace", key=f"{key}.service")
+            raise ConfigError(
+                "set `service`, `labels` or `pool_label`: an empty selector would take every "
+                "EndpointSlice of the namespace",
+                key=f"{key}.service",
+            )
         for label, value in self.labels.items():
             if not _LABEL_KEY.fullmatch(label):
-                raise ConfigError(f"expected a label key like app.kubernetes.io/name, got {label!r}",
-                                  key=f"{key}.labels")
+                raise ConfigError(
+                    f"expected a label key like app.kubernetes.io/name, got {label!r}", key=f"{key}.labels"
+                )
             if not is_label_value(str(value)):
                 raise ConfigError(f"expected a label value, got {value!r}", key=f"{key}.labels.{label}")
         for name in ("pool_label", "role_label"):
             value = getattr(self, name)
             if value is not None and not _LABEL_KEY.fullmatch(value):
-                raise ConfigError(f"expected a label key like affinity-gateway.io/pool, got {value!r}",
-                                  key=f"{key}.{name}")
+                raise ConfigError(
+                    f"expected a label key like affinity-gateway.io/pool, got {value!r}", key=f"{key}.{name}"
+                )
         if self.pool_value is not None:
             if self.pool_label is None:
                 raise ConfigError("a pool_value needs pool_label", key=f"{key}.pool_value")
             if not is_label_value(self.pool_value):
-                raise ConfigError(f"expected a label value (63 of A-Z a-z 0-9 - _ .), got {self.pool_value!r}",
-                                  key=f"{key}.pool_value")
+                raise ConfigError(
+                    f"expected a label value (63 of A-Z a-z 0-9 - _ .), got {self.pool_value!r}",
+                    key=f"{key}.pool_value",
+                )
         if self.adapter_label_prefix is not None and not _PREFIX.fullmatch(self.adapter_label_prefix):
-            raise ConfigError("expected a label key prefix ending in '/', like adapters.affinity-gateway.io/, "
-                              f"got {self.adapter_label_prefix!r}", key=f"{key}.adapter_label_prefix")
+            raise ConfigError(
+                "expected a label key prefix ending in '/', like adapters.affinity-gateway.io/, "
+                f"got {self.adapter_label_prefix!r}",
+                key=f"{key}.adapter_label_prefix",
+            )
         if self.retry_s <= 0:
             raise ConfigError(f"must be > 0, got {self.retry_s}", key=f"{key}.retry_s")
         if importlib.util.find_spec("lightkube") is None:  # found now, not when the watch task starts
@@ -99,5 +109,6 @@ class KubernetesDiscoveryConfig:
     def check_pool(self, pool: str, key: str) -> None:
         """The pool's name is the label value to select unless `pool_value` says otherwise."""
         if self.pool_label is not None and self.pool_value is None and not is_label_value(pool):
-            raise ConfigError(f"the pool's name {pool!r} cannot be a label value: set pool_value",
-                              key=f"{key}.pool_value")
+            raise ConfigError(
+                f"the pool's name {pool!r} cannot be a label value: set pool_value", key=f"{key}.pool_value"
+            )

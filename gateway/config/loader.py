@@ -124,8 +124,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
 
 def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
     if isinstance(data, dict) and "state" in data:  # the section's name until the store was called what it is
-        raise ConfigError("renamed: the warm-prefix store is configured under `index` now, with the same keys",
-                          key="state")
+        raise ConfigError(
+            "renamed: the warm-prefix store is configured under `index` now, with the same keys", key="state"
+        )
     _moved_to_redis(data.get("index") if isinstance(data, dict) else None)
     config = schema.build(Config, data)
     return apply_env(config, env or {})
@@ -138,14 +139,18 @@ def _moved_to_redis(index: Any) -> None:
         return
     store = index.get("store")
     if isinstance(store, str) and "://" in store:
-        raise ConfigError("moved: the Redis URL is the top-level `redis.url` now; `index.store: redis` uses it",
-                          key="index.store")
+        raise ConfigError(
+            "moved: the Redis URL is the top-level `redis.url` now; `index.store: redis` uses it", key="index.store"
+        )
     if "redis_url_file" in index:
-        raise ConfigError("moved: the Redis URL's file is the top-level `redis.url_file` now; "
-                          "`index.store: redis` uses it", key="index.redis_url_file")
+        raise ConfigError(
+            "moved: the Redis URL's file is the top-level `redis.url_file` now; `index.store: redis` uses it",
+            key="index.redis_url_file",
+        )
     if "key_prefix" in index:
-        raise ConfigError("moved: the Redis key namespace is the top-level `redis.key_prefix` now",
-                          key="index.key_prefix")
+        raise ConfigError(
+            "moved: the Redis key namespace is the top-level `redis.key_prefix` now", key="index.key_prefix"
+        )
 
 
 def apply_env(config: Config, env: Mapping[str, str]) -> Config:
@@ -182,11 +187,15 @@ def otel_env(tracing: TracingConfig, env: Mapping[str, str]) -> TracingConfig:
         if sampler in _SAMPLERS:
             changes["sampling_ratio"] = _SAMPLERS[sampler]
         elif sampler in ("traceidratio", "parentbased_traceidratio"):
-            changes["sampling_ratio"] = schema.convert(float, FromEnv(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")),
-                                                       "env OTEL_TRACES_SAMPLER_ARG")
+            changes["sampling_ratio"] = schema.convert(
+                float, FromEnv(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")), "env OTEL_TRACES_SAMPLER_ARG"
+            )
         else:
-            raise ConfigError(f"unsupported sampler {sampler!r} (known: {', '.join([*_SAMPLERS, 'traceidratio'])}, "
-                              "parentbased_traceidratio)", key="env OTEL_TRACES_SAMPLER")
+            raise ConfigError(
+                f"unsupported sampler {sampler!r} (known: {', '.join([*_SAMPLERS, 'traceidratio'])}, "
+                "parentbased_traceidratio)",
+                key="env OTEL_TRACES_SAMPLER",
+            )
     if not changes:
         return tracing
     tracing = dataclasses.replace(tracing, **changes)

@@ -83,8 +83,11 @@ def check_adapters(pools: Mapping[str, PoolConfig], exact: Sequence[str]) -> Non
     owner: dict[str, tuple[str | None, str]] = {name: (None, "a pool or an exact alias") for name in exact}
     for model, pool in pools.items():
         declared = [(f"pools.{model}.adapters[{i}]", name) for i, name in enumerate(pool.adapters)]
-        declared += [(f"pools.{model}.replicas[{j}].adapters[{i}]", name)
-                     for j, replica in enumerate(pool.replicas) for i, name in enumerate(replica.adapters)]
+        declared += [
+            (f"pools.{model}.replicas[{j}].adapters[{i}]", name)
+            for j, replica in enumerate(pool.replicas)
+            for i, name in enumerate(replica.adapters)
+        ]
         for key, name in declared:
             if not isinstance(name, str) or not name.strip():
                 raise ConfigError("an adapter is a non-empty model name (vLLM's --lora-modules NAME=path)", key=key)

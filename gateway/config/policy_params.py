@@ -127,9 +127,15 @@ POLICY_CONFIGS: dict[str, type] = {
 
 # Other routers' names for what a policy here does: refused with the name to write instead, since their
 # parameters differ (SGLang's and vLLM's routers).
-PEER_NAMES = {"cache_aware": "prefix_affinity", "prefix_aware": "prefix_affinity", "prefix_cache": "prefix_affinity",
-              "kv_aware": "prefix_affinity", "power_of_two_choices": "power_of_two", "least_request": "least_loaded",
-              "roundrobin": "round_robin"}
+PEER_NAMES = {
+    "cache_aware": "prefix_affinity",
+    "prefix_aware": "prefix_affinity",
+    "prefix_cache": "prefix_affinity",
+    "kv_aware": "prefix_affinity",
+    "power_of_two_choices": "power_of_two",
+    "least_request": "least_loaded",
+    "roundrobin": "round_robin",
+}
 
 
 def policy_config(type_: str, params: Mapping[str, Any] | None, key: str) -> Any:
@@ -145,5 +151,13 @@ def policy_config(type_: str, params: Mapping[str, Any] | None, key: str) -> Any
     return schema.build(cls, params or {}, f"{key}.params")
 
 
-__all__ = ["POLICY_CONFIGS", "ConsistentHashPolicyConfig", "CostModelConfig", "PolicyConfig",
-           "PrefixAffinityPolicyConfig", "SeededPolicyConfig", "SessionAffinityPolicyConfig", "policy_config"]
+__all__ = [
+    "POLICY_CONFIGS",
+    "ConsistentHashPolicyConfig",
+    "CostModelConfig",
+    "PolicyConfig",
+    "PrefixAffinityPolicyConfig",
+    "SeededPolicyConfig",
+    "SessionAffinityPolicyConfig",
+    "policy_config",
+]

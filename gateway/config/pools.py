@@ -1,11 +1,11 @@
 """The config's `pools:` section: each model's replicas, routing, discovery and per-pool features.
 
-    pools.<model>:                PoolConfig
-      replicas[]:                 ReplicaConfig (kv_events: KVEventsConfig)
-      routing:                    RoutingConfig (prefix: PrefixConfig; params: gateway.config.policy_params)
-      discovery:                  DiscoveryConfig (kubernetes: gateway.config.kubernetes)
-      stream_chunking:            StreamChunkingConfig
-      prices:                     PricesConfig
+pools.<model>:                PoolConfig
+  replicas[]:                 ReplicaConfig (kv_events: KVEventsConfig)
+  routing:                    RoutingConfig (prefix: PrefixConfig; params: gateway.config.policy_params)
+  discovery:                  DiscoveryConfig (kubernetes: gateway.config.kubernetes)
+  stream_chunking:            StreamChunkingConfig
+  prices:                     PricesConfig
 """
 
 from __future__ import annotations
@@ -77,11 +77,17 @@ class PrefixConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError("must be > 0", key=f"{key}.{name}")
         spec = self.tokenizer
-        if (spec is not None and spec not in ("sim", "replica") and not spec.startswith("model:")
-                and not Path(spec).expanduser().exists()):
-            raise ConfigError(f"{spec!r}: no such file or folder (expected \"replica\", \"sim\", \"model:smollm2\" "
-                              "or the path of the model's tokenizer.json, its folder or its .gguf)",
-                              key=f"{key}.tokenizer")
+        if (
+            spec is not None
+            and spec not in ("sim", "replica")
+            and not spec.startswith("model:")
+            and not Path(spec).expanduser().exists()
+        ):
+            raise ConfigError(
+                f'{spec!r}: no such file or folder (expected "replica", "sim", "model:smollm2" '
+                "or the path of the model's tokenizer.json, its folder or its .gguf)",
+                key=f"{key}.tokenizer",
+            )
 
     @property
     def block(self) -> int:
@@ -125,8 +131,9 @@ class PricesConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, name)}", key=f"{key}.{name}")
         if self.cached_input > self.input:
-            raise ConfigError(f"must not exceed input ({self.input:g}): a cache hit is never dearer",
-                              key=f"{key}.cached_input")
+            raise ConfigError(
+                f"must not exceed input ({self.input:g}): a cache hit is never dearer", key=f"{key}.cached_input"
+            )
 
     def cost(self, prompt: int, cached: int, completion: int) -> float:
         return ((prompt - cached) * self.input + cached * self.cached_input + completion * self.output) / _PER_MILLION
@@ -199,8 +206,10 @@ class DiscoveryConfig:
 
     def validate(self, key: str) -> None:
         if (self.dns is None) == (self.kubernetes is None):
-            raise ConfigError("set exactly one of `dns` and `kubernetes`",
-                              key=f"{key}.{'kubernetes' if self.kubernetes is not None else 'dns'}")
+            raise ConfigError(
+                "set exactly one of `dns` and `kubernetes`",
+                key=f"{key}.{'kubernetes' if self.kubernetes is not None else 'dns'}",
+            )
         if self.dns is not None and (not self.dns or "/" in self.dns or ":" in self.dns):
             raise ConfigError(f"expected a host name like replicas.default.svc, got {self.dns!r}", key=f"{key}.dns")
         for name in ("port", "kv_events_port", "kv_events_replay_port"):
@@ -231,8 +240,7 @@ class PoolConfig:
     @cached_property
     def _backend_keys(self) -> tuple[str | None, dict[str, str]]:
         """Read once per loaded config (validated at load): the pool's key and each replica's own."""
-        own = {r.replica_id: k for r in self.replicas
-               if (k := read_key(r.api_key_env, r.api_key_file, "")) is not None}
+        own = {r.replica_id: k for r in self.replicas if (k := read_key(r.api_key_env, r.api_key_file, "")) is not None}
         return read_key(self.api_key_env, self.api_key_file, ""), own
 
     def backend_key(self, replica_id: str) -> str | None:
@@ -243,8 +251,9 @@ class PoolConfig:
     @property
     def has_kv_events(self) -> bool:
         """Whether any replica (static or discovered) publishes KV events."""
-        return (any(r.kv_events is not None for r in self.replicas)
-                or (self.discovery is not None and self.discovery.kv_events_port is not None))
+        return any(r.kv_events is not None for r in self.replicas) or (
+            self.discovery is not None and self.discovery.kv_events_port is not None
+        )
 
     def validate(self, key: str) -> None:
         read_key(self.api_key_env, self.api_key_file, key)
@@ -253,16 +262,29 @@ class PoolConfig:
         seen: set[str] = set()
         for i, replica in enumerate(self.replicas):
             if replica.replica_id in seen:
-                raise ConfigError(f"duplicate replica {replica.replica_id!r} (give each a distinct name)",
-                                  key=f"{key}.replicas[{i}]")
+                raise ConfigError(
+                    f"duplicate replica {replica.replica_id!r} (give each a distinct name)", key=f"{key}.replicas[{i}]"
+                )
             seen.add(replica.replica_id)
             if replica.kv_events is not None and self.routing.prefix.tokenizer is None:
                 raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.replicas[{i}].kv_events")
-        if self.discovery is not None and self.discovery.kv_events_port is not None \
-                and self.routing.prefix.tokenizer is None:
+        if (
+            self.discovery is not None
+            and self.discovery.kv_events_port is not None
+            and self.routing.prefix.tokenizer is None
+        ):
             raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.discovery.kv_events_port")
         self._backend_keys  # noqa: B018 - read the key files now, at load, not on the event loop at the first request
 
 
-__all__ = ["DEFAULT_BLOCK_TOKENS", "DiscoveryConfig", "KVEventsConfig", "PoolConfig", "PrefixConfig", "PricesConfig",
-           "ReplicaConfig", "RoutingConfig", "StreamChunkingConfig"]
+__all__ = [
+    "DEFAULT_BLOCK_TOKENS",
+    "DiscoveryConfig",
+    "KVEventsConfig",
+    "PoolConfig",
+    "PrefixConfig",
+    "PricesConfig",
+    "ReplicaConfig",
+    "RoutingConfig",
+    "StreamChunkingConfig",
+]

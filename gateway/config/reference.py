@@ -25,8 +25,11 @@ _SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 def json_schema() -> dict[str, Any]:
     """Draft 2020-12 JSON Schema of a config file (variables as `${VAR}` strings are allowed everywhere)."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Affinity Gateway config",
-            **_schema(Config)}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Affinity Gateway config",
+        **_schema(Config),
+    }
 
 
 def _schema(tp: Any) -> dict[str, Any]:
@@ -65,11 +68,15 @@ def _schema(tp: Any) -> dict[str, Any]:
 
 def markdown() -> str:
     """The reference page: one table per section, by dotted key."""
-    out = ["# Configuration reference", "",
-           "Generated from the config's classes by `affinity-gateway config-reference`; do not edit by hand.",
-           "`config.example.yaml` is the commented example, [Configuration](configuration.md) the guide. Every",
-           "key is optional unless marked required; unknown keys are errors. `affinity-gateway config-reference",
-           "--json-schema` prints the same as a JSON Schema, for editors.", ""]
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the config's classes by `affinity-gateway config-reference`; do not edit by hand.",
+        "`config.example.yaml` is the commented example, [Configuration](configuration.md) the guide. Every",
+        "key is optional unless marked required; unknown keys are errors. `affinity-gateway config-reference",
+        "--json-schema` prints the same as a JSON Schema, for editors.",
+        "",
+    ]
     _section(out, Config, "", "The file")
     for name, cls in POLICY_CONFIGS.items():
         _section(out, cls, f"pools.<model>.routing.params ({name})", f"Parameters of policy `{name}`")

@@ -33,8 +33,9 @@ def build(cls: type[T], data: Any, key: str = "") -> T:
     for name in data:
         if name not in fields:
             allowed = ", ".join(sorted(fields))
-            errors.append(ConfigError(f"unknown key{near(str(name), fields)} (allowed: {allowed})",
-                                      key=_join(key, str(name))))
+            errors.append(
+                ConfigError(f"unknown key{near(str(name), fields)} (allowed: {allowed})", key=_join(key, str(name)))
+            )
     values: dict[str, Any] = {}
     for name, field in fields.items():
         sub = _join(key, name)
@@ -115,7 +116,7 @@ def convert(tp: Any, value: Any, key: str) -> Any:
 
 
 def near(name: str, known: typing.Iterable[str]) -> str:
-    """"; did you mean 'x'?" for the known name closest to a mistyped one (`pool` → `pools`), else ""."""
+    """ "; did you mean 'x'?" for the known name closest to a mistyped one (`pool` → `pools`), else ""."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     if not close and "-" in name:  # prefix-affinity → prefix_affinity
         close = difflib.get_close_matches(name.replace("-", "_"), list(known), n=1, cutoff=0.8)

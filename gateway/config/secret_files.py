@@ -32,8 +32,7 @@ def secret_lines(path: str, key: str) -> list[tuple[int, str]]:
     return [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
 
 
-def read_key(env_name: str | None, file_path: str | None, key: str,
-             env: Mapping[str, str] | None = None) -> str | None:
+def read_key(env_name: str | None, file_path: str | None, key: str, env: Mapping[str, str] | None = None) -> str | None:
     """A replica's key (`api_key_env` or `api_key_file`), or None when neither is set; ConfigError naming
     `key` otherwise. Read at load (the sections' `validate`) and again when a pool's keys are first used."""
     if env_name is not None and file_path is not None:

@@ -46,11 +46,22 @@ class HealthConfig:
     max_ejection_percent: int = 50  # the breakers never eject more of a pool than this (at least one replica)
 
     def validate(self, key: str) -> None:
-        positive(self, key, "interval_s", "timeout_s", "unhealthy_after", "healthy_after",
-                  "eject_after_failures", "failure_window_s", "backoff_s", "backoff_max_s")
+        positive(
+            self,
+            key,
+            "interval_s",
+            "timeout_s",
+            "unhealthy_after",
+            "healthy_after",
+            "eject_after_failures",
+            "failure_window_s",
+            "backoff_s",
+            "backoff_max_s",
+        )
         if not 0 <= self.max_ejection_percent <= 100:
-            raise ConfigError(f"must be an integer 0..100, got {self.max_ejection_percent}",
-                              key=f"{key}.max_ejection_percent")
+            raise ConfigError(
+                f"must be an integer 0..100, got {self.max_ejection_percent}", key=f"{key}.max_ejection_percent"
+            )
 
 
 @dataclass(frozen=True)
@@ -93,8 +104,17 @@ class LimitsConfig:
     client_write_timeout_s: float = 30.0  # a client that reads nothing of a stream this long is dropped
 
     def validate(self, key: str) -> None:
-        positive(self, key, "max_body_bytes", "max_header_bytes", "max_headers", "max_messages",
-                  "client_header_timeout_s", "client_body_timeout_s", "client_write_timeout_s")
+        positive(
+            self,
+            key,
+            "max_body_bytes",
+            "max_header_bytes",
+            "max_headers",
+            "max_messages",
+            "client_header_timeout_s",
+            "client_body_timeout_s",
+            "client_write_timeout_s",
+        )
         for name in ("max_retries", "max_prompt_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError("must be >= 0", key=f"{key}.{name}")
@@ -182,9 +202,23 @@ class TracingConfig:
                 for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
                     importlib.import_module(module)
             except ImportError:
-                raise ConfigError("needs the otel extra: pip install 'affinity-gateway[otel]'",
-                                  key=f"{key}.enabled") from None
+                raise ConfigError(
+                    "needs the otel extra: pip install 'affinity-gateway[otel]'", key=f"{key}.enabled"
+                ) from None
 
 
-__all__ = ["AdmissionConfig", "HealthConfig", "LimitsConfig", "ListenConfig", "LoadConfig", "LogLevel", "LoggingConfig",
-           "MetricsConfig", "ReadinessConfig", "ShutdownConfig", "TimeoutsConfig", "TracingConfig", "positive"]
+__all__ = [
+    "AdmissionConfig",
+    "HealthConfig",
+    "LimitsConfig",
+    "ListenConfig",
+    "LoadConfig",
+    "LogLevel",
+    "LoggingConfig",
+    "MetricsConfig",
+    "ReadinessConfig",
+    "ShutdownConfig",
+    "TimeoutsConfig",
+    "TracingConfig",
+    "positive",
+]

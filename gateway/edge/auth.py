@@ -32,8 +32,9 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def authenticate(config: AuthConfig, path: str, headers: Mapping[str, str],
-                 open_paths: frozenset[str] = OPEN_PATHS) -> Caller:
+def authenticate(
+    config: AuthConfig, path: str, headers: Mapping[str, str], open_paths: frozenset[str] = OPEN_PATHS
+) -> Caller:
     """The caller of `path`, or AuthenticationError / PermissionDeniedError; `open_paths` need no key."""
     if not config.enabled or path in open_paths:
         return ANONYMOUS

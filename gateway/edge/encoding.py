@@ -26,8 +26,9 @@ def decode_body(content_encoding: str | None, raw: bytes, limit: int) -> bytes:
     codings = [c for c in codings if c and c != "identity"]
     for coding in codings:
         if coding not in _WBITS:
-            raise UnsupportedMediaTypeError(f"Content-Encoding {coding!r} is not supported; send the body plain, "
-                                            "gzip or deflate")
+            raise UnsupportedMediaTypeError(
+                f"Content-Encoding {coding!r} is not supported; send the body plain, gzip or deflate"
+            )
     for coding in reversed(codings):
         raw = _inflate(raw, coding, limit)
     return raw

@@ -23,8 +23,14 @@ from gateway.prompt.prefix_keys import prompt_source
 from gateway.view import RequestView
 
 
-async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, request_id: str,
-                    tenant: str | None = None, session_header: str = "X-Session-ID") -> RequestView:
+async def read_view(
+    request: web.Request,
+    endpoint: str,
+    limits: LimitsConfig,
+    request_id: str,
+    tenant: str | None = None,
+    session_header: str = "X-Session-ID",
+) -> RequestView:
     """Read the body once (bounded in size and time), decode its Content-Encoding (`gateway.edge.encoding`),
     parse it once with orjson; the decoded bytes are what gets forwarded. The session key comes from
     `session_header` (`headers.session`), else the body's `prompt_cache_key` or `user`."""
@@ -47,18 +53,29 @@ async def read_view(request: web.Request, endpoint: str, limits: LimitsConfig, r
         raise BadRequestError("`stream` must be true or false", param="stream")
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > limits.max_messages:
-        raise BadRequestError(f"{len(messages)} messages exceed the limit of {limits.max_messages}",
-                              param="messages")
+        raise BadRequestError(f"{len(messages)} messages exceed the limit of {limits.max_messages}", param="messages")
     session, source = _session(request.headers.get(session_header), body)
-    return RequestView(request_id=request_id, endpoint=endpoint, model=model, stream=stream, body=body,
-                       raw=raw, tenant=tenant, session_key=session, session_source=source)
+    return RequestView(
+        request_id=request_id,
+        endpoint=endpoint,
+        model=model,
+        stream=stream,
+        body=body,
+        raw=raw,
+        tenant=tenant,
+        session_key=session,
+        session_source=source,
+    )
 
 
 def _session(header: str | None, body: dict[str, Any]) -> tuple[str | None, str | None]:
     """The session key and where it came from: the header, else the body's `prompt_cache_key` or `user`
     (the first one given; not a string: none)."""
-    for source, value in (("header", header), ("prompt_cache_key", body.get("prompt_cache_key")),
-                          ("user", body.get("user"))):
+    for source, value in (
+        ("header", header),
+        ("prompt_cache_key", body.get("prompt_cache_key")),
+        ("user", body.get("user")),
+    ):
         if value:
             return (value, source) if isinstance(value, str) else (None, None)
     return None, None
@@ -82,13 +99,16 @@ def estimate_prompt(view: RequestView, params: PrefixConfig) -> int:
     """Prompt tokens as the prefix hasher counts them: token ids exactly, text by characters."""
     if not view.prompt_tokens_estimate:
         source, _ = prompt_source(view.endpoint, view.body)
-        view.prompt_tokens_estimate = (math.ceil(len(source) / params.chars_per_token) if isinstance(source, str)
-                                       else len(source))
+        view.prompt_tokens_estimate = (
+            math.ceil(len(source) / params.chars_per_token) if isinstance(source, str) else len(source)
+        )
     return view.prompt_tokens_estimate
 
 
 def check_prompt(view: RequestView, params: PrefixConfig, limits: LimitsConfig) -> None:
     if limits.max_prompt_tokens and estimate_prompt(view, params) > limits.max_prompt_tokens:
         param = {"chat": "messages", "embeddings": "input"}.get(view.endpoint, "prompt")
-        raise BadRequestError(f"the prompt is about {view.prompt_tokens_estimate} tokens, over the limit of "
-                              f"{limits.max_prompt_tokens}", param=param)
+        raise BadRequestError(
+            f"the prompt is about {view.prompt_tokens_estimate} tokens, over the limit of {limits.max_prompt_tokens}",
+            param=param,
+        )

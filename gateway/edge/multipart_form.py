@@ -10,14 +10,15 @@ from gateway.errors import BadRequestError
 
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
-_FILENAME = re.compile(rb'\bfilename\*?=', re.IGNORECASE)
+_FILENAME = re.compile(rb"\bfilename\*?=", re.IGNORECASE)
 _TRUE = {"true", "1", "yes"}
 
 
 def form_fields(raw: bytes, content_type: str | None) -> dict[str, Any]:
     """Each non-file field as text (`stream` as a bool); BadRequestError for a body that is not a form."""
-    found = _BOUNDARY.search(content_type or "") if (content_type or "").lower().startswith("multipart/form-data") \
-        else None
+    found = (
+        _BOUNDARY.search(content_type or "") if (content_type or "").lower().startswith("multipart/form-data") else None
+    )
     if found is None:
         raise BadRequestError("expected a multipart/form-data body with a boundary (an audio upload)")
     delimiter = b"--" + found.group(1).strip().encode()

@@ -46,11 +46,15 @@ class RateLimits(RequestObserver):
         requests = self._window(key, "requests", key.requests_per_minute)
         tokens = self._window(key, "tokens", key.tokens_per_minute)
         if requests is not None and requests.used(now) + 1 > key.requests_per_minute:
-            raise RateLimitError(f"rate limit of {key.requests_per_minute:g} requests per minute reached",
-                                 retry_after_s=requests.retry_after(now, 1, key.requests_per_minute))
+            raise RateLimitError(
+                f"rate limit of {key.requests_per_minute:g} requests per minute reached",
+                retry_after_s=requests.retry_after(now, 1, key.requests_per_minute),
+            )
         if tokens is not None and tokens.used(now) >= key.tokens_per_minute:
-            raise RateLimitError(f"rate limit of {key.tokens_per_minute:g} tokens per minute reached",
-                                 retry_after_s=tokens.retry_after(now, 1, key.tokens_per_minute))
+            raise RateLimitError(
+                f"rate limit of {key.tokens_per_minute:g} tokens per minute reached",
+                retry_after_s=tokens.retry_after(now, 1, key.tokens_per_minute),
+            )
         if requests is not None:
             requests.add(now, 1)
         if tokens is not None:
@@ -58,16 +62,19 @@ class RateLimits(RequestObserver):
 
     async def _admit_shared(self, shared: SharedQuota, key: ApiKeyConfig, prompt_tokens: int) -> bool:
         """True once charged to the fleet's quota; False when Redis is unreachable (local windows decide)."""
-        for kind, per_minute, amount in (("requests", key.requests_per_minute, 1),
-                                         ("tokens", key.tokens_per_minute, prompt_tokens)):
+        for kind, per_minute, amount in (
+            ("requests", key.requests_per_minute, 1),
+            ("tokens", key.tokens_per_minute, prompt_tokens),
+        ):
             if per_minute <= 0:
                 continue
             wait_s = await shared.admit(key.sha256, kind, per_minute, amount, whole=kind == "requests")
             if wait_s is None:
                 return False
             if wait_s:
-                raise RateLimitError(f"rate limit of {per_minute:g} {kind} per minute reached (all gateways)",
-                                     retry_after_s=wait_s)
+                raise RateLimitError(
+                    f"rate limit of {per_minute:g} {kind} per minute reached (all gateways)", retry_after_s=wait_s
+                )
         return True
 
     def finished(self, done: FinishedRequest) -> None:

@@ -19,6 +19,7 @@ from gateway.config.features import MODEL_ROUTES, RoutesConfig
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+
 def add_model_routes(app: web.Application, handler_for: Callable[[str], Handler], config: RoutesConfig) -> None:
     for path, endpoint in MODEL_ROUTES.items():
         app.router.add_post(path, handler_for(endpoint))

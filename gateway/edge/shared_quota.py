@@ -53,7 +53,8 @@ class _Lease:
 class SharedQuota:
     def __init__(self, url: str, key_prefix: str, window_s: float = 60.0) -> None:
         self._redis = aioredis.from_url(  # one for the app's life, named in CLIENT LIST
-            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-quota")
+            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-quota"
+        )
         self._grant = self._redis.register_script(SCRIPT)
         self._prefix = f"{key_prefix}ratelimit:"
         self._width = window_s / BUCKETS
@@ -67,8 +68,11 @@ class SharedQuota:
     def for_config(cls, config: Config) -> SharedQuota | None:
         """Rate limits are the fleet's where the gateways share a Redis (`redis`; a change needs a restart)."""
         redis = config.redis
-        return cls(redis.resolved_url, redis.key_prefix, config.auth.rate_limit_window_s) \
-            if redis is not None and config.auth.enabled else None
+        return (
+            cls(redis.resolved_url, redis.key_prefix, config.auth.rate_limit_window_s)
+            if redis is not None and config.auth.enabled
+            else None
+        )
 
     async def admit(self, digest: str, kind: str, limit: float, amount: int, *, whole: bool) -> float | None:
         """Charge `amount` to the key's quota of `kind`. `whole`: all of it must fit (requests); else any room
@@ -117,8 +121,7 @@ class SharedQuota:
         self._owed.add(task)
         task.add_done_callback(self._owed.discard)
 
-    async def _draw(self, digest: str, kind: str, now: float, limit: float,
-                    need: int) -> tuple[int, int, int] | None:
+    async def _draw(self, digest: str, kind: str, now: float, limit: float, need: int) -> tuple[int, int, int] | None:
         """(granted, the bucket from which `need` fits when it did not, the bucket counted) from Redis; None
         when unreachable."""
         if time.monotonic() < self._retry_at:
@@ -127,7 +130,8 @@ class SharedQuota:
         bucket = math.floor(now / self._width)
         try:
             granted, fits_from = await self._grant(
-                keys=[self._key(digest, kind)], args=[bucket, SPAN, math.floor(limit), want, need, self._expire_s])
+                keys=[self._key(digest, kind)], args=[bucket, SPAN, math.floor(limit), want, need, self._expire_s]
+            )
         except _ERRORS:
             self._retry_at, self.degraded = time.monotonic() + RETRY_S, True
             return None

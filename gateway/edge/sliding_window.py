@@ -73,8 +73,7 @@ class SlidingWindow:
 
     def retry_after(self, now: float, need: float, limit: float) -> float:
         """Seconds until `need` fits under `limit` (after `used(now)`)."""
-        return seconds_until(_from_bucket(sorted(self._counts.items()), need, limit, self.bucket(now)),
-                             self.width, now)
+        return seconds_until(_from_bucket(sorted(self._counts.items()), need, limit, self.bucket(now)), self.width, now)
 
     def _advance(self, current: int) -> None:
         if current == self._current:

@@ -49,5 +49,3 @@ class WarmIndex(Protocol):
 
     async def close(self) -> None:
         """Flush what can be flushed and release connections."""
-
-

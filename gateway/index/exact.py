@@ -69,9 +69,14 @@ class _Table:
 class ExactTables:
     """Per-replica tables for replicas with a KV-event feed; implements `kv_events.EventSink`."""
 
-    def __init__(self, root_seed: int, block_tokens: int, speculative_ttl_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 share: Callable[[str, Sequence[int]], object] | None = None) -> None:
+    def __init__(
+        self,
+        root_seed: int,
+        block_tokens: int,
+        speculative_ttl_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        share: Callable[[str, Sequence[int]], object] | None = None,
+    ) -> None:
         """`root_seed`: the chain seed of a request's first block (`prefix.model_seed`);
         `clock`: what speculative entries expire by (the simulator's virtual time there);
         `share`: called with each replica's newly stored keys (a shared index's `record`)."""
@@ -98,9 +103,16 @@ class ExactTables:
         self.names_adapters = False
         return adapter_seed(self.root_seed, f"\x00lora_id={lora_id}")
 
-    def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
-               token_ids: Sequence[int], block_size: int, lora_id: int | None = None,
-               lora_name: str | None = None) -> None:
+    def stored(
+        self,
+        replica_id: str,
+        block_hashes: Sequence[EngineHash],
+        parent: EngineHash | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+    ) -> None:
         table = self._heard(replica_id)
         seed = self._root(lora_id, lora_name) if parent is None else table.own_key.get(parent)
         if seed is None:
@@ -151,11 +163,15 @@ class ExactTables:
         since = table.due_since
         if not table.silent and since is not None and self.clock() - since > self._window(table):
             table.silent = True
-            log.warning("kv_events_silent", replica=replica_id, waited_s=round(self.clock() - since, 1),
-                        detail="requests finished there with new blocks but no KV event arrived; the table is "
-                               "uncertain until one does. Likely cause: the replica connects its PUB socket "
-                               "instead of binding it (vLLM binds only wildcard endpoints: give it tcp://*:PORT "
-                               "and the gateway tcp://<replica-host>:PORT), or the endpoint or topic is wrong")
+            log.warning(
+                "kv_events_silent",
+                replica=replica_id,
+                waited_s=round(self.clock() - since, 1),
+                detail="requests finished there with new blocks but no KV event arrived; the table is "
+                "uncertain until one does. Likely cause: the replica connects its PUB socket "
+                "instead of binding it (vLLM binds only wildcard endpoints: give it tcp://*:PORT "
+                "and the gateway tcp://<replica-host>:PORT), or the endpoint or topic is wrong",
+            )
         return not table.silent
 
     def completed(self, replica_id: str, prompt_tokens: int, cached_tokens: int, ttft_s: float | None) -> None:
@@ -220,9 +236,14 @@ class ExactTables:
         table = self._tables.get(replica_id)
         if table is None:
             return {}
-        return {"certain": self.certain(replica_id), "silent": table.silent, "blocks": len(table.own_key),
-                "speculative": len(table.speculative), "orphan_blocks": table.orphans,
-                "events_window_s": round(self._window(table), 3)}
+        return {
+            "certain": self.certain(replica_id),
+            "silent": table.silent,
+            "blocks": len(table.own_key),
+            "speculative": len(table.speculative),
+            "orphan_blocks": table.orphans,
+            "events_window_s": round(self._window(table), 3),
+        }
 
     def size(self, replica_id: str) -> int:
         table = self._tables.get(replica_id)

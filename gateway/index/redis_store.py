@@ -41,7 +41,6 @@ import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import cast
 
 import structlog
 from redis.asyncio import Redis
@@ -51,21 +50,8 @@ from redis.exceptions import NoScriptError, RedisError
 
 from gateway.config.env import mask_url_password
 from gateway.config.features import IndexStore
+from gateway.index import redis_wire as wire
 from gateway.index.memory import MemoryIndex
-from gateway.index.redis_wire import (
-    MARKER,
-    MATCH_LUA,
-    MAX_HINT,
-    RECORD_LUA,
-    WRITES,
-    Op,
-    decode_ops,
-    encode_ops,
-    glob_escape,
-    pack,
-    read_messages,
-    unpack,
-)
 from gateway.support.backoff import Backoff
 from gateway.support.cancel import cancel_until_done
 
@@ -88,26 +74,41 @@ class RedisIndex:
         self._sender = os.urandom(8)
         # Named per index and role, so Redis's CLIENT LIST tells which index owns a connection.
         name = re.sub(r"[^!-~]", "_", f"{self.key_prefix}{self._sender.hex()}:")
-        self._reader = Redis.from_url(url, socket_timeout=params.timeout_s, client_name=f"{name}read",
-                                      socket_connect_timeout=params.timeout_s, retry=no_retry)
+        self._reader = Redis.from_url(
+            url,
+            socket_timeout=params.timeout_s,
+            client_name=f"{name}read",
+            socket_connect_timeout=params.timeout_s,
+            retry=no_retry,
+        )
         write_timeout = max(1.0, 20 * params.timeout_s)
-        self._writer = Redis.from_url(url, socket_timeout=write_timeout, client_name=f"{name}write",
-                                      socket_connect_timeout=params.timeout_s, retry=no_retry)
+        self._writer = Redis.from_url(
+            url,
+            socket_timeout=write_timeout,
+            client_name=f"{name}write",
+            socket_connect_timeout=params.timeout_s,
+            retry=no_retry,
+        )
         # The subscription waits for messages as long as there are none; a dead Redis breaks it.
-        self._subscriber = Redis.from_url(url, socket_timeout=None, client_name=f"{name}follow",
-                                          socket_connect_timeout=params.timeout_s, retry=no_retry)
-        self._match = self._reader.register_script(MATCH_LUA)
-        self._record = self._writer.register_script(RECORD_LUA)
+        self._subscriber = Redis.from_url(
+            url,
+            socket_timeout=None,
+            client_name=f"{name}follow",
+            socket_connect_timeout=params.timeout_s,
+            retry=no_retry,
+        )
+        self._match = self._reader.register_script(wire.MATCH_LUA)
+        self._record = self._writer.register_script(wire.RECORD_LUA)
         self._channel = f"{self.key_prefix}ops"
         self._closed = False  # for good: nothing may start a task or a connection after close()
-        self._pending: deque[Op] = deque()
+        self._pending: deque[wire.Op] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()  # one pipeline at a time keeps writes in order
         self._follower: asyncio.Task[None] | None = None
         self._mirrored = False  # the mirror holds every write published before its last marker
-        self._since_snapshot: list[Op] | None = None  # own writes while a snapshot loads
-        self._sending: list[Op] = []  # the batch on its way to Redis
+        self._since_snapshot: list[wire.Op] | None = None  # own writes while a snapshot loads
+        self._sending: list[wire.Op] = []  # the batch on its way to Redis
         self._markers: dict[bytes, asyncio.Future[None]] = {}
         self._degraded = False
         self.errors = 0  # failed Redis calls
@@ -133,10 +134,12 @@ class RedisIndex:
         if self._closed or self.mirrored or self._degraded or not hashes or not ids:
             return local
         names = [r.encode() for r in ids]
-        meta = struct.pack("<" + "II" * len(ids), *itertools.chain.from_iterable(
-            (min(local[r], MAX_HINT), len(name)) for r, name in zip(ids, names)))
+        meta = struct.pack(
+            "<" + "II" * len(ids),
+            *itertools.chain.from_iterable((min(local[r], wire.MAX_HINT), len(name)) for r, name in zip(ids, names)),
+        )
         try:
-            reply = await self._match(args=[pack(hashes), meta, b"".join(names), self.key("")])
+            reply = await self._match(args=[wire.pack(hashes), meta, b"".join(names), self.key("")])
         except _ERRORS as exc:
             self._fail(exc)
             return local
@@ -146,7 +149,7 @@ class RedisIndex:
     def record(self, replica_id: str, hashes: Sequence[int]) -> int:
         if not hashes:
             return 0
-        self._enqueue((replica_id, pack(hashes), time.time()))
+        self._enqueue((replica_id, wire.pack(hashes), time.time()))
         return self.local.record(replica_id, hashes)
 
     def fill(self, replica_id: str) -> float:
@@ -191,7 +194,7 @@ class RedisIndex:
             with contextlib.suppress(*_ERRORS):
                 await asyncio.wait_for(client.aclose(), timeout=1.0)
 
-    def _enqueue(self, op: Op) -> None:
+    def _enqueue(self, op: wire.Op) -> None:
         if self._since_snapshot is not None:
             self._since_snapshot.append(op)
         if len(self._pending) >= self.params.max_pending_writes:
@@ -226,8 +229,8 @@ class RedisIndex:
                     if self._degraded:
                         # A restarted Redis has lost the scripts: load them now, so the first
                         # lookup after recovery is one round trip, not a NOSCRIPT retry.
-                        await self._writer.script_load(MATCH_LUA)
-                        await self._writer.script_load(RECORD_LUA)
+                        await self._writer.script_load(wire.MATCH_LUA)
+                        await self._writer.script_load(wire.RECORD_LUA)
                         self._degraded = False
                         log.info("index_redis_recovered", store=self._where, queued=len(self._pending))
                     await self._flush_all()
@@ -242,7 +245,7 @@ class RedisIndex:
 
     async def _flush_locked(self) -> None:
         while self._pending:
-            batch: list[Op] = []
+            batch: list[wire.Op] = []
             blocks = 0
             while self._pending and blocks < _BATCH_BLOCKS:
                 op = self._pending.popleft()
@@ -260,13 +263,13 @@ class RedisIndex:
             finally:
                 self._sending = []
 
-    async def _send(self, batch: list[Op]) -> None:
+    async def _send(self, batch: list[wire.Op]) -> None:
         # EVALSHA straight into the pipeline: a pipeline holding a Script object first checks
         # SCRIPT EXISTS, one more round trip per flush. A Redis that lost the script (restarted
         # between two flushes) answers NOSCRIPT: load it and send the batch again (replaying a
         # record or a delete in order leaves the same tables; a mirror applies it twice, alike).
         ttl = max(1, int(self.params.ttl_s))
-        message = encode_ops(self._sender, batch)
+        message = wire.encode_ops(self._sender, batch)
         for attempt in range(2):
             pipe = self._writer.pipeline(transaction=False)
             for replica_id, packed, ts in batch:
@@ -282,7 +285,7 @@ class RedisIndex:
             except NoScriptError:
                 if attempt:
                     raise
-                await self._writer.script_load(RECORD_LUA)
+                await self._writer.script_load(wire.RECORD_LUA)
 
     # --- the mirror ---------------------------------------------------------------------------
 
@@ -302,8 +305,9 @@ class RedisIndex:
             reader: asyncio.Task[None] | None = None
             try:
                 await pubsub.subscribe(self._channel)  # from here on every write reaches us
-                reader = asyncio.get_running_loop().create_task(read_messages(pubsub, queue, _ERRORS),
-                                                                name="redis-index-read")
+                reader = asyncio.get_running_loop().create_task(
+                    wire.read_messages(pubsub, queue, _ERRORS), name="redis-index-read"
+                )
                 marker = await self._load_snapshot()
                 while True:
                     data = await queue.get()
@@ -333,32 +337,26 @@ class RedisIndex:
         start = time.perf_counter()
         self._since_snapshot = [*self._sending, *self._pending]
         try:
-            # Pages by rank: a table written meanwhile can shift a member across a page edge
-            # (a duplicate is dropped, a miss comes back with that chain's next use).
-            tables: dict[str, Sequence[int]] = {}
-            name_start = len(self.key(""))
-            async for key in self._writer.scan_iter(match=glob_escape(self.key("")) + "*", count=1000):
-                members: list[bytes] = []
-                while True:
-                    page = await self._writer.zrange(key, len(members), len(members) + _SNAPSHOT_PAGE - 1)
-                    members += cast(list[bytes], page)  # a sorted set's members, no scores asked for
-                    if len(page) < _SNAPSHOT_PAGE:
-                        break
-                tables[key[name_start:].decode()] = unpack(b"".join(members))
+            tables = await wire.read_tables(self._writer, self.key(""), _SNAPSHOT_PAGE)
             self.local.load(tables)
             self._mirror_ops((replica_id, packed) for replica_id, packed, _ in self._since_snapshot)
         finally:
             self._since_snapshot = None
         marker = os.urandom(8)
         await self._publish_marker(marker)
-        log.info("index_mirror_loaded", store=self._where, tables=len(tables),
-                 blocks=sum(map(len, tables.values())), seconds=round(time.perf_counter() - start, 3))
+        log.info(
+            "index_mirror_loaded",
+            store=self._where,
+            tables=len(tables),
+            blocks=sum(map(len, tables.values())),
+            seconds=round(time.perf_counter() - start, 3),
+        )
         return marker
 
     def _apply(self, data: bytes, sync_marker: bytes) -> bool:
         """Apply one message; True when it was this gateway's sync marker (the mirror is in sync)."""
         sender, kind = data[:8], data[8:9]
-        if kind == MARKER:
+        if kind == wire.MARKER:
             if sender != self._sender:
                 return False
             nonce = data[9:17]
@@ -369,9 +367,9 @@ class RedisIndex:
                 self._mirrored = True
                 return True
             return False
-        if kind != WRITES or sender == self._sender:
+        if kind != wire.WRITES or sender == self._sender:
             return False  # own writes are in the mirror already; a newer gateway's kinds are not ours
-        self._mirror_ops(decode_ops(data, 9))
+        self._mirror_ops(wire.decode_ops(data, 9))
         return False
 
     def _mirror_ops(self, ops: Iterable[tuple[str, bytes | None]]) -> None:
@@ -380,11 +378,11 @@ class RedisIndex:
             if packed is None:
                 self.local.drop(replica_id)
             else:
-                self.local.record(replica_id, unpack(packed))
+                self.local.record(replica_id, wire.unpack(packed))
 
     async def _publish_marker(self, nonce: bytes) -> None:
         """A marker of this gateway's: the follower sees it after everything published before."""
-        await self._writer.publish(self._channel, self._sender + MARKER + nonce)
+        await self._writer.publish(self._channel, self._sender + wire.MARKER + nonce)
 
     async def _catch_up(self) -> None:
         """Wait until the follower has applied everything published before now."""

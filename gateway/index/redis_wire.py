@@ -1,4 +1,4 @@
-"""The Redis index's wire formats: its Lua scripts, packed hash chains and pub/sub messages
+"""The Redis index's wire formats: its Lua scripts, packed hash chains, pub/sub messages and snapshot reads
 (split from `redis_store` so each file holds one concern)."""
 
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Iterable, Sequence
+from typing import cast
 
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 # Hashes travel as one packed string (8 bytes each, little-endian): encoding hundreds of
@@ -123,12 +125,12 @@ def decode_ops(data: bytes, at: int) -> list[tuple[str, bytes | None]]:
     while at < len(data):
         name_len, count = OP_HEAD.unpack_from(data, at)
         at += OP_HEAD.size
-        name = data[at:at + name_len].decode()
+        name = data[at : at + name_len].decode()
         at += name_len
         if count == FORGET:
             ops.append((name, None))
             continue
-        packed = data[at:at + 8 * count]
+        packed = data[at : at + 8 * count]
         if len(packed) != 8 * count:
             raise ValueError("truncated writes message")
         ops.append((name, packed))
@@ -136,8 +138,9 @@ def decode_ops(data: bytes, at: int) -> list[tuple[str, bytes | None]]:
     return ops
 
 
-async def read_messages(pubsub: PubSub, queue: asyncio.Queue[bytes | BaseException],
-                        errors: tuple[type[BaseException], ...]) -> None:
+async def read_messages(
+    pubsub: PubSub, queue: asyncio.Queue[bytes | BaseException], errors: tuple[type[BaseException], ...]
+) -> None:
     """Move every message of the subscription into `queue`; end with the error (of `errors`) that broke it."""
     try:
         while True:
@@ -151,3 +154,19 @@ async def read_messages(pubsub: PubSub, queue: asyncio.Queue[bytes | BaseExcepti
 def glob_escape(text: str) -> str:
     """`text` matched literally in a SCAN pattern."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+async def read_tables(client: Redis, prefix: str, page_size: int) -> dict[str, Sequence[int]]:
+    """Every table under `prefix` (replica id -> block hashes, most recently used first), a page of members
+    per ZRANGE. Pages go by rank: a table written meanwhile can shift a member across a page edge (a
+    duplicate is dropped, a miss comes back with that chain's next use)."""
+    tables: dict[str, Sequence[int]] = {}
+    async for key in client.scan_iter(match=glob_escape(prefix) + "*", count=1000):
+        members: list[bytes] = []
+        while True:
+            page = await client.zrange(key, len(members), len(members) + page_size - 1)
+            members += cast(list[bytes], page)  # a sorted set's members, no scores asked for
+            if len(page) < page_size:
+                break
+        tables[key[len(prefix) :].decode()] = unpack(b"".join(members))
+    return tables

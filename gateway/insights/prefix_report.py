@@ -139,12 +139,21 @@ class _Finding:
 
     def to_json(self, seen: int) -> dict[str, Any]:
         block = self.blocks.most_common(1)[0][0]
-        return {"tenant": self.tenant, "model": self.model, "family": self.family, "requests_seen": seen,
-                "affected_requests": self.requests, "divergence": {"block": block, "token_offset": self.token_offset},
-                "recoverable_tokens": self.recoverable_tokens,
-                "lost": {"tokens": self.lost_tokens, "prefill_s": round(self.lost_prefill_s, 6),
-                         "cost": None if self.lost_cost is None else round(self.lost_cost, 9)},
-                **({"around": self.around} if self.around is not None else {})}
+        return {
+            "tenant": self.tenant,
+            "model": self.model,
+            "family": self.family,
+            "requests_seen": seen,
+            "affected_requests": self.requests,
+            "divergence": {"block": block, "token_offset": self.token_offset},
+            "recoverable_tokens": self.recoverable_tokens,
+            "lost": {
+                "tokens": self.lost_tokens,
+                "prefill_s": round(self.lost_prefill_s, 6),
+                "cost": None if self.lost_cost is None else round(self.lost_cost, 9),
+            },
+            **({"around": self.around} if self.around is not None else {}),
+        }
 
 
 class PrefixReport(RequestObserver):
@@ -169,27 +178,55 @@ class PrefixReport(RequestObserver):
     def finished(self, done: FinishedRequest) -> None:
         if done.replica_id is not None and done.status == 200:
             pool = done.pool
-            self.offer(done.caller.tenant, done.model, done.view, done.routing.prefix.chars_per_token,
-                       done.router.prefill_s_per_token(done.replica_id), pool.prices if pool is not None else None)
+            self.offer(
+                done.caller.tenant,
+                done.model,
+                done.view,
+                done.routing.prefix.chars_per_token,
+                done.router.prefill_s_per_token(done.replica_id),
+                pool.prices if pool is not None else None,
+            )
 
-    def offer(self, tenant: str | None, model: str, view: RequestView, chars_per_token: float,
-              prefill_s_per_token: float | None, prices: PricesConfig | None) -> None:
+    def offer(
+        self,
+        tenant: str | None,
+        model: str,
+        view: RequestView,
+        chars_per_token: float,
+        prefill_s_per_token: float | None,
+        prices: PricesConfig | None,
+    ) -> None:
         """A finished request with a prefix chain (from `gateway.serving.app._finished`): O(1), no hashing here."""
         if not self.config.enabled or not view.block_hashes:
             return
         if len(self._queue) >= self.config.queue or len(view.raw) > _MAX_BODY_BYTES:
             self.skipped += 1
             return
-        self._queue.append(_Offered(tenant or ANONYMOUS, model, view.endpoint, view.body, view.block_hashes,
-                                    view.tokens_per_block, chars_per_token,
-                                    prefill_s_per_token or _DEFAULT_RATE, prices))
+        self._queue.append(
+            _Offered(
+                tenant or ANONYMOUS,
+                model,
+                view.endpoint,
+                view.body,
+                view.block_hashes,
+                view.tokens_per_block,
+                chars_per_token,
+                prefill_s_per_token or _DEFAULT_RATE,
+                prices,
+            )
+        )
         self._ready.set()
 
     def report(self) -> dict[str, Any]:
         rows = [f.to_json(self._seen.get((f.tenant, f.model), 0)) for f in self._findings.values()]
         rows.sort(key=lambda row: -row["lost"]["tokens"])
-        return {"families": rows, "analysed_requests": self.analysed, "skipped_requests": self.skipped,
-                "pending_requests": len(self._queue), "min_tokens": self.config.min_tokens}
+        return {
+            "families": rows,
+            "analysed_requests": self.analysed,
+            "skipped_requests": self.skipped,
+            "pending_requests": len(self._queue),
+            "min_tokens": self.config.min_tokens,
+        }
 
     def compare(self, item: _Offered, text: str, signature: _Signature) -> None:
         """Compare a prepared prompt with its tenant's kept ones, keep it, count a finding: bounded work
@@ -209,8 +246,11 @@ class PrefixReport(RequestObserver):
             found = _compare(signature, old)
             if best is None or found[2] > best[2]:
                 best, matched = found, old
-        related = best is not None and matched is not None and (
-            best[2] > 0 or best[4] or not set(signature.anchors).isdisjoint(matched.anchors))
+        related = (
+            best is not None
+            and matched is not None
+            and (best[2] > 0 or best[4] or not set(signature.anchors).isdisjoint(matched.anchors))
+        )
         samples.keep(signature, matched if related else None)  # the newest of a family stands for it
         if best is None:
             return
@@ -236,7 +276,7 @@ class PrefixReport(RequestObserver):
             finding.lost_cost = (finding.lost_cost or 0.0) + lost
         if self.show_text():
             end = offset + min(signature.lengths[piece], 2 * _AROUND_CHARS)  # the piece that differs, or its start
-            finding.around = _readable(text[max(offset - _AROUND_CHARS, 0):end])
+            finding.around = _readable(text[max(offset - _AROUND_CHARS, 0) : end])
 
     async def _loop(self) -> None:
         while True:

@@ -55,14 +55,29 @@ class Hop:
 
     def to_json(self) -> dict[str, Any]:
         t = self.timing
-        uncached = None if self.prompt_tokens is None else self.prompt_tokens - min(self.cached_tokens or 0,
-                                                                                    self.prompt_tokens)
-        return {"request_id": self.request_id, "at": round(self.at, 3), "model": self.model, "replica": self.replica,
-                "status": self.status, "queue_s": rounded(t.queue_s), "ttft_s": rounded(t.ttft_s),
-                "prefill_s": rounded(t.prefill_s), "decode_s": rounded(t.decode_s), "total_s": rounded(t.total_s),
-                "tokens_per_s": rounded(t.tokens_per_s), "itl_s": rounded(t.itl_s), "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": self.cached_tokens, "uncached_prefill_tokens": uncached,
-                "completion_tokens": self.completion_tokens}
+        uncached = (
+            None
+            if self.prompt_tokens is None
+            else self.prompt_tokens - min(self.cached_tokens or 0, self.prompt_tokens)
+        )
+        return {
+            "request_id": self.request_id,
+            "at": round(self.at, 3),
+            "model": self.model,
+            "replica": self.replica,
+            "status": self.status,
+            "queue_s": rounded(t.queue_s),
+            "ttft_s": rounded(t.ttft_s),
+            "prefill_s": rounded(t.prefill_s),
+            "decode_s": rounded(t.decode_s),
+            "total_s": rounded(t.total_s),
+            "tokens_per_s": rounded(t.tokens_per_s),
+            "itl_s": rounded(t.itl_s),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "uncached_prefill_tokens": uncached,
+            "completion_tokens": self.completion_tokens,
+        }
 
 
 @dataclass(slots=True)
@@ -94,11 +109,20 @@ class Session:
         self.total_s += t.total_s
 
     def summary(self) -> dict[str, Any]:
-        return {"id": self.session_id, "source": self.source, "tenant": self.tenant, "started": round(self.started, 3),
-                "updated": round(self.hops[-1].at, 3) if self.hops else None, "ended": self.ended,
-                "hops": self.count, "ttft_s": rounded(self.ttft_s), "queue_s": rounded(self.queue_s),
-                "prefill_s": rounded(self.prefill_s), "total_s": rounded(self.total_s),
-                "prefill_share": round(self.prefill_s / self.streamed_s, 4) if self.streamed_s > 0 else None}
+        return {
+            "id": self.session_id,
+            "source": self.source,
+            "tenant": self.tenant,
+            "started": round(self.started, 3),
+            "updated": round(self.hops[-1].at, 3) if self.hops else None,
+            "ended": self.ended,
+            "hops": self.count,
+            "ttft_s": rounded(self.ttft_s),
+            "queue_s": rounded(self.queue_s),
+            "prefill_s": rounded(self.prefill_s),
+            "total_s": rounded(self.total_s),
+            "prefill_share": round(self.prefill_s / self.streamed_s, 4) if self.streamed_s > 0 else None,
+        }
 
 
 class Sessions(RequestObserver):
@@ -113,10 +137,18 @@ class Sessions(RequestObserver):
         self._hops: Histogram | None = None
         self._ttft: Histogram | None = None
         if registry is not None:
-            self._hops = Histogram("affinity_gateway_session_hops", "Requests per agent session, at its end "
-                                   "(idle for sessions.idle_s, or evicted)", buckets=_HOPS, registry=registry)
-            self._ttft = Histogram("affinity_gateway_session_ttft_seconds", "Summed TTFT of an agent session's "
-                                   "requests, at its end", buckets=_SESSION_S, registry=registry)
+            self._hops = Histogram(
+                "affinity_gateway_session_hops",
+                "Requests per agent session, at its end (idle for sessions.idle_s, or evicted)",
+                buckets=_HOPS,
+                registry=registry,
+            )
+            self._ttft = Histogram(
+                "affinity_gateway_session_ttft_seconds",
+                "Summed TTFT of an agent session's requests, at its end",
+                buckets=_SESSION_S,
+                registry=registry,
+            )
 
     @classmethod
     def attach(cls, app: web.Application, config: SessionsConfig, registry: CollectorRegistry) -> Sessions:
@@ -128,16 +160,28 @@ class Sessions(RequestObserver):
         if done.replica_id is not None:
             self.record(done.view, done.model, done.replica_id, done.status, done.usage, done.timing)
 
-    def record(self, view: RequestView, model: str, replica: str | None, status: int, usage: Usage,
-               timing: Timing) -> None:
+    def record(
+        self, view: RequestView, model: str, replica: str | None, status: int, usage: Usage, timing: Timing
+    ) -> None:
         """One finished request, from `gateway.serving.app._finished`."""
         if not self.config.enabled or view.endpoint not in GENERATION:
             return
         session = self._session_of(view)
         if session is None:
             return
-        session.add(Hop(view.request_id, time.time(), model, replica, status, timing, usage.prompt_tokens,
-                        usage.cached_tokens, usage.completion_tokens))
+        session.add(
+            Hop(
+                view.request_id,
+                time.time(),
+                model,
+                replica,
+                status,
+                timing,
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+            )
+        )
         session.last = time.monotonic()
         self._sessions.move_to_end(session.session_id)
         self._open[session.session_id] = None
@@ -189,8 +233,12 @@ class Sessions(RequestObserver):
         blocks = view.block_hashes
         for i in range(len(blocks) - 1, max(len(blocks) - 1 - _SCAN_BLOCKS, -1), -1):
             ending = self._ends.get(blocks[i])
-            if ending is not None and (session := self._sessions.get(ending)) is not None \
-                    and not session.ended and session.tenant == view.tenant:
+            if (
+                ending is not None
+                and (session := self._sessions.get(ending)) is not None
+                and not session.ended
+                and session.tenant == view.tenant
+            ):
                 return session
         session_id = f"inferred-{view.request_id}"
         if (same := self._sessions.get(session_id)) is not None and not same.ended:  # a client's repeated id
@@ -228,4 +276,3 @@ class Sessions(RequestObserver):
         while True:
             await asyncio.sleep(interval)
             self.sweep(time.monotonic())
-

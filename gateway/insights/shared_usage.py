@@ -29,7 +29,8 @@ Batch = dict[tuple[int, str, str], dict[str, float]]  # (minute, tenant, model) 
 class SharedUsage:
     def __init__(self, url: str, key_prefix: str, expire_s: int) -> None:
         self._redis = aioredis.from_url(  # one for the app's life, named in CLIENT LIST
-            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-usage")
+            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-usage"
+        )
         self._prefix = f"{key_prefix}usage:"
         self._expire_s = expire_s
         self.degraded = False
@@ -82,4 +83,3 @@ class SharedUsage:
 
     async def close(self) -> None:
         await self._redis.aclose()
-

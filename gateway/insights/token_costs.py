@@ -79,10 +79,15 @@ class Counts:
 
     def to_json(self) -> dict[str, Any]:
         priced = self.priced_requests > 0
-        return {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-                "completion_tokens": self.completion_tokens, "priced_requests": self.priced_requests,
-                "cost": round(self.cost, 9) if priced else None,
-                "saved_by_cache": round(self.saved, 9) if priced else None}
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "priced_requests": self.priced_requests,
+            "cost": round(self.cost, 9) if priced else None,
+            "saved_by_cache": round(self.saved, 9) if priced else None,
+        }
 
 
 _KINDS = frozenset(f.name for f in dataclasses.fields(Counts))
@@ -150,8 +155,11 @@ class TokenCosts(RequestObserver):
         delta = Counts(1, prompt, cached, completion)
         prices = pool.prices if pool is not None else None
         if prices is not None:
-            delta.priced_requests, delta.cost, delta.saved = 1, prices.cost(prompt, cached, completion), \
-                prices.saved(cached)
+            delta.priced_requests, delta.cost, delta.saved = (
+                1,
+                prices.cost(prompt, cached, completion),
+                prices.saved(cached),
+            )
         key = (tenant or ANONYMOUS, model)
         minute = int(time.time() // BUCKET_S)
         _into(self._totals, key, delta)
@@ -175,13 +183,23 @@ class TokenCosts(RequestObserver):
         total = Counts()
         for counts in rows.values():
             total.add(counts)
-        return {"source": source, "scope": "all gateways" if source == "redis" else "this gateway",
-                "degraded": self.shared is not None and source == "local",
-                "window": {"since": query.minutes.start * BUCKET_S, "until": round(query.now_s, 3),
-                           "bucket_s": BUCKET_S, "retention_s": RETENTION_S},
-                "tenant": query.tenant, "total": total.to_json(),
-                "usage": [{"tenant": tenant, "model": model, **counts.to_json()}
-                          for (tenant, model), counts in sorted(rows.items())]}
+        return {
+            "source": source,
+            "scope": "all gateways" if source == "redis" else "this gateway",
+            "degraded": self.shared is not None and source == "local",
+            "window": {
+                "since": query.minutes.start * BUCKET_S,
+                "until": round(query.now_s, 3),
+                "bucket_s": BUCKET_S,
+                "retention_s": RETENTION_S,
+            },
+            "tenant": query.tenant,
+            "total": total.to_json(),
+            "usage": [
+                {"tenant": tenant, "model": model, **counts.to_json()}
+                for (tenant, model), counts in sorted(rows.items())
+            ],
+        }
 
     async def flush(self) -> bool:
         """Add the pending deltas to Redis (True: none left); on failure keep them, a day's at most."""
@@ -262,16 +280,28 @@ class _CostCollector(Collector):
         self._costs = costs
 
     def collect(self) -> Iterator[Metric]:
-        tokens = CounterMetricFamily("affinity_gateway_tokens", "Tokens the replicas reported, by tenant, model "
-                                     "(pool) and kind: prompt (cached included), cached, completion",
-                                     labels=["tenant", "model_name", "kind"])
-        cost = CounterMetricFamily("affinity_gateway_cost", "Money spent at the pool's prices "
-                                   "(pools.<model>.prices), by tenant and model", labels=["tenant", "model_name"])
-        saved = CounterMetricFamily("affinity_gateway_cache_savings", "Money the prefix cache saved: cached "
-                                    "tokens x (input - cached_input price)", labels=["tenant", "model_name"])
+        tokens = CounterMetricFamily(
+            "affinity_gateway_tokens",
+            "Tokens the replicas reported, by tenant, model "
+            "(pool) and kind: prompt (cached included), cached, completion",
+            labels=["tenant", "model_name", "kind"],
+        )
+        cost = CounterMetricFamily(
+            "affinity_gateway_cost",
+            "Money spent at the pool's prices (pools.<model>.prices), by tenant and model",
+            labels=["tenant", "model_name"],
+        )
+        saved = CounterMetricFamily(
+            "affinity_gateway_cache_savings",
+            "Money the prefix cache saved: cached tokens x (input - cached_input price)",
+            labels=["tenant", "model_name"],
+        )
         for (tenant, model), counts in self._costs.totals():
-            for kind, value in (("prompt", counts.prompt_tokens), ("cached", counts.cached_tokens),
-                                ("completion", counts.completion_tokens)):
+            for kind, value in (
+                ("prompt", counts.prompt_tokens),
+                ("cached", counts.cached_tokens),
+                ("completion", counts.completion_tokens),
+            ):
                 tokens.add_metric([tenant, model, kind], value)
             if counts.priced_requests:
                 cost.add_metric([tenant, model], counts.cost)

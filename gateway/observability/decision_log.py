@@ -44,10 +44,12 @@ class DecisionLog(RequestObserver):
         if done.decision is not None:
             self.record(done.model, done.view.request_id, done.status, done.decision, done.timing, done.usage)
 
-    def record(self, model: str, request_id: str, status: int, decision: Decision, timing: Timing,
-               usage: Usage) -> None:
-        self._entries.append(_Entry(time.time(), model, request_id, status, decision, timing, usage.prompt_tokens,
-                                    usage.cached_tokens))
+    def record(
+        self, model: str, request_id: str, status: int, decision: Decision, timing: Timing, usage: Usage
+    ) -> None:
+        self._entries.append(
+            _Entry(time.time(), model, request_id, status, decision, timing, usage.prompt_tokens, usage.cached_tokens)
+        )
 
     def latest(self, limit: int) -> list[dict[str, Any]]:
         """The newest first."""
@@ -56,10 +58,18 @@ class DecisionLog(RequestObserver):
             if len(out) >= limit:
                 break
             chosen = entry.decision.chosen()
-            out.append({"at": round(entry.at, 3), "model": entry.model, "request_id": entry.request_id,
-                        "status": entry.status, "ttft_s": rounded(entry.timing.ttft_s),
-                        "total_s": rounded(entry.timing.total_s), "prompt_tokens": entry.prompt_tokens,
-                        "predicted_cached_tokens": chosen.cached_tokens if chosen is not None else None,
-                        "reported_cached_tokens": entry.cached_tokens, **entry.decision.explain()})
+            out.append(
+                {
+                    "at": round(entry.at, 3),
+                    "model": entry.model,
+                    "request_id": entry.request_id,
+                    "status": entry.status,
+                    "ttft_s": rounded(entry.timing.ttft_s),
+                    "total_s": rounded(entry.timing.total_s),
+                    "prompt_tokens": entry.prompt_tokens,
+                    "predicted_cached_tokens": chosen.cached_tokens if chosen is not None else None,
+                    "reported_cached_tokens": entry.cached_tokens,
+                    **entry.decision.explain(),
+                }
+            )
         return out
-

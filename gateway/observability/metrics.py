@@ -35,44 +35,123 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Children(Counter("affinity_gateway_requests", "Requests answered, by final replica and status",
-                                         ["model_name", "replica", "status"], registry=r))
-        self.ttft = Children(Histogram("affinity_gateway_ttft_seconds", "Time to the first upstream body byte",
-                                       ["model_name"], buckets=_LATENCY_BUCKETS, registry=r))
-        self.first_phrase = Children(Histogram("affinity_gateway_first_phrase_seconds", "Time to the first phrase "
-                                               "written to the client, streams chunked in phrases only", ["model_name"],
-                                               buckets=_LATENCY_BUCKETS, registry=r))
-        self.tokens_per_s = Children(Histogram("affinity_gateway_tokens_per_second", "A stream's completion tokens "
-                                               "over its decode time (after the first byte)", ["model_name"],
-                                               buckets=_TOKENS_PER_S, registry=r))
-        self.itl = Children(Histogram("affinity_gateway_inter_token_latency_seconds", "A stream's mean time between "
-                                      "tokens: decode time over completion tokens - 1", ["model_name"],
-                                      buckets=_ITL_BUCKETS, registry=r))
-        self.latency = Children(Histogram("affinity_gateway_request_duration_seconds",
-                                          "Whole request, gateway in to out", ["model_name"], buckets=_LATENCY_BUCKETS,
-                                          registry=r))
-        self.retries = Children(Counter("affinity_gateway_retries", "Attempts re-sent to another replica before the "
-                                        "first byte", ["model_name"], registry=r))
-        self.upstream_errors = Children(Counter("affinity_gateway_upstream_errors", "Upstream faults by kind",
-                                                ["replica", "kind"], registry=r))
-        self.poison_requests = Counter("affinity_gateway_poison_requests", "Requests answered 5xx by two replicas: "
-                                       "the input's fault, charged to no breaker", registry=r)
+        self.requests = Children(
+            Counter(
+                "affinity_gateway_requests",
+                "Requests answered, by final replica and status",
+                ["model_name", "replica", "status"],
+                registry=r,
+            )
+        )
+        self.ttft = Children(
+            Histogram(
+                "affinity_gateway_ttft_seconds",
+                "Time to the first upstream body byte",
+                ["model_name"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.first_phrase = Children(
+            Histogram(
+                "affinity_gateway_first_phrase_seconds",
+                "Time to the first phrase written to the client, streams chunked in phrases only",
+                ["model_name"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.tokens_per_s = Children(
+            Histogram(
+                "affinity_gateway_tokens_per_second",
+                "A stream's completion tokens over its decode time (after the first byte)",
+                ["model_name"],
+                buckets=_TOKENS_PER_S,
+                registry=r,
+            )
+        )
+        self.itl = Children(
+            Histogram(
+                "affinity_gateway_inter_token_latency_seconds",
+                "A stream's mean time between tokens: decode time over completion tokens - 1",
+                ["model_name"],
+                buckets=_ITL_BUCKETS,
+                registry=r,
+            )
+        )
+        self.latency = Children(
+            Histogram(
+                "affinity_gateway_request_duration_seconds",
+                "Whole request, gateway in to out",
+                ["model_name"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.retries = Children(
+            Counter(
+                "affinity_gateway_retries",
+                "Attempts re-sent to another replica before the first byte",
+                ["model_name"],
+                registry=r,
+            )
+        )
+        self.upstream_errors = Children(
+            Counter("affinity_gateway_upstream_errors", "Upstream faults by kind", ["replica", "kind"], registry=r)
+        )
+        self.poison_requests = Counter(
+            "affinity_gateway_poison_requests",
+            "Requests answered 5xx by two replicas: the input's fault, charged to no breaker",
+            registry=r,
+        )
         self.reloads = Counter("affinity_gateway_config_reloads", "Config reloads by result", ["result"], registry=r)
-        self.rejected = Children(Counter("affinity_gateway_rejected", "Requests refused before routing, by reason "
-                                         "(auth, limit, rate_limit, queue)", ["model_name", "reason"], registry=r))
-        self.queue_wait = Children(Histogram("affinity_gateway_queue_wait_seconds", "Time spent in the admission queue",
-                                             ["model_name"], buckets=_LATENCY_BUCKETS, registry=r))
-        self.queue_waiting = Gauge("affinity_gateway_queue_waiting", "Requests waiting for a replica slot now",
-                                   ["model_name"], registry=r)
-        self.tenant_requests = Children(Counter("affinity_gateway_tenant_requests", "Requests by API-key tenant and "
-                                                "status", ["tenant", "status"], registry=r))
-        self.tenant_tokens = Children(Counter("affinity_gateway_tenant_tokens", "Tokens by tenant, as the replicas "
-                                              "reported", ["tenant", "kind"], registry=r))
-        self.response_homes = Children(Counter("affinity_gateway_response_home_lookups", "Responses API follow-ups "
-                                               "by where their response's home was found: local, redis, replicas "
-                                               "(asked in turn), unknown", ["source"], registry=r))
-        self.draining = Gauge("affinity_gateway_draining", "1 after SIGTERM while accepted requests finish",
-                              registry=r)
+        self.rejected = Children(
+            Counter(
+                "affinity_gateway_rejected",
+                "Requests refused before routing, by reason (auth, limit, rate_limit, queue)",
+                ["model_name", "reason"],
+                registry=r,
+            )
+        )
+        self.queue_wait = Children(
+            Histogram(
+                "affinity_gateway_queue_wait_seconds",
+                "Time spent in the admission queue",
+                ["model_name"],
+                buckets=_LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.queue_waiting = Gauge(
+            "affinity_gateway_queue_waiting", "Requests waiting for a replica slot now", ["model_name"], registry=r
+        )
+        self.tenant_requests = Children(
+            Counter(
+                "affinity_gateway_tenant_requests",
+                "Requests by API-key tenant and status",
+                ["tenant", "status"],
+                registry=r,
+            )
+        )
+        self.tenant_tokens = Children(
+            Counter(
+                "affinity_gateway_tenant_tokens",
+                "Tokens by tenant, as the replicas reported",
+                ["tenant", "kind"],
+                registry=r,
+            )
+        )
+        self.response_homes = Children(
+            Counter(
+                "affinity_gateway_response_home_lookups",
+                "Responses API follow-ups "
+                "by where their response's home was found: local, redis, replicas "
+                "(asked in turn), unknown",
+                ["source"],
+                registry=r,
+            )
+        )
+        self.draining = Gauge("affinity_gateway_draining", "1 after SIGTERM while accepted requests finish", registry=r)
         self.routing = RoutingMetrics(r)  # decisions by policy and reason, routing time, prediction error
         self.cached_tokens_check = CachedTokensCheck(r)  # warns when replicas never report cached tokens
 
@@ -95,21 +174,33 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "replica"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "in_flight": GaugeMetricFamily("affinity_gateway_replica_in_flight",
-                                           "Requests this gateway has at the replica now", labels=labels),
-            "healthy": GaugeMetricFamily("affinity_gateway_replica_healthy",
-                                         "1 when the replica takes traffic (probes pass, not ejected)", labels=labels),
+            "in_flight": GaugeMetricFamily(
+                "affinity_gateway_replica_in_flight", "Requests this gateway has at the replica now", labels=labels
+            ),
+            "healthy": GaugeMetricFamily(
+                "affinity_gateway_replica_healthy",
+                "1 when the replica takes traffic (probes pass, not ejected)",
+                labels=labels,
+            ),
             "running": GaugeMetricFamily("affinity_gateway_replica_running", "Scraped running requests", labels=labels),
             "waiting": GaugeMetricFamily("affinity_gateway_replica_waiting", "Scraped waiting requests", labels=labels),
-            "kv_usage": GaugeMetricFamily("affinity_gateway_replica_kv_usage", "Scraped KV-cache usage 0..1",
-                                          labels=labels),
-            "breaker": GaugeMetricFamily("affinity_gateway_replica_breaker_state",
-                                         "Circuit breaker: 0 closed, 1 half-open, 2 open", labels=labels),
-            "opened": CounterMetricFamily("affinity_gateway_replica_breaker_opened",
-                                          "Times the circuit breaker opened", labels=labels),
+            "kv_usage": GaugeMetricFamily(
+                "affinity_gateway_replica_kv_usage", "Scraped KV-cache usage 0..1", labels=labels
+            ),
+            "breaker": GaugeMetricFamily(
+                "affinity_gateway_replica_breaker_state",
+                "Circuit breaker: 0 closed, 1 half-open, 2 open",
+                labels=labels,
+            ),
+            "opened": CounterMetricFamily(
+                "affinity_gateway_replica_breaker_opened", "Times the circuit breaker opened", labels=labels
+            ),
         }
-        info = GaugeMetricFamily("affinity_gateway_replica_info", "1 per replica, its role (prefill, decode, both) "
-                                 "as a label: join on it rather than widen every series", labels=[*labels, "role"])
+        info = GaugeMetricFamily(
+            "affinity_gateway_replica_info",
+            "1 per replica, its role (prefill, decode, both) as a label: join on it rather than widen every series",
+            labels=[*labels, "role"],
+        )
         now = time.monotonic()
         for pool in self._pools():
             for replica in pool:
@@ -129,23 +220,32 @@ class _PoolCollector(Collector):
 class _FeedCollector(Collector):
     """Each KV-event feed's health (certain, gaps, replays, restarts seen) and its table's size."""
 
-    _COUNTERS = (("batches", "Event batches applied"), ("gaps", "Sequence gaps seen"),
-                 ("replays", "Replay requests sent to fill a gap or rebuild"),
-                 ("replay_failures", "Replays that timed out or could not fill the gap"),
-                 ("resets", "Publisher restarts seen (sequence went back): table rebuilt"),
-                 ("decode_errors", "Batches that did not decode"))
+    _COUNTERS = (
+        ("batches", "Event batches applied"),
+        ("gaps", "Sequence gaps seen"),
+        ("replays", "Replay requests sent to fill a gap or rebuild"),
+        ("replay_failures", "Replays that timed out or could not fill the gap"),
+        ("resets", "Publisher restarts seen (sequence went back): table rebuilt"),
+        ("decode_errors", "Batches that did not decode"),
+    )
 
     def __init__(self, feeds: Callable[[], Iterable[tuple[str, str, KVEventSubscriber, ExactTables]]]) -> None:
         self._feeds = feeds
 
     def collect(self) -> Iterator[Metric]:
         labels = ["model_name", "replica"]
-        certain = GaugeMetricFamily("affinity_gateway_kv_events_certain", "1 while the replica's exact table is "
-                                    "known to mirror its KV cache (else routing also consults history)", labels=labels)
-        blocks = GaugeMetricFamily("affinity_gateway_kv_events_blocks", "Blocks the replica holds, from its KV events",
-                                   labels=labels)
-        counters = {name: CounterMetricFamily(f"affinity_gateway_kv_events_{name}", text, labels=labels)
-                    for name, text in self._COUNTERS}
+        certain = GaugeMetricFamily(
+            "affinity_gateway_kv_events_certain",
+            "1 while the replica's exact table is known to mirror its KV cache (else routing also consults history)",
+            labels=labels,
+        )
+        blocks = GaugeMetricFamily(
+            "affinity_gateway_kv_events_blocks", "Blocks the replica holds, from its KV events", labels=labels
+        )
+        counters = {
+            name: CounterMetricFamily(f"affinity_gateway_kv_events_{name}", text, labels=labels)
+            for name, text in self._COUNTERS
+        }
         for model, replica_id, feed, exact in self._feeds():
             key = [model, replica_id]
             certain.add_metric(key, float(exact.certain(replica_id)))

@@ -44,8 +44,10 @@ class Tracing(RequestObserver):
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self.provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}),
-                                       sampler=ParentBased(TraceIdRatioBased(config.sampling_ratio)))
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": config.service_name}),
+            sampler=ParentBased(TraceIdRatioBased(config.sampling_ratio)),
+        )
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -81,18 +83,27 @@ class SpanTrace(RequestTrace):
 
         self._tracing = tracing
         parent = tracing.propagator.extract(request.headers)
-        attributes: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
-                                      "gateway.model": view.model, "gateway.endpoint": view.endpoint,
-                                      "gateway.stream": view.stream, "gateway.request_id": view.request_id}
+        attributes: dict[str, Any] = {
+            "http.request.method": request.method,
+            "url.path": request.path,
+            "gateway.model": view.model,
+            "gateway.endpoint": view.endpoint,
+            "gateway.stream": view.stream,
+            "gateway.request_id": view.request_id,
+        }
         if operation := _GEN_AI_OPERATIONS.get(view.endpoint):  # OpenTelemetry's GenAI names beside ours
             attributes["gen_ai.operation.name"], attributes["gen_ai.request.model"] = operation, view.model
         if view.adapter:
             attributes["gateway.adapter"] = view.adapter
         if view.tenant:
             attributes["gateway.tenant"] = view.tenant
-        self.span = tracing.tracer.start_span(f"{request.method} {request.path}", context=parent,
-                                              kind=SpanKind.SERVER, attributes=attributes,
-                                              start_time=_epoch_ns(started))
+        self.span = tracing.tracer.start_span(
+            f"{request.method} {request.path}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            start_time=_epoch_ns(started),
+        )
         self._context = set_span_in_context(self.span, parent)
         self._attempt: Span | None = None
         self._attempts = 0
@@ -117,8 +128,11 @@ class SpanTrace(RequestTrace):
 
         self._attempts += 1
         span = self._attempt = self._tracing.tracer.start_span(
-            f"upstream {replica_id}", context=self._context, kind=SpanKind.CLIENT,
-            attributes={"gateway.replica": replica_id, "gateway.attempt": self._attempts, "server.address": url})
+            f"upstream {replica_id}",
+            context=self._context,
+            kind=SpanKind.CLIENT,
+            attributes={"gateway.replica": replica_id, "gateway.attempt": self._attempts, "server.address": url},
+        )
         try:
             result = await sending
         except BaseException as exc:
@@ -127,8 +141,12 @@ class SpanTrace(RequestTrace):
             raise
         else:
             span.set_attribute("http.response.status_code", exchange.status)
-            span.set_attribute("gateway.outcome", "ok" if exchange.error is None and exchange.status < 500
-                               else exchange.error or f"http_{exchange.status}")
+            span.set_attribute(
+                "gateway.outcome",
+                "ok"
+                if exchange.error is None and exchange.status < 500
+                else exchange.error or f"http_{exchange.status}",
+            )
             return result
         finally:
             span.end()
@@ -165,20 +183,29 @@ class SpanTrace(RequestTrace):
 
 
 # gen_ai.operation.name by endpoint (OpenTelemetry's GenAI semantic conventions).
-_GEN_AI_OPERATIONS = {"chat": "chat", "messages": "chat", "responses": "chat", "completions": "text_completion",
-                      "embeddings": "embeddings"}
+_GEN_AI_OPERATIONS = {
+    "chat": "chat",
+    "messages": "chat",
+    "responses": "chat",
+    "completions": "text_completion",
+    "embeddings": "embeddings",
+}
 
 
 def _decision(decision: Decision, policy: str) -> dict[str, Any]:
     """The decision's attributes: the same facts as the request log event's."""
-    attributes: dict[str, Any] = {"gateway.route.policy": policy, "gateway.route.replica": decision.replica_id,
-                                  "gateway.route.reason": decision.reason}
+    attributes: dict[str, Any] = {
+        "gateway.route.policy": policy,
+        "gateway.route.replica": decision.replica_id,
+        "gateway.route.reason": decision.reason,
+    }
     if decision.evidence:
         attributes["gateway.route.evidence"] = decision.evidence
     chosen = decision.chosen()
     if chosen is not None:  # prefix_affinity's score is its predicted TTFT; others' are their own order
-        attributes["gateway.route.predicted_ttft_s" if policy == "prefix_affinity" else "gateway.route.score"] = \
+        attributes["gateway.route.predicted_ttft_s" if policy == "prefix_affinity" else "gateway.route.score"] = (
             chosen.score
+        )
         attributes["gateway.route.predicted_cached_tokens"] = chosen.cached_tokens
         attributes["gateway.route.candidates"] = len(decision.scores)
     return attributes

@@ -23,9 +23,14 @@ class CachedTokensCheck:
     def __init__(self, registry: CollectorRegistry, after: int = 20) -> None:
         self.after = after
         self._without: dict[tuple[str, str], int] = {}  # answers with usage but no cached count; -1: seen one
-        self.reported = Gauge("affinity_gateway_replica_cached_tokens_reported", "1 once the replica's usage "
-                              "carried prompt_tokens_details.cached_tokens, 0 after many answers without it "
-                              "(vLLM: --enable-prompt-tokens-details)", ["model_name", "replica"], registry=registry)
+        self.reported = Gauge(
+            "affinity_gateway_replica_cached_tokens_reported",
+            "1 once the replica's usage "
+            "carried prompt_tokens_details.cached_tokens, 0 after many answers without it "
+            "(vLLM: --enable-prompt-tokens-details)",
+            ["model_name", "replica"],
+            registry=registry,
+        )
 
     def observe(self, model: str, replica_id: str, usage: Usage) -> None:
         if usage.prompt_tokens is None:
@@ -41,7 +46,12 @@ class CachedTokensCheck:
         self._without[key] = count + 1
         if count + 1 == self.after:
             self.reported.labels(model, replica_id).set(0)
-            log.warning("cached_tokens_absent", model=model, replica=replica_id, answers=self.after,
-                        detail="the replica's usage never carries prompt_tokens_details.cached_tokens: start vLLM "
-                               "with --enable-prompt-tokens-details (and --enable-prefix-caching), else the "
-                               "gateway cannot check its cache predictions")
+            log.warning(
+                "cached_tokens_absent",
+                model=model,
+                replica=replica_id,
+                answers=self.after,
+                detail="the replica's usage never carries prompt_tokens_details.cached_tokens: start vLLM "
+                "with --enable-prompt-tokens-details (and --enable-prefix-caching), else the "
+                "gateway cannot check its cache predictions",
+            )

@@ -17,9 +17,12 @@ def _parts(content: Any) -> Any:
     """Text blocks as chat text parts (so they key like chat text); other blocks stay as they are."""
     if not isinstance(content, list):
         return content
-    return [{"type": "text", "text": part["text"]}
-            if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
-            else part for part in content]
+    return [
+        {"type": "text", "text": part["text"]}
+        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
+        else part
+        for part in content
+    ]
 
 
 def messages_as_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -28,8 +31,10 @@ def messages_as_chat(body: dict[str, Any]) -> dict[str, Any]:
     turns: list[Any] = [{"role": "system", "content": _parts(system)}] if system else []
     messages = body.get("messages")
     if isinstance(messages, list):
-        turns += [{"role": m.get("role", ""), "content": _parts(m.get("content"))} if isinstance(m, dict) else m
-                  for m in messages]
+        turns += [
+            {"role": m.get("role", ""), "content": _parts(m.get("content"))} if isinstance(m, dict) else m
+            for m in messages
+        ]
     return {"messages": turns, "tools": body.get("tools")}
 
 
@@ -37,15 +42,19 @@ def responses_as_chat(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI `/v1/responses`: instructions as the system message, then `input` (a string or items;
     items without a role, such as function calls and their outputs, key by their JSON)."""
     instructions = body.get("instructions")
-    turns: list[Any] = [{"role": "system", "content": instructions}] if isinstance(instructions, str) \
-        and instructions else []
+    turns: list[Any] = (
+        [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    )
     given = body.get("input")
     if isinstance(given, str):
         turns.append({"role": "user", "content": given})
     elif isinstance(given, list):
-        turns += [{"role": item["role"], "content": _parts(item.get("content"))}
-                  if isinstance(item, dict) and isinstance(item.get("role"), str)
-                  else {"role": "item", "content": [item]} for item in given]
+        turns += [
+            {"role": item["role"], "content": _parts(item.get("content"))}
+            if isinstance(item, dict) and isinstance(item.get("role"), str)
+            else {"role": "item", "content": [item]}
+            for item in given
+        ]
     return {"messages": turns, "tools": body.get("tools")}
 
 

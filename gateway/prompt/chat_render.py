@@ -30,8 +30,9 @@ def render_content(content: Any) -> str:
         return ""
     if isinstance(content, str):
         return content
-    return "\n".join(part.get("text", "") for part in content
-                     if isinstance(part, Mapping) and part.get("type", "text") == "text")
+    return "\n".join(
+        part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type", "text") == "text"
+    )
 
 
 def engine_message(message: Any) -> dict[str, Any] | None:
@@ -55,13 +56,17 @@ def vllm_conversation(messages: list[dict[str, Any]], template: str) -> list[dic
     """`developer` as `system`, system messages merged at the front, where the template lacks the role."""
     if not any(m["role"] == "developer" for m in messages) or _knows_developer(template):
         return messages
-    converted = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m["role"] == "developer"
-                 else m for m in messages]
+    converted = [
+        {**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m["role"] == "developer" else m
+        for m in messages
+    ]
     systems = [i for i, m in enumerate(converted) if m["role"] == "system"]
     if systems in ([], [0]):
         return converted
-    merged = {"role": "system", "content": "\n\n".join(converted[i]["content"] for i in systems
-                                                       if converted[i].get("content"))}
+    merged = {
+        "role": "system",
+        "content": "\n\n".join(converted[i]["content"] for i in systems if converted[i].get("content")),
+    }
     return [merged, *(m for m in converted if m["role"] != "system")]
 
 
@@ -95,8 +100,9 @@ def compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt: str) -> str:
@@ -115,8 +121,9 @@ def compile_template(source: str) -> Any:
         def _body(self, caller: Any) -> str:
             return str(caller())
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     return env.from_string(source)

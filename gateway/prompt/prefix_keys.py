@@ -62,8 +62,13 @@ def compute(view: RequestView, params: PrefixConfig) -> Prefix:
         blocks = chain_hash_text(source, params.block_chars, seed, params.max_blocks)
         per_block = params.tokens_per_block
         inside = min(preamble // params.block_chars, len(blocks))
-        return Prefix(blocks, math.ceil(len(source) / params.chars_per_token), per_block,
-                      int(inside * per_block), blocks[inside - 1] if inside else 0)
+        return Prefix(
+            blocks,
+            math.ceil(len(source) / params.chars_per_token),
+            per_block,
+            int(inside * per_block),
+            blocks[inside - 1] if inside else 0,
+        )
     blocks = chain_hash_tokens(source, params.block, seed, params.max_blocks)
     return Prefix(blocks, len(source), float(params.block), 0, kind=TOKENS)
 
@@ -79,8 +84,14 @@ def from_tokens(view: RequestView, params: PrefixConfig, prompt: TokenizedPrompt
     """Hash a token-exact prompt in the replica's KV blocks (`block_tokens`)."""
     blocks = chain_hash_tokens(prompt.token_ids, params.block, _seed(view, params), params.max_blocks)
     inside = min(prompt.preamble_tokens // params.block, len(blocks))
-    return Prefix(blocks, len(prompt.token_ids), float(params.block), inside * params.block,
-                  blocks[inside - 1] if inside else 0, kind=TOKENS)
+    return Prefix(
+        blocks,
+        len(prompt.token_ids),
+        float(params.block),
+        inside * params.block,
+        blocks[inside - 1] if inside else 0,
+        kind=TOKENS,
+    )
 
 
 def model_seed(model: str) -> int:
@@ -106,8 +117,11 @@ def body_with_answer(view: RequestView, answer: str) -> dict[str, Any] | None:
         messages = view.body.get("messages")
         if not isinstance(messages, list):
             return None
-        return {**view.body, "messages": [*messages, {"role": "assistant", "content": answer}],
-                "add_generation_prompt": False}
+        return {
+            **view.body,
+            "messages": [*messages, {"role": "assistant", "content": answer}],
+            "add_generation_prompt": False,
+        }
     prompt, _ = prompt_source(view.endpoint, view.body)
     return {**view.body, "prompt": prompt + answer} if isinstance(prompt, str) else None
 
@@ -122,7 +136,7 @@ def with_answer(view: RequestView, params: PrefixConfig, answer: str) -> tuple[i
     assert isinstance(text, str)
     done = len(view.block_hashes)
     seed = view.block_hashes[-1] if done else _seed(view, params)
-    rest = chain_hash_text(text[done * params.block_chars:], params.block_chars, seed, params.max_blocks - done)
+    rest = chain_hash_text(text[done * params.block_chars :], params.block_chars, seed, params.max_blocks - done)
     return view.block_hashes + rest
 
 
@@ -196,8 +210,9 @@ def _content(content: Any) -> str:
     if isinstance(content, list):
         # Text parts joined; other parts (images, audio) by canonical JSON so they still key the cache.
         return "".join(
-            part["text"] if isinstance(part, dict) and part.get("type") == "text"
-            and isinstance(part.get("text"), str) else _canonical(part)
+            part["text"]
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            else _canonical(part)
             for part in content
         )
     return "" if content is None else _canonical(content)
@@ -241,6 +256,6 @@ def chain_hash_tokens(tokens: Sequence[int], block_tokens: int, seed: int, max_b
     h = seed
     view = memoryview(data)
     for start in range(0, n * step, step):
-        h = _hash(view[start:start + step], h)
+        h = _hash(view[start : start + step], h)
         hashes.append(h)
     return tuple(hashes)

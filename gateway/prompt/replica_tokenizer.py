@@ -23,8 +23,9 @@ class ReplicaTokenizer:
     the ids are the engine's whatever the model. The preamble's length costs one more call per
     distinct preamble (cached). `urls` gives the pool's replicas that take traffic now."""
 
-    def __init__(self, model: str, urls: Callable[[], Sequence[str]], timeout_s: float = 5.0,
-                 max_preambles: int = 4096) -> None:
+    def __init__(
+        self, model: str, urls: Callable[[], Sequence[str]], timeout_s: float = 5.0, max_preambles: int = 4096
+    ) -> None:
         self.model, self.urls, self.timeout_s, self.max_preambles = model, urls, timeout_s, max_preambles
         self.requests = 0  # /tokenize calls made
         self._preambles: dict[int, int] = {}
@@ -45,20 +46,27 @@ class ReplicaTokenizer:
         if not isinstance(messages, list) or not messages or body.get("continue_final_message"):
             return None
         extra = {k: body[k] for k in ("tools", "chat_template_kwargs") if body.get(k)}
-        ids = await self._tokenize(url, {"messages": messages, **extra,
-                                         "add_generation_prompt": body.get("add_generation_prompt", True) is not False})
+        ids = await self._tokenize(
+            url,
+            {
+                "messages": messages,
+                **extra,
+                "add_generation_prompt": body.get("add_generation_prompt", True) is not False,
+            },
+        )
         return TokenizedPrompt(tuple(ids), await self._preamble(url, messages, extra))
 
     async def _preamble(self, url: str, messages: list[Any], extra: dict[str, Any]) -> int:
-        n = next((i for i, m in enumerate(messages)
-                  if not isinstance(m, dict) or m.get("role") not in PREAMBLE_ROLES), len(messages))
+        n = next(
+            (i for i, m in enumerate(messages) if not isinstance(m, dict) or m.get("role") not in PREAMBLE_ROLES),
+            len(messages),
+        )
         if n == 0:
             return 0
         key = xxhash.xxh3_64_intdigest(orjson.dumps([messages[:n], extra], option=orjson.OPT_SORT_KEYS))
         tokens = self._preambles.get(key)
         if tokens is None:
-            tokens = len(await self._tokenize(url, {"messages": messages[:n], **extra,
-                                                    "add_generation_prompt": False}))
+            tokens = len(await self._tokenize(url, {"messages": messages[:n], **extra, "add_generation_prompt": False}))
             put_newest(self._preambles, key, tokens, self.max_preambles)
         return tokens
 
@@ -66,8 +74,11 @@ class ReplicaTokenizer:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         self.requests += 1
-        async with self._session.post(f"{url}/tokenize", data=orjson.dumps({"model": self.model, **payload}),
-                                      headers={"Content-Type": "application/json"}) as response:
+        async with self._session.post(
+            f"{url}/tokenize",
+            data=orjson.dumps({"model": self.model, **payload}),
+            headers={"Content-Type": "application/json"},
+        ) as response:
             data = orjson.loads(await response.read())
         tokens = data.get("tokens") if response.status == 200 and isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):

@@ -24,7 +24,6 @@ request over budget (or one the tokenizer fails on) falls back to character bloc
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -33,7 +32,6 @@ from abc import ABC, abstractmethod
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +47,7 @@ from gateway.prompt.sim_tokens import PIECE_RE, SPECIAL_TOKENS, apply_chat_templ
 from gateway.prompt.tokenized import PREAMBLE_ROLES, TokenizedPrompt, completion_prompt
 
 if TYPE_CHECKING:
-    from gateway.prompt.replica_tokenizer import ReplicaTokenizer
+    pass
 
 log = structlog.get_logger("gateway.prompt.tokenizers")
 
@@ -80,8 +78,14 @@ class PromptTokenizer(ABC):
         self._cached_tokens = 0
 
     @abstractmethod
-    def render(self, messages: list[dict[str, Any]], *, tools: list[Any] | None, add_generation_prompt: bool,
-               kwargs: Mapping[str, Any]) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None,
+        add_generation_prompt: bool,
+        kwargs: Mapping[str, Any],
+    ) -> str:
         """The chat template's text for `messages`."""
 
     @abstractmethod
@@ -127,8 +131,13 @@ class PromptTokenizer(ABC):
         preamble = len(pre_ids) if full_text.startswith(pre_text) else 0
         return TokenizedPrompt(tuple(full_ids), preamble)
 
-    def _encode_messages(self, messages: list[dict[str, Any]], tools: list[Any] | None,
-                         kwargs: Mapping[str, Any], add_generation_prompt: bool) -> tuple[list[int], str]:
+    def _encode_messages(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+        add_generation_prompt: bool,
+    ) -> tuple[list[int], str]:
         """Ids and text of the rendering, reusing the longest cached leading-message prefix."""
         text = self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
         keys = _prefix_keys(messages, tools, kwargs)
@@ -139,8 +148,11 @@ class PromptTokenizer(ABC):
         else:
             self.cache_hits += 1
         ids, specials = cached
-        base = text if not add_generation_prompt else self.render(messages, tools=tools, add_generation_prompt=False,
-                                                                  kwargs=kwargs)
+        base = (
+            text
+            if not add_generation_prompt
+            else self.render(messages, tools=tools, add_generation_prompt=False, kwargs=kwargs)
+        )
         if text.startswith(base):
             self._store(keys[-1], base, ids, specials)
         return ids, text
@@ -148,10 +160,10 @@ class PromptTokenizer(ABC):
     def _from_cache(self, text: str, keys: list[int]) -> tuple[list[int], list[tuple[int, int, int]]] | None:
         for key in reversed(keys):
             entry = self._cache.get(key)
-            if entry is None or entry.text_len > len(text) or _text_hash(text[:entry.text_len]) != entry.text_hash:
+            if entry is None or entry.text_len > len(text) or _text_hash(text[: entry.text_len]) != entry.text_hash:
                 continue
             self._cache.move_to_end(key)
-            tail, tail_specials = self.tokenize(text[entry.resume:])
+            tail, tail_specials = self.tokenize(text[entry.resume :])
             skip = len(entry.head)
             specials = [(i + skip, s + entry.resume, e + entry.resume) for i, s, e in tail_specials]
             return entry.head.tolist() + tail, specials
@@ -190,8 +202,14 @@ def _text_hash(text: str) -> int:
 class SimPromptTokenizer(PromptTokenizer):
     """The simulated replicas' ChatML template and hash-id tokenizer, encode-only (remembers no pieces)."""
 
-    def render(self, messages: list[dict[str, Any]], *, tools: list[Any] | None, add_generation_prompt: bool,
-               kwargs: Mapping[str, Any]) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None,
+        add_generation_prompt: bool,
+        kwargs: Mapping[str, Any],
+    ) -> str:
         return apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
     def tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int, int]]]:
@@ -218,21 +236,34 @@ class HFPromptTokenizer(PromptTokenizer):
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self._templates = chat_templates(folder, config)
-        self._special_vars = {name: token_text(config[name]) for name in
-                              ("bos_token", "eos_token", "unk_token", "pad_token") if config.get(name)}
+        self._special_vars = {
+            name: token_text(config[name])
+            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+            if config.get(name)
+        }
         self._special_ids = frozenset(
-            i for i, t in self._tok.get_added_tokens_decoder().items() if t.special or not t.normalized)
+            i for i, t in self._tok.get_added_tokens_decoder().items() if t.special or not t.normalized
+        )
         self._compiled: dict[str, Any] = {}
 
-    def render(self, messages: list[dict[str, Any]], *, tools: list[Any] | None, add_generation_prompt: bool,
-               kwargs: Mapping[str, Any]) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None,
+        add_generation_prompt: bool,
+        kwargs: Mapping[str, Any],
+    ) -> str:
         name = "tool_use" if tools and "tool_use" in self._templates else "default"
         template = self._compiled.get(name)
         if template is None:
             template = self._compiled[name] = compile_template(self._templates[name])
         variables = {**self._special_vars, **kwargs}
-        return str(template.render(messages=messages, tools=tools, documents=None,
-                                   add_generation_prompt=add_generation_prompt, **variables))
+        return str(
+            template.render(
+                messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **variables
+            )
+        )
 
     def conversation(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return vllm_conversation(messages, self._templates["default"])
@@ -240,8 +271,9 @@ class HFPromptTokenizer(PromptTokenizer):
     def tokenize(self, text: str) -> tuple[list[int], list[tuple[int, int, int]]]:
         encoding = self._tok.encode(text, add_special_tokens=False)
         ids, special = encoding.ids, self._special_ids
-        return ids, [(i, *span) for i, t in enumerate(ids)
-                     if t in special and (span := encoding.token_to_chars(i)) is not None]
+        return ids, [
+            (i, *span) for i, t in enumerate(ids) if t in special and (span := encoding.token_to_chars(i)) is not None
+        ]
 
 
 def _from_gguf(path: Path, key: str) -> Path:
@@ -256,8 +288,11 @@ def _from_gguf(path: Path, key: str) -> Path:
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ConfigError(f"{str(path)!r}: reading a tokenizer from a GGUF needs transformers and gguf "
-                          "(pip install 'affinity-gateway[model]'), or point to a tokenizer.json", key=key) from None
+        raise ConfigError(
+            f"{str(path)!r}: reading a tokenizer from a GGUF needs transformers and gguf "
+            "(pip install 'affinity-gateway[model]'), or point to a tokenizer.json",
+            key=key,
+        ) from None
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".gguf-", dir=cache))
     try:
@@ -272,85 +307,18 @@ def _from_gguf(path: Path, key: str) -> Path:
     return folder
 
 
-class PromptKeys:
-    """Encodes within `budget_s` (a local tokenizer on one worker thread, or a replica's /tokenize);
-    None (and a count) when over budget or failing.
-
-    `encode_later` is for work off the request path (an answer recorded for the next turn): it
-    waits until no request is being encoded and keeps at most one job in the worker's queue, so a
-    request never waits behind more than one of them; past `max_later` waiting jobs, new ones are
-    dropped (counted)."""
-
-    def __init__(self, tokenizer: PromptTokenizer | ReplicaTokenizer, budget_s: float = 0.05,
-                 max_later: int = 1000) -> None:
-        self.tokenizer, self.budget_s, self.max_later = tokenizer, budget_s, max_later
-        self.over_budget = 0
-        self.errors = 0
-        self.dropped_later = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-tokenizer")
-        self._urgent = 0  # request-path encodes in flight
-        self._idle = asyncio.Event()  # set while _urgent == 0
-        self._idle.set()
-        self._later = asyncio.Lock()  # one background job at a time
-        self._later_waiting = 0
-        if isinstance(tokenizer, PromptTokenizer):
-            self._executor.submit(tokenizer.warm)  # first in the worker's queue: before any request
-
-    async def encode(self, endpoint: str, body: Mapping[str, Any]) -> TokenizedPrompt | None:
-        self._urgent += 1
-        self._idle.clear()
-        try:
-            return await self._encode(endpoint, body, self.budget_s)
-        finally:
-            self._urgent -= 1
-            if not self._urgent:
-                self._idle.set()
-
-    async def encode_later(self, endpoint: str, body: Mapping[str, Any], timeout_s: float = 5.0,
-                           ) -> TokenizedPrompt | None:
-        if self._later_waiting >= self.max_later:
-            self.dropped_later += 1
-            return None
-        self._later_waiting += 1
-        try:
-            async with self._later:
-                await self._idle.wait()
-                return await self._encode(endpoint, body, timeout_s)
-        finally:
-            self._later_waiting -= 1
-
-    async def _encode(self, endpoint: str, body: Mapping[str, Any], timeout_s: float) -> TokenizedPrompt | None:
-        if not isinstance(self.tokenizer, PromptTokenizer):
-            work: Any = self.tokenizer.encode(endpoint, body)
-        else:
-            work = asyncio.get_running_loop().run_in_executor(self._executor, self.tokenizer.encode, endpoint, body)
-        try:
-            async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can drop the client's cancel (bpo-42130)
-                prompt: TokenizedPrompt | None = await work
-                return prompt
-        except TimeoutError:
-            self.over_budget += 1
-            return None
-        except Exception as exc:  # a template error or odd input must not fail the request
-            self.errors += 1
-            log.warning("prompt_tokenize_failed", endpoint=endpoint, error=type(exc).__name__)
-            return None
-
-    async def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        if not isinstance(self.tokenizer, PromptTokenizer):
-            await self.tokenizer.close()
-
-
 def build_prompt_tokenizer(spec: str, key: str = "") -> PromptTokenizer:
-    """"sim", a model folder (or its tokenizer.json), a GGUF file, or an alias such as "model:smollm2"."""
+    """ "sim", a model folder (or its tokenizer.json), a GGUF file, or an alias such as "model:smollm2"."""
     if spec == "sim":
         return SimPromptTokenizer()
     if spec.lower() in MODEL_ALIASES:
         folder = converted_dir()
         if not (folder / "tokenizer.json").is_file():
-            raise ConfigError(f"{spec!r}: the real model is not converted at {folder} (run `make model` and "
-                              "start a real replica once)", key=key)
+            raise ConfigError(
+                f"{spec!r}: the real model is not converted at {folder} (run `make model` and "
+                "start a real replica once)",
+                key=key,
+            )
     else:
         path = Path(spec).expanduser()
         if not path.exists():

@@ -12,16 +12,32 @@ from multidict import CIMultiDict
 from gateway.config.features import HeadersConfig
 
 # RFC 9110 §7.6.1 connection-specific headers, plus framing the gateway's own connection re-does.
-HOP_BY_HOP = frozenset(h.lower() for h in (
-    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-    "TE", "Trailer", "Transfer-Encoding", "Upgrade",
-))
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+    )
+)
 STREAM_CHUNKING = "X-Stream-Chunking"  # the client's opt-in to phrase chunking (gateway.relay.phrase_chunking)
 # Bodies go on decoded (gateway.edge.encoding); the gateway's own request options are not the replica's business.
 REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "content-encoding", STREAM_CHUNKING.lower()}
 # The replica's identity and cookies are its own business; the gateway sets its own id headers.
-RESPONSE_DROP = HOP_BY_HOP | {"content-length", "server", "set-cookie", "x-replica-id", "x-affinity-reason",
-                              "x-gateway-route"}
+RESPONSE_DROP = HOP_BY_HOP | {
+    "content-length",
+    "server",
+    "set-cookie",
+    "x-replica-id",
+    "x-affinity-reason",
+    "x-gateway-route",
+}
 
 REQUEST_ID = "X-Request-Id"
 REPLICA_ID = "X-Replica-Id"
@@ -45,8 +61,9 @@ def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]
     items = list(headers)
     lowered = [k.lower() for k, _ in items]
     if "connection" in lowered:
-        drop = drop | {t.strip().lower() for (_, v), k in zip(items, lowered) if k == "connection"
-                       for t in v.split(",")}
+        drop = drop | {
+            t.strip().lower() for (_, v), k in zip(items, lowered) if k == "connection" for t in v.split(",")
+        }
     return CIMultiDict([item for item, k in zip(items, lowered) if k not in drop])
 
 

@@ -80,7 +80,7 @@ class PhraseChunker:
             if end < 0:
                 self._tail = data[-1:]  # the next chunk may start with the end of "\n\n"
                 return data[:-1]
-            self._skipping, out, data = False, data[:end + 2], data[end + 2:]
+            self._skipping, out, data = False, data[: end + 2], data[end + 2 :]
         *events, self._tail = data.split(b"\n\n")
         for raw in events:
             out += self._event(raw, now)
@@ -115,8 +115,9 @@ class PhraseChunker:
         if len(texts) != len(choices):  # tool calls, logprobs, ...
             return self.flush() + raw + b"\n\n"
         assert isinstance(event, dict)
-        return b"".join(self._merge({**event, "choices": [choice]}, choice, text, now)
-                        for choice, text in zip(choices, texts))
+        return b"".join(
+            self._merge({**event, "choices": [choice]}, choice, text, now) for choice, text in zip(choices, texts)
+        )
 
     def _merge(self, event: dict[str, Any], choice: dict[str, Any], text: str, now: float) -> bytes:
         """One choice's plain-text delta: the role goes out at once, a finish_reason takes the pending
@@ -152,7 +153,7 @@ class PhraseChunker:
         """Send each phrase the pending text holds: up to its last boundary within max_chars, or max_chars."""
         out = b""
         while pending.text:
-            window = pending.text[:self._max_chars]
+            window = pending.text[: self._max_chars]
             cut = max(map(window.rfind, self._boundaries)) + 1
             if not cut and len(pending.text) < self._max_chars:
                 break
@@ -190,8 +191,9 @@ def _text_of(choice: Any) -> str | None:
     delta = choice.get("delta")
     if delta is None:
         text = choice.get("text")
-    elif not isinstance(delta, dict) or any(value not in _UNSET for key, value in delta.items()
-                                            if key not in ("content", "role")):
+    elif not isinstance(delta, dict) or any(
+        value not in _UNSET for key, value in delta.items() if key not in ("content", "role")
+    ):
         return None
     else:
         text = delta.get("content") or ""
@@ -210,8 +212,13 @@ def _encode(event: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(event) + b"\n\n"
 
 
-async def relay_phrases(source: aiohttp.StreamReader, chunker: PhraseChunker, seen: Callable[[bytes], Awaitable[None]],
-                        write: Callable[[bytes], Awaitable[None]], first_phrase: Callable[[], None]) -> None:
+async def relay_phrases(
+    source: aiohttp.StreamReader,
+    chunker: PhraseChunker,
+    seen: Callable[[bytes], Awaitable[None]],
+    write: Callable[[bytes], Awaitable[None]],
+    first_phrase: Callable[[], None],
+) -> None:
     """Read upstream chunks (each handed to `seen` first: watch, first byte, usage scan) and write the
     re-chunked events. The read waits only until the pending text's deadline, so text goes out on time
     while the replica is silent; a read cut by that deadline consumes nothing (readany takes bytes only
@@ -242,8 +249,9 @@ async def relay_phrases(source: aiohttp.StreamReader, chunker: PhraseChunker, se
         raise
 
 
-async def _write_phrases(write: Callable[[bytes], Awaitable[None]], out: bytes, chunker: PhraseChunker,
-                         first_phrase: Callable[[], None]) -> None:
+async def _write_phrases(
+    write: Callable[[bytes], Awaitable[None]], out: bytes, chunker: PhraseChunker, first_phrase: Callable[[], None]
+) -> None:
     if not out:
         return
     counted = chunker.phrases

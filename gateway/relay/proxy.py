@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import aiohttp
@@ -47,47 +46,19 @@ from multidict import CIMultiDict
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError, UpstreamError, UpstreamTimeoutError, error_body
 from gateway.relay import headers as h
+from gateway.relay.attempt import Attempt, Retryable, input_may_cause
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
 from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any
 from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.backend_auth import set_upstream_auth
-from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.relay.proxy")
 
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request", used in logs and metrics only
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One try of a request on one replica, as the attempt loop (gateway.serving.attempts) decided it."""
-
-    replica: Replica
-    pool: ReplicaPool  # the replica's: its breakers eject at most `health.max_ejection_percent` of it
-    decision: Decision
-    last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
-    after_fault: bool  # an earlier attempt failed as the input may cause: a second such failure is poison
-
-
-class Retryable(Exception):
-    """An attempt failed before any byte reached the client; another replica may answer."""
-
-    def __init__(self, error: GatewayError, kind: str) -> None:
-        super().__init__(error.message)
-        self.error, self.kind = error, kind
-
-
-_INPUT_FAULTS = frozenset(("reset", "first_byte", "idle"))  # with every http_5xx: see input_may_cause
-
-
-def input_may_cause(kind: str) -> bool:
-    """Whether a failure of this kind may come from the request itself: a reset after it was sent, silence,
-    a 5xx. A refused or timed-out connect, or a replica ejected by its probes, says nothing about the input."""
-    return kind in _INPUT_FAULTS or kind.startswith("http_")
 
 
 class _SlowClient(Exception):
@@ -140,8 +111,12 @@ def _cut(replica: Replica, watch: Watch) -> Exception:
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, on_upstream_error: Callable[[str, str], None],
-                 on_poison: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        on_upstream_error: Callable[[str, str], None],
+        on_poison: Callable[[], None] | None = None,
+    ) -> None:
         self._session = session
         self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
         self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
@@ -152,8 +127,9 @@ class Proxy:
         """The shared upstream session (also for the gateway's own small calls to replicas)."""
         return self._session
 
-    async def attempt(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
-                      config: Config) -> web.StreamResponse:
+    async def attempt(
+        self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange, config: Config
+    ) -> web.StreamResponse:
         """Send the request to `attempt.replica` and relay its answer; raises `Retryable` while nothing has
         reached the client and another replica may answer."""
         sending = self._send_once(request, view, attempt, exchange, config)
@@ -173,11 +149,14 @@ class Proxy:
         poison, and the client's error says so (502, or 504 for silence)."""
         self._poisoned(view, replica, failure.kind, exchange)
         tried = ", ".join(exchange.failed_replicas)
-        return type(failure.error)(f"the request failed on two replicas ({tried}; last: {failure.error.message}) "
-                                   "and is not tried on another: the input itself may make replicas fail")
+        return type(failure.error)(
+            f"the request failed on two replicas ({tried}; last: {failure.error.message}) "
+            "and is not tried on another: the input itself may make replicas fail"
+        )
 
-    async def _send_once(self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange,
-                         config: Config) -> web.StreamResponse:
+    async def _send_once(
+        self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange, config: Config
+    ) -> web.StreamResponse:
         replica = attempt.replica
         out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
@@ -189,27 +168,35 @@ class Proxy:
         try:
             try:
                 async with watch.sending():
-                    upstream = await self._session.request(request.method, replica.url + request.path_qs,
-                                                           data=view.raw, headers=out_headers, timeout=timeout,
-                                                           allow_redirects=False)
+                    upstream = await self._session.request(
+                        request.method,
+                        replica.url + request.path_qs,
+                        data=view.raw,
+                        headers=out_headers,
+                        timeout=timeout,
+                        allow_redirects=False,
+                    )
             except aiohttp.ConnectionTimeoutError as exc:
-                raise Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"),
-                                "connect") from exc
+                raise Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"), "connect") from exc
             except TimeoutError as exc:
                 raise _cut(replica, watch) from exc
             except aiohttp.ClientConnectorError as exc:  # no connection: the request never left
-                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
-                                "connect") from exc
+                raise Retryable(
+                    UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"), "connect"
+                ) from exc
             except aiohttp.ClientError as exc:  # sent, then dropped (reset, closed) before an answer
-                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"),
-                                "reset") from exc
+                raise Retryable(
+                    UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"), "reset"
+                ) from exc
             watch.answered(upstream, first_byte=not _is_stream(upstream))
             try:
                 if upstream.status >= 500 and attempt.after_fault:
                     self._poisoned(view, replica, f"http_{upstream.status}", exchange)
                 elif upstream.status >= 500 and not attempt.last:
-                    raise Retryable(UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
-                                    f"http_{upstream.status}")
+                    raise Retryable(
+                        UpstreamError(f"replica {replica.replica_id} answered {upstream.status}"),
+                        f"http_{upstream.status}",
+                    )
                 elif upstream.status >= 500:
                     self._upstream_failed(attempt, f"http_{upstream.status}", f"status {upstream.status}", config)
                 else:
@@ -223,8 +210,16 @@ class Proxy:
         finally:
             self.watches.end(watch)
 
-    async def _relay(self, request: web.Request, view: RequestView, upstream: aiohttp.ClientResponse,
-                     attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+    async def _relay(
+        self,
+        request: web.Request,
+        view: RequestView,
+        upstream: aiohttp.ClientResponse,
+        attempt: Attempt,
+        exchange: Exchange,
+        config: Config,
+        watch: Watch,
+    ) -> web.StreamResponse:
         replica, decision = attempt.replica, attempt.decision
         exchange.status = upstream.status
         back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
@@ -239,8 +234,15 @@ class Proxy:
             return await self._relay_stream(request, upstream, back, attempt, exchange, config, watch)
         return await self._relay_whole(upstream, back, replica, exchange, config, watch)
 
-    async def _relay_whole(self, upstream: aiohttp.ClientResponse, back: CIMultiDict[str], replica: Replica,
-                           exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+    async def _relay_whole(
+        self,
+        upstream: aiohttp.ClientResponse,
+        back: CIMultiDict[str],
+        replica: Replica,
+        exchange: Exchange,
+        config: Config,
+        watch: Watch,
+    ) -> web.StreamResponse:
         """A non-streamed answer: nothing has reached the client yet, so a broken or cut body is retried like
         a reset before the headers."""
         exchange.first_byte(replica.replica_id)
@@ -249,24 +251,36 @@ class Proxy:
         except aiohttp.ClientError as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc
-            raise Retryable(UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
-                            "reset") from exc
+            raise Retryable(
+                UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"), "reset"
+            ) from exc
         exchange.usage.read_body(body)
         return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
 
-    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, back: CIMultiDict[str],
-                            attempt: Attempt, exchange: Exchange, config: Config, watch: Watch) -> web.StreamResponse:
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        back: CIMultiDict[str],
+        attempt: Attempt,
+        exchange: Exchange,
+        config: Config,
+        watch: Watch,
+    ) -> web.StreamResponse:
         """Each chunk is written as it arrives, in whole events (`WholeEvents`: a break leaves no half event
         before the error event); usage is scanned after the writes, never delaying one. A stream the request
         asked to be chunked in phrases goes through `relay_phrases` instead."""
         replica = attempt.replica
         exchange.streamed = True
         phrases = PhraseChunker(exchange.chunking) if exchange.chunking is not None else None
-        response = (web.StreamResponse if phrases is not None else _Relayed)(status=upstream.status,
-                                                                             reason=upstream.reason, headers=back)
+        response = (web.StreamResponse if phrases is not None else _Relayed)(
+            status=upstream.status, reason=upstream.reason, headers=back
+        )
         scanner = SSEUsageScanner(exchange.usage)
-        events = WholeEvents(partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s),
-                             drop_usage=exchange.strip_usage)  # and drops the usage event we asked for
+        events = WholeEvents(
+            partial(_write, request, response, timeout_s=config.limits.client_write_timeout_s),
+            drop_usage=exchange.strip_usage,
+        )  # and drops the usage event we asked for
         try:
             if phrases is None:
                 while chunk := await read_any(upstream.content):
@@ -277,6 +291,7 @@ class Proxy:
                     await events.write(chunk)
                     scanner.feed(chunk)
             else:
+
                 async def seen(chunk: bytes) -> None:  # upstream bytes: watched and scanned, not written
                     watch.touch()
                     if exchange.ttft_s is None:
@@ -297,21 +312,28 @@ class Proxy:
             _drop(request)  # drop what it never read; a graceful close would wait for it
         except aiohttp.ClientError as exc:
             if not response.prepared and watch.kind != "shutdown":  # nothing reached the client
-                raise (_cut(replica, watch) if watch.kind is not None else Retryable(
-                    UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
-                    "reset")) from exc
+                raise (
+                    _cut(replica, watch)
+                    if watch.kind is not None
+                    else Retryable(
+                        UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
+                        "reset",
+                    )
+                ) from exc
             exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
             if watch.kind != "shutdown":
                 self._upstream_failed(attempt, watch.kind or "mid_stream", exchange.error, config)
             events.cut()
-            await self._end_stream_with_error(request, response, exchange.error,
-                                              events.framed and (phrases is None or phrases.framed))
+            await self._end_stream_with_error(
+                request, response, exchange.error, events.framed and (phrases is None or phrases.framed)
+            )
         finally:
             scanner.flush()  # the usage of what was relayed, however the stream ended
         return response
 
-    async def _end_stream_with_error(self, request: web.Request, response: web.StreamResponse, message: str,
-                                     at_event_boundary: bool) -> None:
+    async def _end_stream_with_error(
+        self, request: web.Request, response: web.StreamResponse, message: str, at_event_boundary: bool
+    ) -> None:
         """vLLM's own mid-stream error form: an error event then [DONE]. Where it cannot be framed cleanly
         (half an event already went out), the connection is closed without the chunked terminator: the
         client sees a broken answer, never a complete one."""
@@ -330,8 +352,12 @@ class Proxy:
         if self._on_poison is not None:
             self._on_poison()
         tried = [*exchange.failed_replicas]
-        log.warning("poison_request", request_id=view.request_id, kind=kind,
-                    replicas=tried if replica.replica_id in tried else [*tried, replica.replica_id])
+        log.warning(
+            "poison_request",
+            request_id=view.request_id,
+            kind=kind,
+            replicas=tried if replica.replica_id in tried else [*tried, replica.replica_id],
+        )
 
     def _upstream_failed(self, attempt: Attempt, kind: str, error: str, config: Config) -> None:
         self._on_upstream_error(attempt.replica.replica_id, kind)
@@ -342,8 +368,18 @@ class Proxy:
         where the fault is seen)."""
         verdict = pool.fault(replica, config.health, error)
         if verdict == "opened":
-            log.warning("breaker_opened", replica=replica.replica_id, kind=kind, error=error,
-                        backoff_s=round(replica.breaker.open_until - time.monotonic(), 3))
+            log.warning(
+                "breaker_opened",
+                replica=replica.replica_id,
+                kind=kind,
+                error=error,
+                backoff_s=round(replica.breaker.open_until - time.monotonic(), 3),
+            )
         elif verdict == "held":
-            log.warning("breaker_held", replica=replica.replica_id, kind=kind, error=error,
-                        reason=f"the pool is at health.max_ejection_percent ({config.health.max_ejection_percent})")
+            log.warning(
+                "breaker_held",
+                replica=replica.replica_id,
+                kind=kind,
+                error=error,
+                reason=f"the pool is at health.max_ejection_percent ({config.health.max_ejection_percent})",
+            )

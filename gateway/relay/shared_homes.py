@@ -41,7 +41,8 @@ Home = tuple[str, str]  # (pool, replica id)
 class SharedHomes:
     def __init__(self, url: str, key_prefix: str, ttl_s: float) -> None:
         self._redis = aioredis.from_url(  # one for the app's life, named in CLIENT LIST
-            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-homes")
+            url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, client_name="affinity-gateway-homes"
+        )
         self._prefix = f"{key_prefix}response:"
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._pending: dict[str, Home] = {}

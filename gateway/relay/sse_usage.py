@@ -22,8 +22,13 @@ class SSEUsageScanner:
         self._size = 0
 
     def feed(self, chunk: bytes) -> None:
-        if self.usage.answer is None and not self._chunks and not self._tail and chunk.endswith(b"\n\n") \
-                and _no_usage(chunk):
+        if (
+            self.usage.answer is None
+            and not self._chunks
+            and not self._tail
+            and chunk.endswith(b"\n\n")
+            and _no_usage(chunk)
+        ):
             return  # whole events, none with a usage to read (vLLM's every event but the last): nothing to keep
         self._chunks.append(chunk)
         self._size += len(chunk)
@@ -41,14 +46,20 @@ class SSEUsageScanner:
         if end < 0:
             self._tail = data if len(data) <= _MAX_TAIL_BYTES else b""
             return
-        self._tail = data[end + 2:]
+        self._tail = data[end + 2 :]
         complete = data[:end]
         collect = self.usage.answer is not None
         if not collect and _no_usage(complete):
             return
-        self.usage.read_events([line[5:].strip() for event in complete.split(b"\n\n")
-                                if collect or (b'"usage"' in event and b'"usage":null' not in event)
-                                for line in event.split(b"\n") if line.startswith(b"data:")])
+        self.usage.read_events(
+            [
+                line[5:].strip()
+                for event in complete.split(b"\n\n")
+                if collect or (b'"usage"' in event and b'"usage":null' not in event)
+                for line in event.split(b"\n")
+                if line.startswith(b"data:")
+            ]
+        )
 
 
 def _no_usage(events: bytes) -> bool:

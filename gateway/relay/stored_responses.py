@@ -41,8 +41,11 @@ if TYPE_CHECKING:
 
 MAX_HOMES = 100_000
 PROBE_TIMEOUT_S = 2.0  # per replica asked for a follow-up's home: a hung one must not hold the request long
-BY_ID = (("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
-         ("POST", "/v1/responses/{response_id}/cancel"))
+BY_ID = (
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/v1/responses/{response_id}/cancel"),
+)
 
 
 def _uncounted(source: str) -> None:
@@ -54,8 +57,9 @@ class ResponseHomes(RequestObserver):
     stored a response. `counted(source)` hears where each follow-up's home was found: local, redis,
     replicas or unknown (a metric)."""
 
-    def __init__(self, limit: int = MAX_HOMES, shared: SharedHomes | None = None,
-                 counted: Callable[[str], None] = _uncounted) -> None:
+    def __init__(
+        self, limit: int = MAX_HOMES, shared: SharedHomes | None = None, counted: Callable[[str], None] = _uncounted
+    ) -> None:
         self._homes: dict[str, tuple[str, str]] = {}
         self._limit = limit
         self.shared = shared
@@ -66,8 +70,7 @@ class ResponseHomes(RequestObserver):
         """One per app: the fleet's homes in the shared Redis where there is one (`redis`; a change needs a
         restart), its writer running with the app."""
         redis = config.redis
-        shared = SharedHomes(redis.resolved_url, redis.key_prefix, redis.response_ttl_s) if redis is not None \
-            else None
+        shared = SharedHomes(redis.resolved_url, redis.key_prefix, redis.response_ttl_s) if redis is not None else None
         homes = cls(shared=shared, counted=counted)
         if shared is not None:
             app.cleanup_ctx.append(homes._running)
@@ -90,8 +93,14 @@ class ResponseHomes(RequestObserver):
     def home(self, response_id: str) -> tuple[str, str] | None:
         return self._homes.get(response_id)
 
-    async def locate(self, view: RequestView, route: ModelRoute, config: Config, session: aiohttp.ClientSession,
-                     headers: Mapping[str, str]) -> None:
+    async def locate(
+        self,
+        view: RequestView,
+        route: ModelRoute,
+        config: Config,
+        session: aiohttp.ClientSession,
+        headers: Mapping[str, str],
+    ) -> None:
         """Before a follow-up is routed, learn its response's home if this gateway does not know it: from
         Redis (one GET), else by asking the pool's available replicas in turn. Costs nothing but a dict
         lookup for a home this gateway knows, and nothing at all for any other request."""
@@ -125,8 +134,12 @@ class ResponseHomes(RequestObserver):
         home is in the pool and not already excluded)."""
         previous = _previous(view)
         home = self._homes.get(previous) if previous is not None else None
-        if home is None or home[0] != route.model or home[1] in exclude \
-                or not any(r.replica_id == home[1] and r.is_available() for r in route.pool):
+        if (
+            home is None
+            or home[0] != route.model
+            or home[1] in exclude
+            or not any(r.replica_id == home[1] and r.is_available() for r in route.pool)
+        ):
             return exclude
         return exclude | {r.replica_id for r in route.pool if r.replica_id != home[1]}
 
@@ -139,8 +152,9 @@ def _previous(view: RequestView) -> str | None:
     return previous if isinstance(previous, str) and previous else None
 
 
-async def _ask_replicas(route: ModelRoute, response_id: str, config: Config, session: aiohttp.ClientSession,
-                        headers: Mapping[str, str]) -> str | None:
+async def _ask_replicas(
+    route: ModelRoute, response_id: str, config: Config, session: aiohttp.ClientSession, headers: Mapping[str, str]
+) -> str | None:
     """The first available replica of the pool that has the response (`GET /v1/responses/{id}` answers
     200), asked one after another; None when none has it or none answers."""
     out = h.filtered(headers.items(), h.REQUEST_DROP)
@@ -151,8 +165,9 @@ async def _ask_replicas(route: ModelRoute, response_id: str, config: Config, ses
         asked = CIMultiDict(out)
         set_upstream_auth(asked, config.backend_key(route.model, replica.replica_id), config.auth.enabled)
         try:
-            async with session.get(f"{replica.url}/v1/responses/{response_id}", headers=asked, timeout=timeout,
-                                   allow_redirects=False) as answer:
+            async with session.get(
+                f"{replica.url}/v1/responses/{response_id}", headers=asked, timeout=timeout, allow_redirects=False
+            ) as answer:
                 await answer.read()
                 if answer.status == 200:
                     return replica.replica_id
@@ -161,8 +176,12 @@ async def _ask_replicas(route: ModelRoute, response_id: str, config: Config, ses
     return None
 
 
-def add_by_id_routes(app: web.Application, homes: ResponseHomes, state: Callable[[], GatewayState],
-                     session: Callable[[], aiohttp.ClientSession]) -> None:
+def add_by_id_routes(
+    app: web.Application,
+    homes: ResponseHomes,
+    state: Callable[[], GatewayState],
+    session: Callable[[], aiohttp.ClientSession],
+) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return await _by_id(request, homes, state(), session())
 
@@ -170,8 +189,9 @@ def add_by_id_routes(app: web.Application, homes: ResponseHomes, state: Callable
         app.router.add_route(method, path, handler)
 
 
-async def _by_id(request: web.Request, homes: ResponseHomes, state: GatewayState,
-                 session: aiohttp.ClientSession) -> web.StreamResponse:
+async def _by_id(
+    request: web.Request, homes: ResponseHomes, state: GatewayState, session: aiohttp.ClientSession
+) -> web.StreamResponse:
     """The home first if known, else every available replica in turn; the first answer that is not
     a 404 is relayed as it comes (a `?stream=true` retrieval streams)."""
     response_id = request.match_info["response_id"]
@@ -195,15 +215,22 @@ async def _by_id(request: web.Request, homes: ResponseHomes, state: GatewayState
     raise NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
 
 
-async def _send(request: web.Request, body: bytes, model: str, replica: Replica, state: GatewayState,
-                session: aiohttp.ClientSession) -> web.StreamResponse | None:
+async def _send(
+    request: web.Request, body: bytes, model: str, replica: Replica, state: GatewayState, session: aiohttp.ClientSession
+) -> web.StreamResponse | None:
     """One replica's answer relayed, or None when it does not have the response (404)."""
     config = state.config
     out = h.filtered(request.headers.items(), h.REQUEST_DROP)
     set_upstream_auth(out, config.backend_key(model, replica.replica_id), config.auth.enabled)
     timeout = aiohttp.ClientTimeout(sock_connect=config.timeouts.connect_s, sock_read=config.timeouts.idle_s)
-    async with session.request(request.method, replica.url + request.path_qs, data=body or None, headers=out,
-                               timeout=timeout, allow_redirects=False) as upstream:
+    async with session.request(
+        request.method,
+        replica.url + request.path_qs,
+        data=body or None,
+        headers=out,
+        timeout=timeout,
+        allow_redirects=False,
+    ) as upstream:
         if upstream.status == 404:
             return None
         back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))

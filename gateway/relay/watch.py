@@ -31,8 +31,18 @@ def attempt_timeout(connect_s: float) -> aiohttp.ClientTimeout:
 class Watch:
     """One attempt on one replica; registered in `Watches` for its lifetime."""
 
-    __slots__ = ("replica_id", "kind", "message", "last", "_loop", "_idle_s", "_handle", "_request", "_upstream",
-                 "_closed")
+    __slots__ = (
+        "replica_id",
+        "kind",
+        "message",
+        "last",
+        "_loop",
+        "_idle_s",
+        "_handle",
+        "_request",
+        "_upstream",
+        "_closed",
+    )
 
     def __init__(self, replica_id: str, first_byte_s: float, idle_s: float) -> None:
         self._loop = asyncio.get_running_loop()

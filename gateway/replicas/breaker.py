@@ -54,8 +54,9 @@ class CircuitBreaker:
     def end_trial(self) -> None:
         self.trial = False
 
-    def fault(self, now: float, threshold: int, window_s: float, backoff_s: float, backoff_max_s: float,
-              may_open: bool = True) -> bool:
+    def fault(
+        self, now: float, threshold: int, window_s: float, backoff_s: float, backoff_max_s: float, may_open: bool = True
+    ) -> bool:
         """Count an upstream fault; True when this one opened the breaker (never when `may_open` is False and
         the breaker is closed)."""
         state = self.state(now)

@@ -23,8 +23,12 @@ from gateway.replicas.replica import Replica
 log = structlog.get_logger("gateway.health")
 
 
-async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config,
-                on_ejected: Callable[[str], object] = lambda replica_id: None) -> None:
+async def probe(
+    session: aiohttp.ClientSession,
+    replica: Replica,
+    config: Config,
+    on_ejected: Callable[[str], object] = lambda replica_id: None,
+) -> None:
     """One `GET /health`; 200 passes, anything else (or no answer in time) fails. A replica the probes
     turn unhealthy *because it stopped answering* (a probe timed out) is reported to `on_ejected`
     (the proxy cuts its attempts loose); one that answers non-200 or refuses new connections (a
@@ -42,14 +46,23 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, config: Config
     if was_healthy and not replica.healthy and silent:
         on_ejected(replica.replica_id)
     if replica.is_available() != was_available:
-        log.warning("replica_up" if replica.is_available() else "replica_down",
-                    replica=replica.replica_id, url=replica.url, error=None if ok else error)
+        log.warning(
+            "replica_up" if replica.is_available() else "replica_down",
+            replica=replica.replica_id,
+            url=replica.url,
+            error=None if ok else error,
+        )
 
 
 class Monitor:
-    def __init__(self, session: aiohttp.ClientSession, pools: Callable[[], Iterable[ReplicaPool]],
-                 config: Callable[[], Config], after_scrape: Callable[[], None] = lambda: None,
-                 on_ejected: Callable[[str], object] = lambda replica_id: None) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        pools: Callable[[], Iterable[ReplicaPool]],
+        config: Callable[[], Config],
+        after_scrape: Callable[[], None] = lambda: None,
+        on_ejected: Callable[[str], object] = lambda replica_id: None,
+    ) -> None:
         self._session, self._pools, self._config = session, pools, config
         self._on_ejected = on_ejected
         # after each round of scrapes or adapter lists: e.g. size the warm-prefix index from the KV-cache shape
@@ -73,16 +86,28 @@ class Monitor:
     async def list_all(self) -> None:
         """Each available replica's model card and LoRA adapters (a replica that is down keeps its last)."""
         config = self._config()
-        await asyncio.gather(*(
-            list_models(self._session, r, pool.model, auth_headers(config.backend_key(pool.model, r.replica_id)),
-                        config.health.timeout_s)
-            for pool in self._pools() for r in pool if r.is_available()))
+        await asyncio.gather(
+            *(
+                list_models(
+                    self._session,
+                    r,
+                    pool.model,
+                    auth_headers(config.backend_key(pool.model, r.replica_id)),
+                    config.health.timeout_s,
+                )
+                for pool in self._pools()
+                for r in pool
+                if r.is_available()
+            )
+        )
         self._after_scrape()
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._every(self.probe_all, lambda c: c.health.interval_s)),
-                       asyncio.create_task(self._every(self.scrape_all, lambda c: c.load.interval_s)),
-                       asyncio.create_task(self._every(self.list_all, lambda c: c.health.interval_s))]
+        self._tasks = [
+            asyncio.create_task(self._every(self.probe_all, lambda c: c.health.interval_s)),
+            asyncio.create_task(self._every(self.scrape_all, lambda c: c.load.interval_s)),
+            asyncio.create_task(self._every(self.list_all, lambda c: c.health.interval_s)),
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:

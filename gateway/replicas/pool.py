@@ -81,20 +81,29 @@ class ReplicaPool:
             chosen = [r for r in self._replicas.values() if r.ready and r.replica_id not in exclude]
             if not self.panic:
                 self.panic = True
-                log.warning("pool_panic", model=self.model, replicas=len(self._replicas),
-                            reason="no replica available: routing to every replica")
+                log.warning(
+                    "pool_panic",
+                    model=self.model,
+                    replicas=len(self._replicas),
+                    reason="no replica available: routing to every replica",
+                )
         elif self.panic and chosen:
             self.panic = False
             log.info("pool_panic_over", model=self.model)
-        return [Candidate(r.replica_id, r.weight, r.in_flight, r.load.running, r.load.waiting, r.load.kv_usage)
-                for r in chosen]
+        return [
+            Candidate(r.replica_id, r.weight, r.in_flight, r.load.running, r.load.waiting, r.load.kv_usage)
+            for r in chosen
+        ]
 
     def fault(self, replica: Replica, health: HealthConfig, error: str) -> str | None:
         """Count an upstream fault of `replica`: "opened" when it opened its breaker, "held" when it would
         have but the pool is at `max_ejection_percent`, else None."""
         now = time.monotonic()
-        may_open = replica.breaker.state(now) != "closed" or replica.replica_id not in self._replicas or \
-            sum(r.breaker.state(now) != "closed" for r in self._replicas.values()) < self.max_ejected(health)
+        may_open = (
+            replica.breaker.state(now) != "closed"
+            or replica.replica_id not in self._replicas
+            or sum(r.breaker.state(now) != "closed" for r in self._replicas.values()) < self.max_ejected(health)
+        )
         if replica.request_failed(health, error, may_open):
             return "opened"
         return "held" if not may_open and len(replica.breaker.faults) >= health.eject_after_failures else None

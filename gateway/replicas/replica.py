@@ -50,8 +50,13 @@ class Replica:
 
     @classmethod
     def from_config(cls, config: ReplicaConfig) -> Replica:
-        return cls(config.replica_id, config.url.rstrip("/"), config.weight, declared_adapters=config.adapters,
-                   role=config.role)
+        return cls(
+            config.replica_id,
+            config.url.rstrip("/"),
+            config.weight,
+            declared_adapters=config.adapters,
+            role=config.role,
+        )
 
     def is_available(self, now: float | None = None) -> bool:
         return self.ready and self.healthy and self.breaker.allows(now if now is not None else time.monotonic())
@@ -71,8 +76,14 @@ class Replica:
         """Count an upstream fault; returns True when this one opened the breaker (`may_open`: the pool's
         ejection cap, `ReplicaPool.fault`)."""
         self.last_error = error
-        return self.breaker.fault(time.monotonic(), health.eject_after_failures, health.failure_window_s,
-                                  health.backoff_s, health.backoff_max_s, may_open)
+        return self.breaker.fault(
+            time.monotonic(),
+            health.eject_after_failures,
+            health.failure_window_s,
+            health.backoff_s,
+            health.backoff_max_s,
+            may_open,
+        )
 
     def request_succeeded(self) -> None:
         self.breaker.success(time.monotonic())
@@ -80,15 +91,25 @@ class Replica:
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
-            "id": self.replica_id, "url": self.url, "weight": self.weight,
-            "available": self.is_available(now), "healthy": self.healthy, "ready": self.ready,
+            "id": self.replica_id,
+            "url": self.url,
+            "weight": self.weight,
+            "available": self.is_available(now),
+            "healthy": self.healthy,
+            "ready": self.ready,
             "breaker": self.breaker.state(now),
             "ejected_for_s": round(max(0.0, self.breaker.open_until - now), 3),
-            "in_flight": self.in_flight, "running": self.load.running, "waiting": self.load.waiting,
-            "kv_usage": self.load.kv_usage, "num_gpu_blocks": self.load.num_gpu_blocks,
-            "block_size": self.load.block_size, "completed": self.load.completed,
+            "in_flight": self.in_flight,
+            "running": self.load.running,
+            "waiting": self.load.waiting,
+            "kv_usage": self.load.kv_usage,
+            "num_gpu_blocks": self.load.num_gpu_blocks,
+            "block_size": self.load.block_size,
+            "completed": self.load.completed,
             "load_age_s": round(now - self.load.scraped_at, 3) if self.load.scraped_at else None,
-            "recent_faults": len(self.breaker.faults), "breaker_opened": self.breaker.opened_total,
-            "last_error": self.last_error, "adapters": sorted({*self.adapters, *self.declared_adapters}),
+            "recent_faults": len(self.breaker.faults),
+            "breaker_opened": self.breaker.opened_total,
+            "last_error": self.last_error,
+            "adapters": sorted({*self.adapters, *self.declared_adapters}),
             "role": self.role,
         }

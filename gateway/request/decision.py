@@ -51,8 +51,16 @@ class Decision:
 
     def candidates(self) -> list[dict[str, Any]]:
         """Every scored row, as `explain` and the request log show them."""
-        return [{"replica": s.replica_id, "score": round(s.score, 6), "load": s.load,
-                 "cached_tokens": s.cached_tokens, "wait_s": round(s.wait_s, 6)} for s in self.scores]
+        return [
+            {
+                "replica": s.replica_id,
+                "score": round(s.score, 6),
+                "load": s.load,
+                "cached_tokens": s.cached_tokens,
+                "wait_s": round(s.wait_s, 6),
+            }
+            for s in self.scores
+        ]
 
     def chosen(self) -> Score | None:
         """The chosen replica's row (its last, should an id repeat), if the policy scored it."""
@@ -61,8 +69,7 @@ class Decision:
     def header_value(self, most: int = 8) -> str:
         """Compact one-line form for the opt-in X-Gateway-Route header: the best `most` candidates."""
         best = sorted(self.scores, key=lambda s: s.score)[:most]
-        rows = ",".join(f"{s.replica_id}:ttft={s.score:.4f}:cached={s.cached_tokens}:wait={s.wait_s:.4f}"
-                        for s in best)
+        rows = ",".join(f"{s.replica_id}:ttft={s.score:.4f}:cached={s.cached_tokens}:wait={s.wait_s:.4f}" for s in best)
         return f"replica={self.replica_id};reason={self.reason};candidates={rows}"
 
 

@@ -94,11 +94,27 @@ class Exchange:
     def finished(self, config: Config, model: str, routing: RoutingConfig, caller: Caller) -> FinishedRequest:
         """The record of the request as it ended, for the observers."""
         usage = self.usage
-        timing = Timing.of(self.queue_s, self.ttft_s, time.perf_counter() - self.started, self.streamed,
-                           usage.completion_tokens)
-        return FinishedRequest(self.view, config, model, routing, self.router, caller, self.replica_id, self.decision,
-                               tuple(self.failed_replicas), self.status, self.error, self.streamed, usage, timing,
-                               self.first_phrase_s, self.trace)
+        timing = Timing.of(
+            self.queue_s, self.ttft_s, time.perf_counter() - self.started, self.streamed, usage.completion_tokens
+        )
+        return FinishedRequest(
+            self.view,
+            config,
+            model,
+            routing,
+            self.router,
+            caller,
+            self.replica_id,
+            self.decision,
+            tuple(self.failed_replicas),
+            self.status,
+            self.error,
+            self.streamed,
+            usage,
+            timing,
+            self.first_phrase_s,
+            self.trace,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,8 +46,11 @@ class Observers:
 
     def add(self, observer: object) -> None:
         """Register `observer` for each hook it defines (a `RequestObserver` subclass: each it overrides)."""
-        for name, hooks in (("first_byte", self._first_byte), ("attempt_failed", self._attempt_failed),
-                            ("finished", self._finished)):
+        for name, hooks in (
+            ("first_byte", self._first_byte),
+            ("attempt_failed", self._attempt_failed),
+            ("finished", self._finished),
+        ):
             hook = getattr(observer, name, None)
             if hook is not None and getattr(type(observer), name, None) is not getattr(RequestObserver, name):
                 hooks.append(hook)

@@ -21,15 +21,21 @@ class Timing:
     itl_s: float | None = None  # mean inter-token latency
 
     @classmethod
-    def of(cls, queue_s: float, ttft_s: float | None, total_s: float, streamed: bool,
-           completion_tokens: int | None) -> Timing:
+    def of(
+        cls, queue_s: float, ttft_s: float | None, total_s: float, streamed: bool, completion_tokens: int | None
+    ) -> Timing:
         if not streamed or ttft_s is None:
             return cls(queue_s, ttft_s, total_s)
         decode_s = max(total_s - ttft_s, 0.0)
         tokens = completion_tokens or 0
-        return cls(queue_s, ttft_s, total_s, decode_s,
-                   tokens / decode_s if tokens and decode_s > 0 else None,
-                   decode_s / (tokens - 1) if tokens > 1 else None)
+        return cls(
+            queue_s,
+            ttft_s,
+            total_s,
+            decode_s,
+            tokens / decode_s if tokens and decode_s > 0 else None,
+            decode_s / (tokens - 1) if tokens > 1 else None,
+        )
 
     @property
     def prefill_s(self) -> float | None:

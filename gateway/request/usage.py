@@ -31,8 +31,9 @@ class Usage:
             return
         # OpenAI chat/completions; Anthropic messages and the Responses API say input/output tokens
         self.prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")), self.prompt_tokens)
-        self.completion_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")),
-                                      self.completion_tokens)
+        self.completion_tokens = _int(
+            usage.get("completion_tokens", usage.get("output_tokens")), self.completion_tokens
+        )
         self.cached_tokens = _int(usage.get("cache_read_input_tokens"), self.cached_tokens)
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         if isinstance(details, dict):

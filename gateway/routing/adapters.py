@@ -92,5 +92,3 @@ def named(view: RequestView, pool: str, adapters: AdapterMap) -> None:
         view.adapter, view.model = view.model, pool
     else:
         renamed(view, pool)
-
-

@@ -15,14 +15,16 @@ from gateway.index import build_index
 from gateway.index.exact import ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
+from gateway.prompt.prompt_keys import PromptKeys
 from gateway.prompt.replica_tokenizer import ReplicaTokenizer
-from gateway.prompt.tokenizers import PromptKeys, build_prompt_tokenizer
+from gateway.prompt.tokenizers import build_prompt_tokenizer
 from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import Router
 
 
-def build_router(model: str, pool: PoolConfig, config: Config, metrics: RoutingMetrics,
-                 urls: Callable[[], list[str]]) -> Router:
+def build_router(
+    model: str, pool: PoolConfig, config: Config, metrics: RoutingMetrics, urls: Callable[[], list[str]]
+) -> Router:
     """A new router for `model`'s pool. `urls`: the pool's replicas taking traffic now, for a
     `tokenizer: replica` pool (the replicas' own /tokenize)."""
     key = f"pools.{model}.routing"
@@ -32,11 +34,15 @@ def build_router(model: str, pool: PoolConfig, config: Config, metrics: RoutingM
     index = build_index(store)
     keys = exact = None
     if params.tokenizer is not None:
-        tokenizer = (ReplicaTokenizer(model, urls) if params.tokenizer == "replica"
-                     else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer"))
+        tokenizer = (
+            ReplicaTokenizer(model, urls)
+            if params.tokenizer == "replica"
+            else build_prompt_tokenizer(params.tokenizer, key=f"{key}.prefix.tokenizer")
+        )
         keys = PromptKeys(tokenizer, budget_s=params.tokenize_budget_ms / 1000)
         if pool.has_kv_events:
             shared = store.url is not None  # other gateways read what the events say
-            exact = ExactTables(prefix.model_seed(model), params.block, params.speculative_ttl_s,
-                                share=index.record if shared else None)
+            exact = ExactTables(
+                prefix.model_seed(model), params.block, params.speculative_ttl_s, share=index.record if shared else None
+            )
     return Router(policy, params, index, metrics, pool=model, keys=keys, exact=exact)

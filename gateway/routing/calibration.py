@@ -18,8 +18,14 @@ log = structlog.get_logger("gateway.routing.calibration")
 
 
 class Calibration:
-    def __init__(self, prefix_params: PrefixConfig, index: WarmIndex, exact: ExactTables | None,
-                 metrics: RoutingMetrics | None, pool: str) -> None:
+    def __init__(
+        self,
+        prefix_params: PrefixConfig,
+        index: WarmIndex,
+        exact: ExactTables | None,
+        metrics: RoutingMetrics | None,
+        pool: str,
+    ) -> None:
         self.prefix_params = prefix_params
         self.index = index
         self.exact = exact
@@ -47,15 +53,22 @@ class Calibration:
                 self.prefix_params = dataclasses.replace(self.prefix_params, block_tokens=block_size)
                 if self.exact is not None:
                     self.exact.block_tokens = block_size
-                log.info("block_tokens_learned", pool=self.pool, replica=replica_id, block_tokens=block_size,
-                         source=source)
+                log.info(
+                    "block_tokens_learned", pool=self.pool, replica=replica_id, block_tokens=block_size, source=source
+                )
             return
         mismatched = block_size != self._configured_block
         if mismatched and replica_id not in self._mismatched:
-            log.warning("block_tokens_mismatch", pool=self.pool, replica=replica_id, replica_block_size=block_size,
-                        configured_block_tokens=self._configured_block, source=source,
-                        detail="token keys never match this replica's blocks; set routing.prefix.block_tokens "
-                               f"to {block_size} or leave it unset to learn it")
+            log.warning(
+                "block_tokens_mismatch",
+                pool=self.pool,
+                replica=replica_id,
+                replica_block_size=block_size,
+                configured_block_tokens=self._configured_block,
+                source=source,
+                detail="token keys never match this replica's blocks; set routing.prefix.block_tokens "
+                f"to {block_size} or leave it unset to learn it",
+            )
         (self._mismatched.add if mismatched else self._mismatched.discard)(replica_id)
         if self.metrics is not None:
             self.metrics.block_tokens_mismatch.labels(self.pool, replica_id).set(block_size if mismatched else 0)

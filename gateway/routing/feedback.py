@@ -19,7 +19,15 @@ class RoutingFeedback(RequestObserver):
         if done.replica_id is None:
             return
         usage, ok = done.usage, done.ok
-        done.router.finished(done.view, done.replica_id, Outcome(
-            ok=ok, ttft_s=done.timing.ttft_s if done.streamed and ok else None,
-            prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-            completion_tokens=usage.completion_tokens, answer="".join(usage.answer) if usage.answer else None))
+        done.router.finished(
+            done.view,
+            done.replica_id,
+            Outcome(
+                ok=ok,
+                ttft_s=done.timing.ttft_s if done.streamed and ok else None,
+                prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens,
+                completion_tokens=usage.completion_tokens,
+                answer="".join(usage.answer) if usage.answer else None,
+            ),
+        )

@@ -65,8 +65,9 @@ class GatewayState:
         if self._discovery is not None:
             await self._discovery.close()
         await self.kv_feeds.close()
-        await asyncio.gather(*(route.router.close() for route in self.routes.values()),
-                             *(router.close() for router in self._retired))
+        await asyncio.gather(
+            *(route.router.close() for route in self.routes.values()), *(router.close() for router in self._retired)
+        )
         self._retired.clear()
         await asyncio.gather(*self._closing)
 
@@ -99,8 +100,10 @@ class GatewayState:
     def route_for(self, model: str) -> ModelRoute:
         """The pool `model` names: its own name, an alias, an adapter, a pattern or the default pool."""
         route = self.routes.get(model)
-        if route is None and (pool := self.adapters.pool_of.get(model)
-                              or self.config.model_names.pool_for(model)) is not None:
+        if (
+            route is None
+            and (pool := self.adapters.pool_of.get(model) or self.config.model_names.pool_for(model)) is not None
+        ):
             route = self.routes.get(pool)
         if route is None:
             known = ", ".join(sorted(self.routes))
@@ -184,8 +187,14 @@ class GatewayState:
             await route.router.removed(replica_id)
         await self._sync_feeds()
         if added or removed:
-            log.info("discovery_changed", model=model, source=pool_config.discovery.source, added=sorted(added),
-                     removed=sorted(removed), replicas=len(route.pool))
+            log.info(
+                "discovery_changed",
+                model=model,
+                source=pool_config.discovery.source,
+                added=sorted(added),
+                removed=sorted(removed),
+                replicas=len(route.pool),
+            )
 
     def _router_for(self, model: str, pool: PoolConfig, config: Config) -> Router:
         """Keep the running router when its routing section and store are unchanged, else build one."""
@@ -202,8 +211,10 @@ class GatewayState:
 
     async def _sync_feeds(self) -> None:
         """Feeds follow the table: its current routers, and every member replica with `kv_events`."""
-        await self.kv_feeds.sync({model: route.router for model, route in self.routes.items()},
-                                 lambda model: self._members(model, self.config.pools[model]))
+        await self.kv_feeds.sync(
+            {model: route.router for model, route in self.routes.items()},
+            lambda model: self._members(model, self.config.pools[model]),
+        )
 
 
 def _discovery_specs(config: Config) -> dict[str, DiscoveryConfig]:

@@ -37,7 +37,7 @@ from gateway.index.in_flight import InFlightBlocks
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.prompt.prefix_keys import CHARACTERS, TOKENS
-from gateway.prompt.tokenizers import PromptKeys
+from gateway.prompt.prompt_keys import PromptKeys
 from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.calibration import Calibration
 from gateway.routing.policies import Policy
@@ -49,9 +49,16 @@ HISTORY = "history"  # the warm index of routed requests; CHARACTERS (prefix) wh
 
 
 class Router:
-    def __init__(self, policy: Policy, prefix_params: PrefixConfig | None = None, index: WarmIndex | None = None,
-                 metrics: RoutingMetrics | None = None, pool: str = "default", keys: PromptKeys | None = None,
-                 exact: ExactTables | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        prefix_params: PrefixConfig | None = None,
+        index: WarmIndex | None = None,
+        metrics: RoutingMetrics | None = None,
+        pool: str = "default",
+        keys: PromptKeys | None = None,
+        exact: ExactTables | None = None,
+    ) -> None:
         """`index` and `keys` are owned (closed by `close()`); a fresh in-memory index when not given.
         `keys`: token-exact prompts; `exact`: tables fed by the replicas' KV events (needs `keys`)."""
         self.policy = policy
@@ -116,7 +123,7 @@ class Router:
         self.in_flight.remove(view.request_id)
         recorded, view.recorded = view.recorded, None
         if recorded is not None and recorded[0] == replica_id and recorded[1]:
-            self.index.unrecord(replica_id, view.block_hashes[-recorded[1]:])
+            self.index.unrecord(replica_id, view.block_hashes[-recorded[1] :])
         exact = self._exact_for(view)
         if exact is not None:
             exact.unspeculate(replica_id, view.block_hashes)
@@ -152,7 +159,8 @@ class Router:
         if predicted is not None and outcome.ok and self.metrics is not None:
             if outcome.cached_tokens is not None:
                 self.metrics.cached_error.labels(self.pool, rung).observe(
-                    predicted.cached_tokens - outcome.cached_tokens)
+                    predicted.cached_tokens - outcome.cached_tokens
+                )
             if outcome.ttft_s is not None and self.policy.needs_index:
                 self.metrics.ttft_error.labels(self.pool).observe(predicted.score - outcome.ttft_s)
         exact = self.exact  # whatever its keys: the replica stored its blocks either way
@@ -293,7 +301,7 @@ class Router:
         chain = prefix.from_tokens(view, self.prefix_params, tokenized).block_hashes
         if outcome.prompt_tokens is not None and outcome.completion_tokens is not None:
             held = outcome.prompt_tokens + outcome.completion_tokens - 1
-            chain = chain[:held // self.prefix_params.block]
+            chain = chain[: held // self.prefix_params.block]
         self.index.record(replica_id, chain)
 
     def _track(self, request_id: str, chosen: Score, rung: str) -> None:

@@ -49,8 +49,10 @@ class PoolQueue:
         if room:
             self._wake()  # room appeared without a release (a replica came back): the head goes first
         if len(self._waiters) >= config.max_queue:
-            raise RateLimitError(f"every replica for model {model!r} is at capacity and the queue is full",
-                                 retry_after_s=config.retry_after_s)
+            raise RateLimitError(
+                f"every replica for model {model!r} is at capacity and the queue is full",
+                retry_after_s=config.retry_after_s,
+            )
         loop = asyncio.get_running_loop()
         started = loop.time()
         waiter: asyncio.Future[None] = loop.create_future()
@@ -68,8 +70,10 @@ class PoolQueue:
                     waiter = loop.create_future()  # the slot went elsewhere: stay first in line
                     self._waiters.appendleft(waiter)
         except TimeoutError:
-            raise RateLimitError(f"waited {config.queue_timeout_s:g}s for a free replica for model {model!r}",
-                                 retry_after_s=config.retry_after_s) from None
+            raise RateLimitError(
+                f"waited {config.queue_timeout_s:g}s for a free replica for model {model!r}",
+                retry_after_s=config.retry_after_s,
+            ) from None
         finally:
             self._on_wait(loop.time() - started)
             if not waiter.done():
@@ -111,8 +115,14 @@ class Admission:
     def waiting(self) -> dict[str, int]:
         return {model: len(queue) for model, queue in self._queues.items()}
 
-    async def choose(self, route: ModelRoute, view: RequestView, exclude: Collection[str],
-                     config: AdmissionConfig, trace: RequestTrace = NO_TRACE) -> tuple[Replica, Decision] | None:
+    async def choose(
+        self,
+        route: ModelRoute,
+        view: RequestView,
+        exclude: Collection[str],
+        config: AdmissionConfig,
+        trace: RequestTrace = NO_TRACE,
+    ) -> tuple[Replica, Decision] | None:
         """Decide among replicas with a free slot; None when no replica is healthy. The decision is not
         committed: the caller commits it (`router.dispatched`) once it holds the slot (`PoolQueue.holding`),
         with no await between this return and that."""
@@ -130,4 +140,3 @@ class Admission:
             cap = config.max_in_flight_per_replica
             if not cap or replica.in_flight < cap:  # no await from here to pool.track: the slot is ours
                 return replica, decision
-

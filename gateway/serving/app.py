@@ -80,8 +80,10 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     registry.watch(state.pools)
     registry.watch_feeds(state.kv_feeds.all)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
-    app[RATE_LIMITS] = RateLimits(SharedQuota.for_config(config),  # the fleet's quota where Redis is
-                                  config.auth.rate_limit_window_s)
+    app[RATE_LIMITS] = RateLimits(
+        SharedQuota.for_config(config),  # the fleet's quota where Redis is
+        config.auth.rate_limit_window_s,
+    )
     app[LIFECYCLE] = Lifecycle()
     app[TOKEN_COSTS] = TokenCosts.attach(app, config, registry.registry)  # per tenant and model, shared via Redis
     app[TRACING] = Tracing(config.tracing) if config.tracing.enabled else None  # read at start only
@@ -89,16 +91,29 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[PREFIX_REPORT] = PrefixReport.attach(app, config.prefix_report, lambda: state.config.logging.prompts)
     app[DECISIONS] = DecisionLog()  # the latest decisions, for the dashboard
     app[HOMES] = ResponseHomes.attach(  # stored responses, by id, to the replica that has them; shared via Redis
-        app, config, lambda source: registry.response_homes.labels(source).inc())
+        app, config, lambda source: registry.response_homes.labels(source).inc()
+    )
     app[OBSERVERS] = _observers(app)
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
     add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
     add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
-    add_ops_routes(app, OpsParts(  # /v1/models, /health, /ready, /metrics, /admin/*
-        state, registry, app[TOKEN_COSTS], app[PREFIX_REPORT], app[DECISIONS], app[SESSIONS], app[ADMISSION].waiting,
-        lambda: app[LIFECYCLE].draining, lambda: app[RATE_LIMITS].local_only, lambda: app[HOMES].asking_replicas))
+    add_ops_routes(
+        app,
+        OpsParts(  # /v1/models, /health, /ready, /metrics, /admin/*
+            state,
+            registry,
+            app[TOKEN_COSTS],
+            app[PREFIX_REPORT],
+            app[DECISIONS],
+            app[SESSIONS],
+            app[ADMISSION].waiting,
+            lambda: app[LIFECYCLE].draining,
+            lambda: app[RATE_LIMITS].local_only,
+            lambda: app[HOMES].asking_replicas,
+        ),
+    )
     add_dashboard_routes(app)  # /dashboard: one page over the admin routes
     return app
 
@@ -108,8 +123,18 @@ def _observers(app: web.Application) -> Observers:
     reads are updated by then), the request's log event before its trace ends (the event carries the
     trace id). A feature of its own adds itself with `app[OBSERVERS].add(...)`."""
     observers = Observers()
-    for observer in (RoutingFeedback(), app[HOMES], RequestMetrics(app[METRICS]), app[TOKEN_COSTS], app[DECISIONS],
-                     app[SESSIONS], app[PREFIX_REPORT], app[RATE_LIMITS], RequestLog(), app[TRACING]):
+    for observer in (
+        RoutingFeedback(),
+        app[HOMES],
+        RequestMetrics(app[METRICS]),
+        app[TOKEN_COSTS],
+        app[DECISIONS],
+        app[SESSIONS],
+        app[PREFIX_REPORT],
+        app[RATE_LIMITS],
+        RequestLog(),
+        app[TRACING],
+    ):
         if observer is not None:  # tracing off: no tracing observer
             observers.add(observer)
     return observers
@@ -128,8 +153,9 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     app, caller = request.app, request[CALLER]
     state = app[STATE]
     config = state.config
-    view = await read_view(request, endpoint, config.limits, request[REQUEST_ID], caller.tenant,
-                           config.headers.session)  # parsed once
+    view = await read_view(
+        request, endpoint, config.limits, request[REQUEST_ID], caller.tenant, config.headers.session
+    )  # parsed once
     route = _resolved(view, state)
     exchange = Exchange(view, route.router, app[OBSERVERS].first_byte, started)
     _stream_options(request, view, route, exchange, config)
@@ -155,13 +181,17 @@ def _resolved(view: RequestView, state: GatewayState) -> ModelRoute:
     return route
 
 
-def _stream_options(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
-                    config: Config) -> None:
+def _stream_options(
+    request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config
+) -> None:
     """How the answer is relayed: chunked in phrases if asked, and the usage event stripped when the gateway
     asked for it for the accounts."""
     pool = config.pools.get(route.model)
-    exchange.chunking = chunking_for(view, request.headers.get(h.STREAM_CHUNKING),
-                                     pool.stream_chunking if pool is not None else StreamChunkingConfig())
+    exchange.chunking = chunking_for(
+        view,
+        request.headers.get(h.STREAM_CHUNKING),
+        pool.stream_chunking if pool is not None else StreamChunkingConfig(),
+    )
     exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)
 
 
@@ -202,8 +232,9 @@ def _failed(app: web.Application, view: RequestView, exchange: Exchange, exc: Ba
 
 
 @web.middleware
-async def error_middleware(request: web.Request,
-                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Outermost: every failure becomes an OpenAI-shape error; unexpected ones are logged as 500s."""
     request[REQUEST_ID] = request_id = h.request_id(request.headers.get(h.REQUEST_ID))
     try:
@@ -225,8 +256,9 @@ _OPEN_PATHS = OPEN_PATHS | DASHBOARD_PATHS  # the dashboard's page and assets ho
 
 
 @web.middleware
-async def auth_middleware(request: web.Request,
-                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def auth_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Who is calling, before anything else is read; the key itself goes no further than this."""
     request[CALLER] = authenticate(request.app[STATE].config.auth, request.path, request.headers, _OPEN_PATHS)
     return await handler(request)
@@ -235,8 +267,11 @@ async def auth_middleware(request: web.Request,
 def _error(request: web.Request, status: int, body: bytes, headers: dict[str, str]) -> web.Response:
     """An error answer; with `Connection: close` when the body was not read to its end (an oversized or
     unauthenticated one), as the rest of it would otherwise be read as the connection's next request."""
-    response = web.Response(status=status, body=body,
-                            headers={**headers, "Content-Type": "application/json", h.REQUEST_ID: request[REQUEST_ID]})
+    response = web.Response(
+        status=status,
+        body=body,
+        headers={**headers, "Content-Type": "application/json", h.REQUEST_ID: request[REQUEST_ID]},
+    )
     if not request.content.is_eof():
         response.force_close()
     return response
@@ -248,16 +283,25 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
         timeout=attempt_timeout(config.timeouts.connect_s),
-        auto_decompress=False, skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
     )
     metrics = app[METRICS]
-    app[PROXY] = Proxy(session, lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc(),
-                       metrics.poison_requests.inc)
+    app[PROXY] = Proxy(
+        session,
+        lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc(),
+        metrics.poison_requests.inc,
+    )
     state = app[STATE]
     await state.start()
     app[LIFECYCLE].cut_streams = partial(app[PROXY].watches.cut, "shutdown")
-    monitor = Monitor(session, state.pools, lambda: state.config, after_scrape=state.after_scrape,
-                      on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"))
+    monitor = Monitor(
+        session,
+        state.pools,
+        lambda: state.config,
+        after_scrape=state.after_scrape,
+        on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"),
+    )
     monitor.start()
     yield
     await monitor.stop()
@@ -282,4 +326,3 @@ async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     loop.remove_signal_handler(signal.SIGHUP)
     await asyncio.gather(*pending, return_exceptions=True)
-

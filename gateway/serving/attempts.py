@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gateway.config.loader import Config
 from gateway.errors import GatewayError, NoReplicaError
-from gateway.relay.proxy import Attempt, Retryable, input_may_cause
+from gateway.relay.attempt import Attempt, Retryable, input_may_cause
 from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
@@ -30,8 +30,9 @@ from gateway.support.cancel import raise_lost_cancel
 from gateway.view import RequestView
 
 
-async def answer(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
-                 config: Config) -> web.StreamResponse:
+async def answer(
+    request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config
+) -> web.StreamResponse:
     """The client's answer from the first replica that gives one; `NoReplicaError` (or the last attempt's
     error) when none is left."""
     app = request.app
@@ -45,18 +46,30 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
                 break
             replica, decision = chosen
             raise_lost_cancel()  # the client left during routing and a library's wait_for dropped it
-            attempt = Attempt(replica, route.pool, decision, after_fault=bool(deferred),
-                              last=number == config.limits.max_retries or not route.pool.candidates(
-                                  _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})))
+            attempt = Attempt(
+                replica,
+                route.pool,
+                decision,
+                after_fault=bool(deferred),
+                last=number == config.limits.max_retries
+                or not route.pool.candidates(
+                    _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})
+                ),
+            )
             with queue.holding(replica):  # its release lets the pool's next waiting request in
                 route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
                 exchange.decision, exchange.replica_id = decision, replica.replica_id  # router.finished undoes it
                 try:
                     return await proxy.attempt(request, view, attempt, exchange, config)
                 except Retryable as exc:
-                    failure = exc.error if exc.kind != "connect" or not route.pool.panic else NoReplicaError(
-                        f"no healthy replica for model {view.adapter or view.model!r} ({exc.error.message})",
-                        retry_after_s=1)  # every replica ejected, and the one tried took no connection
+                    failure = (
+                        exc.error
+                        if exc.kind != "connect" or not route.pool.panic
+                        else NoReplicaError(
+                            f"no healthy replica for model {view.adapter or view.model!r} ({exc.error.message})",
+                            retry_after_s=1,
+                        )
+                    )  # every replica ejected, and the one tried took no connection
                     exchange.failed_replicas.append(replica.replica_id)
                     route.router.failed(view, replica.replica_id)  # undo the commit: it never ran there
                     app[OBSERVERS].attempt_failed(exchange, replica.replica_id, exc.kind, exc.error.message)
@@ -64,23 +77,27 @@ async def answer(request: web.Request, view: RequestView, route: ModelRoute, exc
                         raise proxy.poisoned(view, replica, exc, exchange) from None
                     if proxy.attempt_failed(attempt, exc, config):
                         deferred.append((replica, exc.kind, exc.error.message))
-        raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}",
-                                        retry_after_s=1)
+        raise failure or NoReplicaError(f"no healthy replica for model {view.adapter or view.model!r}", retry_after_s=1)
     finally:
         if not exchange.poison:
             for replica, kind, message in deferred:
                 proxy.charge(route.pool, replica, kind, message, config)
 
 
-async def _decide(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange,
-                  config: Config) -> tuple[Replica, Decision] | None:
+async def _decide(
+    request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config
+) -> tuple[Replica, Decision] | None:
     """Admission (a replica with a free slot, waiting in the pool's queue for one) and the router's decision
     among those not yet tried; None when no healthy one is left. The wait counts as the request's queue time."""
     waiting = time.perf_counter()
     try:
-        return await request.app[ADMISSION].choose(route, view, _narrowed(request, view, route,
-                                                                          set(exchange.failed_replicas)),
-                                                   config.admission, exchange.trace)
+        return await request.app[ADMISSION].choose(
+            route,
+            view,
+            _narrowed(request, view, route, set(exchange.failed_replicas)),
+            config.admission,
+            exchange.trace,
+        )
     finally:
         exchange.queue_s += time.perf_counter() - waiting
 

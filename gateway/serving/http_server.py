@@ -24,12 +24,17 @@ class _JSONErrors(RequestHandler):
 
     __slots__ = ()
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; refuses once bytes of a response went out
         text = message if message and status != 500 else "internal gateway error"
-        response = web.Response(status=status, body=http_error_body(status, text), content_type="application/json",
-                                headers={"Connection": "close"})  # said outright: an unparsed head has no version
+        response = web.Response(
+            status=status,
+            body=http_error_body(status, text),
+            content_type="application/json",
+            headers={"Connection": "close"},
+        )  # said outright: an unparsed head has no version
         response.force_close()
         return response
 
@@ -48,8 +53,11 @@ def _http_exceptions_as_json(handler: Handler) -> Handler:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            response = web.Response(status=exc.status, body=http_error_body(exc.status, exc.text or exc.reason),
-                                    content_type="application/json")
+            response = web.Response(
+                status=exc.status,
+                body=http_error_body(exc.status, exc.text or exc.reason),
+                content_type="application/json",
+            )
             if not request.keep_alive or exc.status == 417:  # the body of an unanswered Expect may follow: close
                 response.force_close()
             return response
@@ -65,5 +73,9 @@ class GatewayRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        return _Server(_http_exceptions_as_json(server.request_handler), request_factory=server.request_factory,
-                       handler_cancellation=server.handler_cancellation, **server._kwargs)
+        return _Server(
+            _http_exceptions_as_json(server.request_handler),
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            **server._kwargs,
+        )

@@ -57,14 +57,22 @@ def serve(app: web.Application, config: Config, *, reuse_port: bool = False, pri
         runner.run(_serve(app, config, reuse_port, private_socket))
 
 
-async def _serve(app: web.Application, config: Config, reuse_port: bool = False,
-                 private_socket: str | None = None) -> None:
+async def _serve(
+    app: web.Application, config: Config, reuse_port: bool = False, private_socket: str | None = None
+) -> None:
     limits = config.limits
     grace_s = config.shutdown.grace_s
-    runner = GatewayRunner(app, handler_cancellation=True, access_log=None, handle_signals=False,
-                           shutdown_timeout=grace_s + 2 * CUT_S, keepalive_timeout=limits.client_header_timeout_s,
-                           max_line_size=limits.max_header_bytes, max_field_size=limits.max_header_bytes,
-                           max_headers=limits.max_headers)
+    runner = GatewayRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=grace_s + 2 * CUT_S,
+        keepalive_timeout=limits.client_header_timeout_s,
+        max_line_size=limits.max_header_bytes,
+        max_field_size=limits.max_header_bytes,
+        max_headers=limits.max_headers,
+    )
     await runner.setup()
     try:
         try:
@@ -80,8 +88,13 @@ async def _serve(app: web.Application, config: Config, reuse_port: bool = False,
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("gateway_listening", host=config.listen.host, port=config.listen.port,
-                 models=sorted(config.pools), policies={m: p.routing.policy for m, p in config.pools.items()})
+        log.info(
+            "gateway_listening",
+            host=config.listen.host,
+            port=config.listen.port,
+            models=sorted(config.pools),
+            policies={m: p.routing.policy for m, p in config.pools.items()},
+        )
         await stop.wait()
         app[LIFECYCLE].draining = True
         log.info("gateway_draining", ready_delay_s=config.shutdown.ready_delay_s, grace_s=config.shutdown.grace_s)

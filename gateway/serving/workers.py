@@ -92,8 +92,7 @@ def supervise(config_path: str, workers: int, drain_s: float, policy: Supervisor
 
 
 class _Supervisor:
-    def __init__(self, config_path: str, workers: int, drain_s: float, policy: SupervisorPolicy,
-                 group: str) -> None:
+    def __init__(self, config_path: str, workers: int, drain_s: float, policy: SupervisorPolicy, group: str) -> None:
         self.config_path, self.workers, self.drain_s, self.policy = config_path, workers, drain_s, policy
         self.group = group
         self.procs: dict[int, asyncio.subprocess.Process] = {}
@@ -109,8 +108,10 @@ class _Supervisor:
         loop.add_signal_handler(signal.SIGHUP, self._forward, signal.SIGHUP)
         log.info("workers_starting", workers=self.workers, supervisor_pid=os.getpid())
         keepers = [asyncio.create_task(self._keep(i)) for i in range(self.workers)]
-        waits: list[asyncio.Task[Any]] = [asyncio.create_task(self.stop.wait()),
-                                          asyncio.create_task(self.crash_loop.wait())]
+        waits: list[asyncio.Task[Any]] = [
+            asyncio.create_task(self.stop.wait()),
+            asyncio.create_task(self.crash_loop.wait()),
+        ]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for task in waits:
             task.cancel()
@@ -139,8 +140,11 @@ class _Supervisor:
     async def _reap(self, timeout_s: float) -> None:
         """Wait for every worker to exit; SIGKILL whichever is still there after `timeout_s`."""
         live = [proc for proc in self.procs.values() if proc.returncode is None]
-        _, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in live], timeout=timeout_s) \
-            if live else (set(), set())
+        _, pending = (
+            await asyncio.wait([asyncio.create_task(p.wait()) for p in live], timeout=timeout_s)
+            if live
+            else (set(), set())
+        )
         if pending:
             log.warning("workers_killed", workers=[i for i, p in self.procs.items() if p.returncode is None])
             self._forward(signal.SIGKILL)
@@ -166,14 +170,20 @@ class _Supervisor:
                 while exits and now - exits[0] > self.policy.crash_window_s:
                     exits.popleft()
             if len(self.exits) >= self.policy.crash_limit:
-                log.error("workers_crash_loop", worker=index, code=code, exits=len(self.exits),
-                          window_s=self.policy.crash_window_s,
-                          hint="workers keep exiting; see their logs above (config, port, permissions)")
+                log.error(
+                    "workers_crash_loop",
+                    worker=index,
+                    code=code,
+                    exits=len(self.exits),
+                    window_s=self.policy.crash_window_s,
+                    hint="workers keep exiting; see their logs above (config, port, permissions)",
+                )
                 self.crash_loop.set()
                 return
             delay = self.policy.delay(len(mine))
-            log.warning("worker_restarting", worker=index, pid=proc.pid, code=code,
-                        ran_s=round(now - started, 3), delay_s=delay)
+            log.warning(
+                "worker_restarting", worker=index, pid=proc.pid, code=code, ran_s=round(now - started, 3), delay_s=delay
+            )
             try:
                 await asyncio.wait_for(self.stop.wait(), delay)
             except TimeoutError:
@@ -181,8 +191,18 @@ class _Supervisor:
 
     def _command(self, index: int) -> list[str]:
         """The same CLI, one worker; host, port, workers and log level reach it through the env."""
-        return [sys.executable, "-m", "gateway", "serve", "--config", self.config_path,
-                "--worker-index", str(index), "--worker-group", self.group]
+        return [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--config",
+            self.config_path,
+            "--worker-index",
+            str(index),
+            "--worker-group",
+            self.group,
+        ]
 
 
 def _die_with_parent() -> None:
@@ -202,11 +222,17 @@ def attach(app: web.Application, spec: WorkerSpec) -> web.Application:
 
 def _merged_metrics(spec: WorkerSpec) -> Callable[..., Awaitable[web.StreamResponse]]:
     @web.middleware
-    async def merged_metrics(request: web.Request,
-                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def merged_metrics(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         response = await handler(request)
-        if request.path != "/metrics" or _private(request) or response.status != 200 \
-                or not isinstance(response, web.Response) or not isinstance(response.body, bytes):
+        if (
+            request.path != "/metrics"
+            or _private(request)
+            or response.status != 200
+            or not isinstance(response, web.Response)
+            or not isinstance(response.body, bytes)
+        ):
             return response
         headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
         others = [i for i in range(spec.count) if i != spec.index]
@@ -252,13 +278,15 @@ def merge(bodies: Mapping[int, bytes | None]) -> bytes:
     """Prometheus text of several workers as one exposition: each family once, every sample with
     its worker's label; `affinity_gateway_worker_up` says which workers answered."""
     families: dict[str, Metric] = {}
-    up = GaugeMetricFamily("affinity_gateway_worker_up", "1 when the worker answered this merged scrape",
-                           labels=[WORKER_LABEL])
+    up = GaugeMetricFamily(
+        "affinity_gateway_worker_up", "1 when the worker answered this merged scrape", labels=[WORKER_LABEL]
+    )
     for index, body in sorted(bodies.items()):
         up.add_metric([str(index)], float(body is not None))
         for family in text_string_to_metric_families(body.decode()) if body is not None else ():
-            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
-                                                             family.unit))
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
             merged.samples.extend(s._replace(labels={WORKER_LABEL: str(index), **s.labels}) for s in family.samples)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families([up, *families.values()]))

@@ -11,8 +11,9 @@ from typing import Any
 from aiohttp import web
 
 
-def background(name: str, work: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[web.Application],
-                                                                                    AsyncIterator[None]]:
+def background(
+    name: str, work: Callable[[], Coroutine[Any, Any, None]]
+) -> Callable[[web.Application], AsyncIterator[None]]:
     """An `app.cleanup_ctx` entry running `work()` for the app's life."""
 
     async def running(app: web.Application) -> AsyncIterator[None]:

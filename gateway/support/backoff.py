@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def doubled_s(first_s: float, doublings: int, max_s: float) -> float:
     """`first_s` doubled `doublings` times, at most `max_s`."""
-    return min(first_s * 2.0 ** doublings, max_s)
+    return min(first_s * 2.0**doublings, max_s)
 
 
 class Backoff:

@@ -58,7 +58,7 @@ class BlockStore:
         start, n = first_block * self.block_size, len(block_ids)
         index = torch.tensor(block_ids)
         for store, buf in ((self.keys, seq.keys), (self.values, seq.values)):
-            chunk = buf[:, :, start:start + n * self.block_size].unflatten(2, (n, self.block_size))
+            chunk = buf[:, :, start : start + n * self.block_size].unflatten(2, (n, self.block_size))
             store.index_copy_(1, index, chunk.transpose(1, 2))
 
     def load(self, seq: SeqKV, block_ids: list[int]) -> None:
@@ -69,7 +69,7 @@ class BlockStore:
         for store, buf in ((self.keys, seq.keys), (self.values, seq.values)):
             blocks = store.index_select(1, index)  # [layers, n, heads, block, dim]
             # One copy into the buffer through a view (a reshape first would copy twice: 2-4x slower).
-            buf[:, :, :n * self.block_size].unflatten(2, (n, self.block_size)).copy_(blocks.transpose(1, 2))
+            buf[:, :, : n * self.block_size].unflatten(2, (n, self.block_size)).copy_(blocks.transpose(1, 2))
         seq.length = n * self.block_size
 
 
@@ -92,7 +92,7 @@ class SeqKV:
         for name in ("keys", "values"):
             old = getattr(self, name)
             new = torch.empty((*old.shape[:2], capacity, old.shape[3]), dtype=old.dtype)
-            new[:, :, :self.length] = old[:, :, :self.length]
+            new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
     def view_cache(self) -> ViewCache:
@@ -109,11 +109,12 @@ class ViewLayer(DynamicLayer):
         self.keys, self.values = keys[:, :, :offset], values[:, :, :offset]
         self.is_initialized, self.device = True, keys.device
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.offset + key_states.shape[-2]
-        self.buf_keys[:, :, self.offset:end] = key_states
-        self.buf_values[:, :, self.offset:end] = value_states
+        self.buf_keys[:, :, self.offset : end] = key_states
+        self.buf_values[:, :, self.offset : end] = value_states
         self.keys, self.values = self.buf_keys[:, :, :end], self.buf_values[:, :, :end]
         return self.keys, self.values
 

@@ -110,7 +110,6 @@ class HFTokenizer:
     def is_known(self, token_id: int) -> bool:
         return 0 <= token_id < self.vocab_size
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
-                            add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
         flat = [{"role": m["role"], "content": render_content(m.get("content"))} for m in messages]
         return str(self._tok.apply_chat_template(flat, tokenize=False, add_generation_prompt=add_generation_prompt))

@@ -48,8 +48,16 @@ def plan(step: SchedulerOutput) -> list[Work]:
     work = []
     for s in step.scheduled:
         request, start = s.request, s.num_computed_tokens
-        work.append(Work(request.request_id, request.all_token_ids[start:start + s.num_new_tokens], start,
-                         list(s.block_ids), s.samples, request.sampling))
+        work.append(
+            Work(
+                request.request_id,
+                request.all_token_ids[start : start + s.num_new_tokens],
+                start,
+                list(s.block_ids),
+                s.samples,
+                request.sampling,
+            )
+        )
     return work
 
 
@@ -63,8 +71,9 @@ class RealEngine:
     name = "real"
 
     def __init__(self, *, block_size: int, kv_cache_mb: float, threads: int, dtype: str = "bfloat16") -> None:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="model",
-                                            initializer=torch.set_num_threads, initargs=(threads,))
+        self._executor = ThreadPoolExecutor(
+            1, thread_name_prefix="model", initializer=torch.set_num_threads, initargs=(threads,)
+        )
         torch.set_num_threads(threads)
         model, tokenizer = load_model(dtype)
         self.model: Any = model
@@ -88,11 +97,17 @@ class RealEngine:
         """One step, synchronously (in the worker thread; calibration calls it directly)."""
         with torch.inference_mode():
             sampled: dict[str, int] = {}
-            decodes = [(w, seq) for w in work if len(w.token_ids) == 1 and (seq := self._seqs.get(w.request_id))
-                       and seq.kv.length == w.num_computed > 0]
+            decodes = [
+                (w, seq)
+                for w in work
+                if len(w.token_ids) == 1
+                and (seq := self._seqs.get(w.request_id))
+                and seq.kv.length == w.num_computed > 0
+            ]
             if decodes:
-                self._finish(decodes, self._decode([s for _, s in decodes], [w.token_ids[0] for w, _ in decodes]),
-                             sampled)
+                self._finish(
+                    decodes, self._decode([s for _, s in decodes], [w.token_ids[0] for w, _ in decodes]), sampled
+                )
             batched = {w.request_id for w, _ in decodes}
             for w in work:  # in order, so a prefix is gathered only after this step stored it
                 if w.request_id not in batched:
@@ -110,7 +125,7 @@ class RealEngine:
             raise RuntimeError(f"{w.request_id}: cannot resume at token {w.num_computed} (not a block boundary)")
         kv = SeqKV(self.shape, max(256, w.num_computed + len(w.token_ids)))
         if w.num_computed:
-            self.store.load(kv, w.block_ids[:w.num_computed // self.block_size])
+            self.store.load(kv, w.block_ids[: w.num_computed // self.block_size])
         generator = seq.generator if seq is not None else make_generator(w.sampling)
         seq = self._seqs[w.request_id] = SeqState(kv, generator)
         return seq
@@ -131,8 +146,13 @@ class RealEngine:
         kv, n = seq.kv, len(token_ids)
         kv.reserve(kv.length + n)
         positions = torch.arange(kv.length, kv.length + n).unsqueeze(0)
-        out = self.model(input_ids=torch.tensor([token_ids]), position_ids=positions, cache=kv.view_cache(),
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=torch.tensor([token_ids]),
+            position_ids=positions,
+            cache=kv.view_cache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         kv.length += n
         return out.logits[:, -1]
 
@@ -148,12 +168,17 @@ class RealEngine:
         keys, values = torch.zeros(size, dtype=shape.dtype), torch.zeros(size, dtype=shape.dtype)
         mask = torch.zeros(len(seqs), width + 1, dtype=torch.long)
         for row, (seq, length) in enumerate(zip(seqs, lengths, strict=True)):
-            keys[:, row, :, width - length:width] = seq.kv.keys[:, :, :length]
-            values[:, row, :, width - length:width] = seq.kv.values[:, :, :length]
-            mask[row, width - length:] = 1
-        out = self.model(input_ids=torch.tensor(token_ids).unsqueeze(1), attention_mask=mask,
-                         position_ids=torch.tensor(lengths).unsqueeze(1), cache=ViewCache(keys, values, width),
-                         use_cache=True, logits_to_keep=1)
+            keys[:, row, :, width - length : width] = seq.kv.keys[:, :, :length]
+            values[:, row, :, width - length : width] = seq.kv.values[:, :, :length]
+            mask[row, width - length :] = 1
+        out = self.model(
+            input_ids=torch.tensor(token_ids).unsqueeze(1),
+            attention_mask=mask,
+            position_ids=torch.tensor(lengths).unsqueeze(1),
+            cache=ViewCache(keys, values, width),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         for row, (seq, length) in enumerate(zip(seqs, lengths, strict=True)):
             seq.kv.reserve(length + 1)
             seq.kv.keys[:, :, length] = keys[:, row, :, width]

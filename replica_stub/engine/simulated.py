@@ -43,8 +43,7 @@ WORDS = (
 class SimEngine:
     name = "sim"
 
-    def __init__(self, timing: TimingModel, *, speedup: float = 1.0,
-                 output_len: tuple[int, int] = (16, 256)) -> None:
+    def __init__(self, timing: TimingModel, *, speedup: float = 1.0, output_len: tuple[int, int] = (16, 256)) -> None:
         if speedup <= 0:
             raise ValueError("speedup must be > 0")
         self.timing, self.speedup, self.output_len = timing, speedup, output_len
@@ -81,8 +80,9 @@ class SimEngine:
     def _sample(self, request: Request) -> int:
         state = self._rngs.get(request.request_id)
         if state is None:
-            seed = xxhash.xxh3_64_intdigest(array("Q", request.prompt_token_ids).tobytes(),
-                                            seed=(request.sampling.seed or 0) ^ request.hash_root)
+            seed = xxhash.xxh3_64_intdigest(
+                array("Q", request.prompt_token_ids).tobytes(), seed=(request.sampling.seed or 0) ^ request.hash_root
+            )
             rng = random.Random(seed)
             state = self._rngs[request.request_id] = (rng, rng.randint(*self.output_len))
         rng, natural_len = state

@@ -49,9 +49,26 @@ def start_real_replica(replica_id: str, *flags: str, threads: int = 1, kv_cache_
     """A `replica-stub --engine real` process serving MODEL; returns once /health answers."""
     require_model()
     port = free_port()
-    proc = Proc(python_module("replica_stub", "--engine", "real", "--port", str(port), "--model", MODEL,
-                              "--replica-id", replica_id, "--torch-threads", str(threads),
-                              "--kv-cache-mb", str(kv_cache_mb), "--log-level", "warning", *flags))
+    proc = Proc(
+        python_module(
+            "replica_stub",
+            "--engine",
+            "real",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--replica-id",
+            replica_id,
+            "--torch-threads",
+            str(threads),
+            "--kv-cache-mb",
+            str(kv_cache_mb),
+            "--log-level",
+            "warning",
+            *flags,
+        )
+    )
     replica = RealReplica(replica_id, port, proc)
     try:
         wait_http(f"{replica.url}/health", proc, timeout=FIRST_LOAD_TIMEOUT_S)

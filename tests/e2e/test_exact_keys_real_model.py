@@ -68,15 +68,22 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     tmp_path: Path = tmp_path_factory.mktemp("exact-keys")
     events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     with running() as track:
-        replica = track(start_real_replica(REPLICA, "--kv-events-endpoint", events,
-                                           "--kv-events-replay-endpoint", replay, threads=1))
+        replica = track(
+            start_real_replica(
+                REPLICA, "--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay, threads=1
+            )
+        )
         block_size = int(kv_cache(replica)["block_size"])
         # A generous tokenize budget: on a busy 2-core machine a miss would fall back to characters.
         prefix = {"tokenizer": "model:smollm2", "block_tokens": block_size, "tokenize_budget_ms": 2000}
 
         def pool(**replica_extra: Any) -> dict[str, Any]:
-            return {MODEL: {"replicas": [{"url": replica.url, "name": REPLICA, **replica_extra}],
-                            "routing": {"policy": "prefix_affinity", "prefix": prefix}}}
+            return {
+                MODEL: {
+                    "replicas": [{"url": replica.url, "name": REPLICA, **replica_extra}],
+                    "routing": {"policy": "prefix_affinity", "prefix": prefix},
+                }
+            }
 
         with_events = track(start_gateway(tmp_path, pool(kv_events={"endpoint": events, "replay_endpoint": replay})))
         history = track(start_gateway(tmp_path, pool()))
@@ -116,9 +123,16 @@ def converse(setup: Setup, gateway: Gateway, before_turn: Any) -> list[Turn]:
         assert answer.headers["X-Replica-Id"] == REPLICA
         data = answer.json()
         usage = data["usage"]
-        turns.append(Turn(explained["prompt_tokens_estimate"], prediction(explained), explained["evidence"][REPLICA],
-                          usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
-                          usage["completion_tokens"]))
+        turns.append(
+            Turn(
+                explained["prompt_tokens_estimate"],
+                prediction(explained),
+                explained["evidence"][REPLICA],
+                usage["prompt_tokens"],
+                usage["prompt_tokens_details"]["cached_tokens"],
+                usage["completion_tokens"],
+            )
+        )
         messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
     return turns
 

@@ -28,8 +28,9 @@ QUESTIONS = ("Which box is red?", "And which one is blue?", "Thanks. Summarise i
 
 def system_prompt() -> str:
     """A fresh ~600-token prompt per conversation, so no run finds another's prefix warm."""
-    rules = " ".join(f"Rule {i}: box {i} is {('red', 'blue', 'green')[i % 3]} and must stay on shelf {i % 7}."
-                     for i in range(38))
+    rules = " ".join(
+        f"Rule {i}: box {i} is {('red', 'blue', 'green')[i % 3]} and must stay on shelf {i % 7}." for i in range(38)
+    )
     return f"Session {uuid.uuid4().hex}. You are a warehouse assistant. {rules}"
 
 
@@ -39,8 +40,14 @@ def converse(url: str) -> list[tuple[str, int, int, float]]:
     turns = []
     for question in QUESTIONS:
         messages.append({"role": "user", "content": question})
-        body = {"model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": 24,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         text, usage, ttft = [], {}, 0.0
         start = time.monotonic()
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as answer:

@@ -39,8 +39,12 @@ def run_all(engine: RealEngine, requests: list[Request]) -> None:
     """Submit `requests` together and step until all are done (a fresh pool: nothing cached)."""
     from replica_stub.engine.real import plan
 
-    scheduler = Scheduler(KVCacheManager(BlockPool(engine.num_blocks, BLOCK)), max_num_seqs=8,
-                          max_num_batched_tokens=2048, max_model_len=4096)
+    scheduler = Scheduler(
+        KVCacheManager(BlockPool(engine.num_blocks, BLOCK)),
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        max_model_len=4096,
+    )
     for request in requests:
         scheduler.add_request(request)
     while scheduler.has_unfinished_requests():
@@ -51,8 +55,13 @@ def run_all(engine: RealEngine, requests: list[Request]) -> None:
 def make(engine: RealEngine, request_id: str, text: str, max_tokens: int = 12) -> Request:
     tokenizer = engine.tokenizer
     ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
-    return Request(request_id, ids, SamplingParams(max_tokens=max_tokens, temperature=0), BLOCK,
-                   eos_token_id=tokenizer.eos_token_id)
+    return Request(
+        request_id,
+        ids,
+        SamplingParams(max_tokens=max_tokens, temperature=0),
+        BLOCK,
+        eos_token_id=tokenizer.eos_token_id,
+    )
 
 
 def test_a_hit_on_blocks_computed_in_the_same_step_reads_real_kv(engine: RealEngine) -> None:

@@ -53,8 +53,14 @@ def cached(answer: dict[str, Any]) -> int:
 
 async def stream(client: httpx.AsyncClient, url: str, prompt: str, **params: Any) -> dict[str, Any]:
     """Stream a completion; TTFT, text, usage and each chunk's arrival time as the client saw them."""
-    body = {"model": MODEL, "prompt": prompt, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **params}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **params,
+    }
     start = time.perf_counter()
     times, text, usage = [], "", None
     async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
@@ -107,8 +113,9 @@ async def test_shared_prefix_is_reused_and_cuts_ttft(replica: RealReplica) -> No
 
 
 def test_stop_strings_and_max_tokens_end_generation(replica: RealReplica) -> None:
-    stopped = post(replica.url, "/v1/chat/completions",
-                   {"messages": FRANCE, "temperature": 0, "max_tokens": 24, "stop": ["Paris"]})
+    stopped = post(
+        replica.url, "/v1/chat/completions", {"messages": FRANCE, "temperature": 0, "max_tokens": 24, "stop": ["Paris"]}
+    )
     assert stopped["choices"][0]["message"]["content"] == "The capital of France is "
     assert stopped["choices"][0]["finish_reason"] == "stop"
     cut = post(replica.url, "/v1/chat/completions", {"messages": FRANCE, "temperature": 0, "max_tokens": 3})
@@ -117,17 +124,20 @@ def test_stop_strings_and_max_tokens_end_generation(replica: RealReplica) -> Non
 
 
 def test_seeded_sampling_is_reproducible(replica: RealReplica) -> None:
-    params = {"messages": [{"role": "user", "content": "Write a sentence about the sea."}], "max_tokens": 20,
-              "temperature": 1.0, "top_p": 0.9, "seed": 1234}
-    texts = {post(replica.url, "/v1/chat/completions", params)["choices"][0]["message"]["content"]
-             for _ in range(2)}
+    params = {
+        "messages": [{"role": "user", "content": "Write a sentence about the sea."}],
+        "max_tokens": 20,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": 1234,
+    }
+    texts = {post(replica.url, "/v1/chat/completions", params)["choices"][0]["message"]["content"] for _ in range(2)}
     assert len(texts) == 1 and next(iter(texts))
 
 
 async def test_concurrent_streams_progress_together_and_health_answers(replica: RealReplica) -> None:
     async with httpx.AsyncClient() as client:
-        long_prompt = asyncio.create_task(stream(client, replica.url, f"{uuid.uuid4().hex} {facts(130)}",
-                                                 max_tokens=1))
+        long_prompt = asyncio.create_task(stream(client, replica.url, f"{uuid.uuid4().hex} {facts(130)}", max_tokens=1))
         await asyncio.sleep(0.3)  # the ~1,800-token prefill is computing now
         start = time.perf_counter()
         health = await client.get(f"{replica.url}/health", timeout=5)
@@ -135,8 +145,12 @@ async def test_concurrent_streams_progress_together_and_health_answers(replica: 
         assert health.status_code == 200 and not long_prompt.done()
         assert health_s < 0.5, health_s
         await long_prompt
-        a, b = await asyncio.gather(*(stream(client, replica.url, f"{uuid.uuid4().hex} Tell me a story.",
-                                             max_tokens=24, ignore_eos=True) for _ in range(2)))
+        a, b = await asyncio.gather(
+            *(
+                stream(client, replica.url, f"{uuid.uuid4().hex} Tell me a story.", max_tokens=24, ignore_eos=True)
+                for _ in range(2)
+            )
+        )
     assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"] == 24
     # Batched: each stream got tokens while the other was still streaming.
     assert a["times"][1] < b["times"][-1] and b["times"][1] < a["times"][-1]

@@ -30,9 +30,24 @@ class Stub:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, *flags: str) -> Stub:
-        self.proc = Proc(python_module("replica_stub", "--port", str(self.port), "--model", self.model,
-                                       "--engine", "sim", "--speedup", str(self.speedup),
-                                       "--replica-id", self.replica_id, "--log-level", "warning", *flags))
+        self.proc = Proc(
+            python_module(
+                "replica_stub",
+                "--port",
+                str(self.port),
+                "--model",
+                self.model,
+                "--engine",
+                "sim",
+                "--speedup",
+                str(self.speedup),
+                "--replica-id",
+                self.replica_id,
+                "--log-level",
+                "warning",
+                *flags,
+            )
+        )
         wait_http(f"{self.url}/health", self.proc)
         return self
 
@@ -79,8 +94,15 @@ def start_gateway(tmp_path: Path, pools: dict[str, Any], *, flags: Sequence[str]
     data: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "pools": pools,
-        "health": {"interval_s": 0.1, "timeout_s": 0.5, "unhealthy_after": 1, "healthy_after": 1,
-                   "eject_after_failures": 1, "backoff_s": 0.2, "backoff_max_s": 0.5},
+        "health": {
+            "interval_s": 0.1,
+            "timeout_s": 0.5,
+            "unhealthy_after": 1,
+            "healthy_after": 1,
+            "eject_after_failures": 1,
+            "backoff_s": 0.2,
+            "backoff_max_s": 0.5,
+        },
         "load": {"interval_s": 0.1},
         "timeouts": {"connect_s": 1.0, "first_byte_s": 30.0, "idle_s": 30.0},
         **sections,

@@ -71,8 +71,13 @@ class Load:
     timeout_s: float = 30.0
     outcomes: list[Outcome] = field(default_factory=list)
 
-    async def one(self, session: aiohttp.ClientSession, body: dict[str, Any],
-                  headers: dict[str, str] | None = None, path: str = "/v1/chat/completions") -> Outcome:
+    async def one(
+        self,
+        session: aiohttp.ClientSession,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        path: str = "/v1/chat/completions",
+    ) -> Outcome:
         out = Outcome()
         self.outcomes.append(out)
         started = time.monotonic()
@@ -91,8 +96,12 @@ class Load:
         return out
 
 
-def post_until(url: str, stop: threading.Event, outcomes: list[Outcome], body: Callable[[int], dict[str, Any]],
-               ) -> None:
+def post_until(
+    url: str,
+    stop: threading.Event,
+    outcomes: list[Outcome],
+    body: Callable[[int], dict[str, Any]],
+) -> None:
     """One client posting `body(i)` for i = 1, 2, ... back to back until `stop`, on one keep-alive
     connection and without retries (every failure counts); each request's outcome is appended."""
     with httpx.Client(base_url=url, timeout=30) as http:
@@ -108,11 +117,14 @@ def post_until(url: str, stop: threading.Event, outcomes: list[Outcome], body: C
             outcomes.append(out)
 
 
-async def streaming(load: Load, session: aiohttp.ClientSession, n: int, max_tokens: int,
-                    label: str = "story") -> list[asyncio.Task[Outcome]]:
+async def streaming(
+    load: Load, session: aiohttp.ClientSession, n: int, max_tokens: int, label: str = "story"
+) -> list[asyncio.Task[Outcome]]:
     """Start n streams and return once every one has its first byte."""
-    tasks = [asyncio.create_task(load.one(session, chat(f"{label} {i}", max_tokens=max_tokens, stream=True)))
-             for i in range(n)]
+    tasks = [
+        asyncio.create_task(load.one(session, chat(f"{label} {i}", max_tokens=max_tokens, stream=True)))
+        for i in range(n)
+    ]
     while sum(o.first_byte_s is not None for o in load.outcomes) < n:
         await asyncio.sleep(0.02)
     return tasks
@@ -123,14 +135,20 @@ def report(name: str, outcomes: list[Outcome], **extra: Any) -> None:
     failed = sum(1 for o in outcomes if o.status >= 500 or (o.error and o.error != "hung"))
     hung = sum(1 for o in outcomes if o.error == "hung")
     lost = sum(1 for o in outcomes if not o.error and o.status == 200 and not o.clean)
-    figures = " ".join(f"{k}={v}" for k, v in {"sent": len(outcomes), "failed": failed, "hung": hung, "lost": lost,
-                                                **extra}.items())
+    figures = " ".join(
+        f"{k}={v}" for k, v in {"sent": len(outcomes), "failed": failed, "hung": hung, "lost": lost, **extra}.items()
+    )
     print(f"\nRELIABILITY {name}: {figures}")
 
 
 def chat(content: str = "hello", max_tokens: int = 8, stream: bool = False, **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "stream": stream, **extra}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
 
 
 class RedisServer:
@@ -144,8 +162,9 @@ class RedisServer:
         self.proc: Proc | None = None
 
     def start(self) -> RedisServer:
-        self.proc = Proc([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no"])
+        self.proc = Proc(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        )
         client = redis.Redis(port=self.port)
         eventually(lambda: _pings(client), timeout_s=10)
         client.close()

@@ -44,8 +44,21 @@ class VLLMPair:
 
     def __init__(self) -> None:
         self.run_dir = Path(tempfile.mkdtemp(prefix="vllm-tests-"))
-        self.replicas = [VLLMReplica(i, free_port(), free_port(), free_port(), self.run_dir, MODEL, dev_mode=True,
-                                     wildcard=WILDCARD, num_blocks=NUM_BLOCKS, log_level="warning") for i in range(2)]
+        self.replicas = [
+            VLLMReplica(
+                i,
+                free_port(),
+                free_port(),
+                free_port(),
+                self.run_dir,
+                MODEL,
+                dev_mode=True,
+                wildcard=WILDCARD,
+                num_blocks=NUM_BLOCKS,
+                log_level="warning",
+            )
+            for i in range(2)
+        ]
         self.procs: list[Proc] = []
 
     def start(self) -> None:
@@ -65,15 +78,21 @@ class VLLMPair:
     def metric(self, i: int, name: str) -> float:
         """Sum of one vLLM metric's samples on replica i."""
         text = httpx.get(f"{self.replicas[i].url}/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and line[len(name)] in " {")
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and line[len(name)] in " {"
+        )
 
 
 @pytest.fixture(scope="session")
 def vllm() -> Iterator[VLLMPair]:
     if not vllm_replica.installed():
-        pytest.fail(f"vLLM's CPU build is not installed in {vllm_replica.VLLM_DIR}: run `make vllm` "
-                    "(or set AFFINITY_SKIP_VLLM=1 to skip the vLLM tests)", pytrace=False)
+        pytest.fail(
+            f"vLLM's CPU build is not installed in {vllm_replica.VLLM_DIR}: run `make vllm` "
+            "(or set AFFINITY_SKIP_VLLM=1 to skip the vLLM tests)",
+            pytrace=False,
+        )
     pair = VLLMPair()
     try:
         pair.start()
@@ -84,15 +103,29 @@ def vllm() -> Iterator[VLLMPair]:
 
 def gateway_config(pair: VLLMPair, **prefix: Any) -> dict[str, Any]:
     replicas = [{"url": r.url, "name": f"vllm-{r.index}", "kv_events": r.kv_events()} for r in pair.replicas]
-    return {MODEL: {"replicas": replicas, "routing": {"policy": "prefix_affinity", "prefix": {
-        "tokenizer": "model:smollm2", "block_tokens": vllm_replica.BLOCK_TOKENS, "tokenize_budget_ms": 2000,
-        **prefix}}}}
+    return {
+        MODEL: {
+            "replicas": replicas,
+            "routing": {
+                "policy": "prefix_affinity",
+                "prefix": {
+                    "tokenizer": "model:smollm2",
+                    "block_tokens": vllm_replica.BLOCK_TOKENS,
+                    "tokenize_budget_ms": 2000,
+                    **prefix,
+                },
+            },
+        }
+    }
 
 
 @pytest.fixture(scope="session")
 def gateway(vllm: VLLMPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = start_gateway(tmp_path_factory.mktemp("vllm-gateway"), gateway_config(vllm),
-                       timeouts={"connect_s": 2.0, "first_byte_s": 120.0})
+    gw = start_gateway(
+        tmp_path_factory.mktemp("vllm-gateway"),
+        gateway_config(vllm),
+        timeouts={"connect_s": 2.0, "first_byte_s": 120.0},
+    )
     try:
         eventually(lambda: all(feed(gw, r)["certain"] for r in ("vllm-0", "vllm-1")), timeout_s=30)
         yield gw

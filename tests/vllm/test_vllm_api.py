@@ -23,21 +23,32 @@ def test_chat_streamed_and_not(gateway: Gateway) -> None:
     done = client(gateway).chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
     assert done.choices[0].message.content
     assert done.usage is not None and done.usage.prompt_tokens > 0
-    chunks = list(client(gateway).chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
-                                                          temperature=0, stream=True,
-                                                          stream_options={"include_usage": True}))
+    chunks = list(
+        client(gateway).chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == done.choices[0].message.content  # greedy, fp32: the same answer either way
     assert chunks[-1].usage is not None and chunks[-1].choices == []
 
 
 def test_completions_streamed_and_not(gateway: Gateway) -> None:
-    done = client(gateway).completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6,
-                                              temperature=0)
+    done = client(gateway).completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0
+    )
     assert done.choices[0].text
     before = completion_tokens(gateway)
-    chunks = list(client(gateway).completions.create(model=MODEL, prompt="The capital of France is",
-                                                     max_tokens=6, temperature=0, stream=True))
+    chunks = list(
+        client(gateway).completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
     # the gateway asked vLLM for usage (stream_usage) and dropped vLLM's usage event: none reaches the client,
     # and the gateway still counted the stream's tokens
@@ -47,8 +58,11 @@ def test_completions_streamed_and_not(gateway: Gateway) -> None:
 
 def completion_tokens(gw: Gateway) -> float:
     """The gateway's own count of completion tokens (every tenant, this model)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines()
-               if line.startswith("affinity_gateway_tokens_total{") and 'kind="completion"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines()
+        if line.startswith("affinity_gateway_tokens_total{") and 'kind="completion"' in line
+    )
 
 
 def test_vllm_errors_pass_through(gateway: Gateway) -> None:

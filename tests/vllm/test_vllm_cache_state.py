@@ -49,8 +49,11 @@ def test_predicted_equals_reported_over_a_conversation(gateway: Gateway) -> None
 def direct(pair: VLLMPair, replica: str, content: str, max_tokens: int = 1) -> None:
     """A request straight to vLLM, past the gateway: only the events tell the gateway about it."""
     url = next(r.url for r in pair.replicas if f"vllm-{r.index}" == replica)
-    answer = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-        "model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
+    answer = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=120,
+        json={"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens},
+    )
     assert answer.status_code == 200, answer.text
 
 
@@ -87,11 +90,19 @@ def test_feeds_are_certain_with_zero_decode_errors(gateway: Gateway) -> None:
 
 
 def test_a_client_cancel_reaches_vllm(vllm: VLLMPair, gateway: Gateway) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True, "temperature": 0,  # ~3 min of decoding:
-            "stream": True}  # min_tokens also holds back the model's other stop tokens (ignore_eos: only EOS)
-    with httpx.Client(timeout=120) as client, client.stream("POST", f"{gateway.url}/v1/chat/completions",
-                                                            json=body) as answer:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 3000,
+        "min_tokens": 3000,
+        "ignore_eos": True,
+        "temperature": 0,  # ~3 min of decoding:
+        "stream": True,
+    }  # min_tokens also holds back the model's other stop tokens (ignore_eos: only EOS)
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as answer,
+    ):
         assert answer.status_code == 200
         index = int(answer.headers["X-Replica-Id"].rsplit("-", 1)[1])
         lines = answer.iter_lines()

@@ -48,7 +48,7 @@ def logged(gw: Gateway, event: str) -> list[dict[str, Any]]:
 def mismatch_gauge(gw: Gateway, replica: str) -> float | None:
     prefix = f'affinity_gateway_block_tokens_mismatch{{model_name="{MODEL}",replica="{replica}"}} '
     text = httpx.get(f"{gw.url}/metrics", timeout=10).text
-    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), None)
+    return next((float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)), None)
 
 
 def test_defaults_learn_the_block_size_and_key_the_first_request_by_tokens(vllm: VLLMPair, tmp_path: Path) -> None:
@@ -56,8 +56,10 @@ def test_defaults_learn_the_block_size_and_key_the_first_request_by_tokens(vllm:
     with own_gateway(vllm, tmp_path, block_tokens=None, tokenize_budget_ms=None) as gw:
         eventually(lambda: len(logged(gw, "block_tokens_learned")) == 1, timeout_s=10)
         assert logged(gw, "block_tokens_learned")[0]["block_tokens"] == vllm_replica.BLOCK_TOKENS
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt()},
-                                          {"role": "user", "content": "Which shelf holds box 3?"}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system_prompt()},
+            {"role": "user", "content": "Which shelf holds box 3?"},
+        ]
         first = explain(gw, {"model": MODEL, "messages": messages, "max_tokens": 8})  # its first tokenization
         assert first["prefix_keys"] == "tokens", first  # within 50 ms: the template was compiled at start
         assert first["prefix_blocks"] == first["prompt_tokens_estimate"] // vllm_replica.BLOCK_TOKENS, first

@@ -28,17 +28,24 @@ def keyed_gateway(vllm: VLLMPair, tmp_path_factory: pytest.TempPathFactory) -> I
     """A third vLLM that wants BACKEND_KEY (vLLM reads VLLM_API_KEY like `--api-key`), behind a gateway
     that has the key in a file. Started after the session pair, so the two never load at once."""
     run_dir = tmp_path_factory.mktemp("keyed-vllm")
-    replica = VLLMReplica(2, free_port(), free_port(), free_port(), run_dir, MODEL, num_blocks=NUM_BLOCKS,
-                          log_level="warning")
-    proc = Proc(replica.command(), env={**replica.env(), "VLLM_API_KEY": BACKEND_KEY,
-                                        "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
+    replica = VLLMReplica(
+        2, free_port(), free_port(), free_port(), run_dir, MODEL, num_blocks=NUM_BLOCKS, log_level="warning"
+    )
+    proc = Proc(
+        replica.command(), env={**replica.env(), "VLLM_API_KEY": BACKEND_KEY, "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    )
     gw = None
     try:
         wait_http(f"{replica.url}/health", proc, timeout=vllm_replica.START_TIMEOUT_S)
         key_file = run_dir / "backend.key"
         key_file.write_text(BACKEND_KEY + "\n")
-        pool = {MODEL: {"replicas": [{"url": replica.url, "name": "keyed"}], "api_key_file": str(key_file),
-                        "routing": {"policy": "prefix_affinity"}}}
+        pool = {
+            MODEL: {
+                "replicas": [{"url": replica.url, "name": "keyed"}],
+                "api_key_file": str(key_file),
+                "routing": {"policy": "prefix_affinity"},
+            }
+        }
         gw = start_gateway(run_dir, pool, timeouts={"connect_s": 2.0, "first_byte_s": 120.0})
         yield gw, replica.url
     finally:
@@ -48,14 +55,17 @@ def keyed_gateway(vllm: VLLMPair, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def test_the_keyed_replica_refuses_without_the_key_and_answers_through_the_gateway(
-        keyed_gateway: tuple[Gateway, str]) -> None:
+    keyed_gateway: tuple[Gateway, str],
+) -> None:
     gw, replica_url = keyed_gateway
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, "temperature": 0}
-    direct = httpx.post(f"{replica_url}/v1/chat/completions", json=body, timeout=60,
-                        headers={"Authorization": "Bearer client-key"})
+    direct = httpx.post(
+        f"{replica_url}/v1/chat/completions", json=body, timeout=60, headers={"Authorization": "Bearer client-key"}
+    )
     assert direct.status_code == 401  # the client's key is not the replica's
-    answer = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="client-key", timeout=120, max_retries=0) \
-        .chat.completions.create(**body)
+    answer = openai.OpenAI(
+        base_url=f"{gw.url}/v1", api_key="client-key", timeout=120, max_retries=0
+    ).chat.completions.create(**body)
     assert answer.choices[0].message.content
 
 
@@ -65,8 +75,10 @@ def test_tokenize_and_detokenize_answer_as_vllm_does(keyed_gateway: tuple[Gatewa
     body = {"model": MODEL, "prompt": "The capital of France is"}
     through = httpx.post(f"{gw.url}/tokenize", json=body, timeout=30)
     assert through.status_code == 200, through.text
-    assert through.json()["tokens"] == httpx.post(f"{replica_url}/tokenize", json=body, headers=auth,
-                                                  timeout=30).json()["tokens"]
+    assert (
+        through.json()["tokens"]
+        == httpx.post(f"{replica_url}/tokenize", json=body, headers=auth, timeout=30).json()["tokens"]
+    )
     back = httpx.post(f"{gw.url}/detokenize", json={"model": MODEL, "tokens": through.json()["tokens"]}, timeout=30)
     assert back.status_code == 200, back.text
     assert back.json()["prompt"] == "The capital of France is"
@@ -76,11 +88,13 @@ def test_anthropic_messages_through_the_gateway(keyed_gateway: tuple[Gateway, st
     gw, _ = keyed_gateway
     client = anthropic.Anthropic(base_url=gw.url, api_key="client-key", timeout=120, max_retries=0)
     greedy = {"temperature": 0}  # this SDK's create() has no temperature argument any more; vLLM reads it
-    message = client.messages.create(model=MODEL, max_tokens=8, extra_body=greedy,
-                                     messages=[{"role": "user", "content": "Name a colour."}])
+    message = client.messages.create(
+        model=MODEL, max_tokens=8, extra_body=greedy, messages=[{"role": "user", "content": "Name a colour."}]
+    )
     assert message.content and message.content[0].type == "text" and message.content[0].text
-    with client.messages.stream(model=MODEL, max_tokens=8, extra_body=greedy,
-                                messages=[{"role": "user", "content": "Name a colour."}]) as stream:
+    with client.messages.stream(
+        model=MODEL, max_tokens=8, extra_body=greedy, messages=[{"role": "user", "content": "Name a colour."}]
+    ) as stream:
         streamed = "".join(stream.text_stream)
     assert streamed == message.content[0].text  # greedy: the same answer streamed or not
 
@@ -91,8 +105,9 @@ def test_responses_stored_and_continued_through_the_gateway(keyed_gateway: tuple
     response = client.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=16, temperature=0)
     assert response.output_text, response
     assert client.responses.retrieve(response.id).output_text == response.output_text  # GET by id, keyed
-    follow = client.responses.create(model=MODEL, input="And another?", previous_response_id=response.id,
-                                     max_output_tokens=8, temperature=0)
+    follow = client.responses.create(
+        model=MODEL, input="And another?", previous_response_id=response.id, max_output_tokens=8, temperature=0
+    )
     assert follow.output_text and follow.previous_response_id == response.id
 
 

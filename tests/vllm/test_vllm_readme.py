@@ -29,8 +29,9 @@ def readme_example(language: str) -> str:
 def test_the_readme_curl_example(gateway: Gateway) -> None:
     command = readme_example("sh")
     assert README_URL in command and '"model": "smollm2"' in command
-    out = subprocess.run(["sh", "-c", command.replace(README_URL, gateway.url)], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        ["sh", "-c", command.replace(README_URL, gateway.url)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     assert answer["object"] == "chat.completion" and answer["model"] == "smollm2", answer
@@ -41,8 +42,9 @@ def test_the_readme_curl_example(gateway: Gateway) -> None:
 def test_the_readme_openai_streaming_example_hits_the_cache_the_second_time(gateway: Gateway) -> None:
     snippet = readme_example("python")
     assert README_URL in snippet and 'model="smollm2"' in snippet
-    out = subprocess.run([sys.executable, "-c", snippet.replace(README_URL, gateway.url)], capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", snippet.replace(README_URL, gateway.url)], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     usage = [tuple(map(int, u)) for u in re.findall(r"\[prompt (\d+), cached (\d+)\]", out.stdout)]
     answers = re.split(r"\n\[prompt \d+, cached \d+\]\n?", out.stdout)[:2]

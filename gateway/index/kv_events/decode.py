@@ -80,8 +80,7 @@ def decode_batch(payload: bytes) -> list[Event]:
 
 # Positional fields after the tag, in vLLM's struct order (array_like encoding; trailing defaults may be omitted).
 _ARRAY_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                    "lora_name"),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": ("medium",),  # vLLM sends no fields; some engines name the medium cleared
 }
@@ -111,8 +110,14 @@ def _decode_event(raw: Any) -> Event | None:
     if type(block_size) is not int or block_size < 1:
         raise DecodeError("BlockStored block_size is not a positive int")
     lora_id, lora_name = fields.get("lora_id"), fields.get("lora_name")
-    return Stored(hashes, parent, tuple(tokens), block_size, lora_id if type(lora_id) is int else None,
-                  lora_name if isinstance(lora_name, str) and lora_name else None)
+    return Stored(
+        hashes,
+        parent,
+        tuple(tokens),
+        block_size,
+        lora_id if type(lora_id) is int else None,
+        lora_name if isinstance(lora_name, str) and lora_name else None,
+    )
 
 
 def _hashes(value: Any) -> tuple[EngineHash, ...]:

@@ -282,8 +282,15 @@ class KVEventSubscriber:
         self.batches += 1
         for event in events:
             if isinstance(event, Stored):
-                self.sink.stored(self.replica_id, event.block_hashes, event.parent, event.token_ids, event.block_size,
-                                 event.lora_id, event.lora_name)
+                self.sink.stored(
+                    self.replica_id,
+                    event.block_hashes,
+                    event.parent,
+                    event.token_ids,
+                    event.block_size,
+                    event.lora_id,
+                    event.lora_name,
+                )
             elif isinstance(event, Removed):
                 self.sink.removed(self.replica_id, event.block_hashes)
             else:

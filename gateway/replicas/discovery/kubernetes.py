@@ -55,8 +55,13 @@ def labelled(labels: dict[str, str], k8s: KubernetesDiscoveryConfig) -> tuple[tu
     """The adapters and the role a slice's labels give its pods; an unknown role counts as `both`."""
     adapters: tuple[str, ...] = ()
     if (prefix := k8s.adapter_label_prefix) is not None:
-        adapters = tuple(sorted(key[len(prefix):] for key, value in labels.items()
-                                if key.startswith(prefix) and value.lower() == "true"))
+        adapters = tuple(
+            sorted(
+                key[len(prefix) :]
+                for key, value in labels.items()
+                if key.startswith(prefix) and value.lower() == "true"
+            )
+        )
     role = labels.get(k8s.role_label, "both") if k8s.role_label is not None else "both"
     if role not in ROLES:
         log.warning("k8s_discovery_unknown_role", label=k8s.role_label, value=role, detail="taken as both")
@@ -69,8 +74,9 @@ def _name(item: EndpointSlice) -> str:
     return (item.metadata.name or "") if item.metadata else ""
 
 
-def endpoints_of(item: EndpointSlice, spec: DiscoveryConfig, selector: dict[str, str] | None = None
-                 ) -> list[PodEndpoint]:
+def endpoints_of(
+    item: EndpointSlice, spec: DiscoveryConfig, selector: dict[str, str] | None = None
+) -> list[PodEndpoint]:
     """The slice's pod endpoints on the configured port; endpoints without a pod or that port are skipped,
     and so is a slice the selector does not match. `conditions.ready` unset means ready (the API's own rule)."""
     assert spec.kubernetes is not None
@@ -95,16 +101,19 @@ def endpoints_of(item: EndpointSlice, spec: DiscoveryConfig, selector: dict[str,
     return found
 
 
-def replica_configs(spec: DiscoveryConfig,
-                    endpoints: Iterable[PodEndpoint]) -> tuple[list[ReplicaConfig], frozenset[str]]:
+def replica_configs(
+    spec: DiscoveryConfig, endpoints: Iterable[PodEndpoint]
+) -> tuple[list[ReplicaConfig], frozenset[str]]:
     """One replica per pod, named after it, and the pods not ready. A pod in two slices (a rollout
     moving it) counts once; ready wins."""
     pods: dict[str, PodEndpoint] = {}
     for endpoint in endpoints:
         if endpoint.pod not in pods or endpoint.ready:
             pods[endpoint.pod] = endpoint
-    replicas = [discovered_replica(spec, pods[pod].address, pods[pod].port, pod, pods[pod].adapters, pods[pod].role)
-                for pod in sorted(pods)]
+    replicas = [
+        discovered_replica(spec, pods[pod].address, pods[pod].port, pod, pods[pod].adapters, pods[pod].role)
+        for pod in sorted(pods)
+    ]
     return replicas, frozenset(pod for pod, endpoint in pods.items() if not endpoint.ready)
 
 
@@ -162,8 +171,13 @@ async def watch_slices(model: str, spec: DiscoveryConfig, apply: Apply, listed: 
                     log.info("k8s_discovery_relist", model=model, source=spec.source, version=version)
                     version = None
                 else:
-                    log.warning("k8s_discovery_failed", model=model, source=spec.source, error=repr(exc),
-                                retry_in_s=backoff.delay_s)
+                    log.warning(
+                        "k8s_discovery_failed",
+                        model=model,
+                        source=spec.source,
+                        error=repr(exc),
+                        retry_in_s=backoff.delay_s,
+                    )
             except Exception:  # noqa: BLE001 - a discovery bug must not stop discovery
                 log.exception("k8s_discovery_error", model=model, source=spec.source, retry_in_s=backoff.delay_s)
             listed.set()

@@ -46,8 +46,12 @@ class ConsistentHashPolicy(Policy):
             key = view.block_hashes[0]
         else:
             key = xxhash.xxh3_64_intdigest(view.request_id.encode())
-        room = dict(zip((c.replica_id for c in candidates),
-                        has_room(candidates, self.params.load_epsilon, self.params.min_bound_requests)))
+        room = dict(
+            zip(
+                (c.replica_id for c in candidates),
+                has_room(candidates, self.params.load_epsilon, self.params.min_bound_requests),
+            )
+        )
         start = bisect.bisect(points, key)
         first = owners[start % len(owners)]
         chosen = first
@@ -66,7 +70,8 @@ class ConsistentHashPolicy(Policy):
                 self._rings.clear()
             nodes = sorted(
                 (xxhash.xxh3_64_intdigest(f"{rid}#{i}".encode()), rid)
-                for rid, weight in members for i in range(max(1, round(self.params.virtual_nodes * weight)))
+                for rid, weight in members
+                for i in range(max(1, round(self.params.virtual_nodes * weight)))
             )
             ring = self._rings[members] = ([p for p, _ in nodes], [rid for _, rid in nodes])
         return ring

@@ -56,8 +56,9 @@ class CostModel:
         # traffic just because noise made its estimate look faster.
         return replica_id if self.params.calibrate == "replica" else ""
 
-    def predict_many(self, candidates: Sequence[Candidate], loads: Sequence[float], prompt_tokens: int,
-                     now: float) -> tuple[list[float], list[float], list[float]]:
+    def predict_many(
+        self, candidates: Sequence[Candidate], loads: Sequence[float], prompt_tokens: int, now: float
+    ) -> tuple[list[float], list[float], list[float]]:
         """(wait_s, predicted_ttft_s, prefill_s_per_token) of sending a `prompt_tokens` prompt to each
         candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once."""
         params = self.params

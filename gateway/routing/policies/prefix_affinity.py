@@ -108,30 +108,52 @@ class PrefixAffinityPolicy(Policy):
         pick = self._tie_broken(ids, loads, near, now)
         # The prompt, candidates, their cached tokens and loads, and whether it had a home: on_dispatched
         # queues the chosen one's uncached prefill from them.
-        return Decision(ids[pick], self._reason(view, cached, effective, eligible, pick), rows,
-                        plan=(prompt, ids, cached, loads, has_home))
+        return Decision(
+            ids[pick],
+            self._reason(view, cached, effective, eligible, pick),
+            rows,
+            plan=(prompt, ids, cached, loads, has_home),
+        )
 
-    def _effective(self, view: RequestView, candidates: Sequence[Candidate], cached: list[int], ttfts: list[float],
-                   per_token: list[float], discount: float) -> list[float]:
+    def _effective(
+        self,
+        view: RequestView,
+        candidates: Sequence[Candidate],
+        cached: list[int],
+        ttfts: list[float],
+        per_token: list[float],
+        discount: float,
+    ) -> list[float]:
         """Each candidate's predicted TTFT, plus what its choice costs beyond it: a shared preamble that wants
         more holders is discounted, and writing one into a full cache is charged for what it evicts."""
         effective = ttfts  # + 0 × the preamble's prefill: the same numbers
         if discount:
             preamble = view.preamble_tokens
-            effective = [ttft + discount * (n if n < preamble else preamble) * s_per_token
-                         for ttft, n, s_per_token in zip(ttfts, cached, per_token)]
+            effective = [
+                ttft + discount * (n if n < preamble else preamble) * s_per_token
+                for ttft, n, s_per_token in zip(ttfts, cached, per_token)
+            ]
         if self.params.eviction_weight and view.preamble_tokens:
             # Writing a shared preamble into a full cache evicts as much warm prefix, which someone
             # re-prefills later, while the preamble's other holders keep their copy: a duplicate.
             # (A conversation's own history is no such cost: it moves with the conversation, and
             # the copy it leaves behind is dead.)
             weight, preamble = self.params.eviction_weight, view.preamble_tokens
-            effective = [e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
-                         for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)]
+            effective = [
+                e + weight * c.cache_fill * s_per_token * (preamble - n if preamble > n else 0)
+                for e, c, n, s_per_token in zip(effective, candidates, cached, per_token)
+            ]
         return effective
 
-    def _within_bound(self, candidates: Sequence[Candidate], loads: list[float], ttfts: list[float],
-                      waits: list[float], effective: list[float], has_home: bool) -> tuple[list[int], float]:
+    def _within_bound(
+        self,
+        candidates: Sequence[Candidate],
+        loads: list[float],
+        ttfts: list[float],
+        waits: list[float],
+        effective: list[float],
+        has_home: bool,
+    ) -> tuple[list[int], float]:
         """The candidates within the bounded load, with the over-bound ones that are plainly worth their queue;
         and the best effective cost among them."""
         p = self.params
@@ -154,8 +176,15 @@ class PrefixAffinityPolicy(Policy):
             best = min(best, min([effective[i] for i in keep]))
         return eligible, best
 
-    def _near_best(self, candidates: Sequence[Candidate], eligible: list[int], effective: list[float], best: float,
-                   has_home: bool, now: float) -> list[int]:
+    def _near_best(
+        self,
+        candidates: Sequence[Candidate],
+        eligible: list[int],
+        effective: list[float],
+        best: float,
+        has_home: bool,
+        now: float,
+    ) -> list[int]:
         """The eligible candidates within the tie margin of the best."""
         cutoff = best + max(self.params.tie_s, self.params.tie_ratio * best)
         near = [i for i in eligible if effective[i] <= cutoff]
@@ -199,8 +228,17 @@ class PrefixAffinityPolicy(Policy):
         holders = sum(1 for n in cached if n >= view.preamble_tokens)
         return bool(holders < wanted)
 
-    def _delays(self, view: RequestView, ids: list[str], cached: list[int], waits: list[float],
-                per_token: list[float], prompt: int, now: float, discount: float) -> list[float]:
+    def _delays(
+        self,
+        view: RequestView,
+        ids: list[str],
+        cached: list[int],
+        waits: list[float],
+        per_token: list[float],
+        prompt: int,
+        now: float,
+        discount: float,
+    ) -> list[float]:
         """What each candidate's prefill costs the requests that will queue behind it, in seconds.
 
         A prefill of x seconds at r delays by x every request that reaches r before r's queue

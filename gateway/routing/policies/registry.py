@@ -20,10 +20,18 @@ from gateway.routing.policies.random_choice import RandomPolicy
 from gateway.routing.policies.round_robin import RoundRobinPolicy
 from gateway.routing.policies.session_affinity import SessionAffinityPolicy
 
-REGISTRY: dict[str, type[Policy]] = {cls.type: cls for cls in (
-    ConsistentHashPolicy, LeastLoadedPolicy, PowerOfTwoPolicy, PrefixAffinityPolicy, RandomPolicy, RoundRobinPolicy,
-    SessionAffinityPolicy,
-)}
+REGISTRY: dict[str, type[Policy]] = {
+    cls.type: cls
+    for cls in (
+        ConsistentHashPolicy,
+        LeastLoadedPolicy,
+        PowerOfTwoPolicy,
+        PrefixAffinityPolicy,
+        RandomPolicy,
+        RoundRobinPolicy,
+        SessionAffinityPolicy,
+    )
+}
 
 
 def build_policy(type_: str, params: Mapping[str, Any] | None, key: str) -> Policy:

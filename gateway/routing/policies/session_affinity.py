@@ -44,8 +44,10 @@ class SessionAffinityPolicy(Policy):
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         p = self.params
         home = home_replica(view.session_key, [c.replica_id for c in candidates]) if view.session_key else None
-        rows = [Score(c.replica_id, c.load - (p.bonus_requests if c.replica_id == home else 0.0), load=c.load)
-                for c in candidates]
+        rows = [
+            Score(c.replica_id, c.load - (p.bonus_requests if c.replica_id == home else 0.0), load=c.load)
+            for c in candidates
+        ]
         room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
         eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(rows)))
         best = min((rows[i].score, candidates[i].kv_usage) for i in eligible)

@@ -38,7 +38,8 @@ def test_openai_sync_chat_and_completion(client: openai.OpenAI) -> None:
 
 def test_openai_sync_stream(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(  # type: ignore[call-overload]
-        model=MODEL, messages=MESSAGES, max_tokens=6, stream=True, stream_options={"include_usage": True})
+        model=MODEL, messages=MESSAGES, max_tokens=6, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
@@ -48,7 +49,8 @@ async def test_openai_async_stream_and_not(cluster: Gateway) -> None:
     client = openai.AsyncOpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0)
     plain, stream = await asyncio.gather(
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3),  # type: ignore[arg-type]
-        client.completions.create(model=MODEL, prompt="abc", max_tokens=5, stream=True))
+        client.completions.create(model=MODEL, prompt="abc", max_tokens=5, stream=True),
+    )
     assert plain.choices[0].message.content
     texts = [chunk.choices[0].text async for chunk in stream if chunk.choices]
     assert len("".join(texts)) > 0
@@ -61,8 +63,10 @@ def test_models_lists_the_union_of_pools(client: openai.OpenAI) -> None:
 
 def test_round_robin_spreads_evenly(cluster: Gateway) -> None:
     with httpx.Client(base_url=cluster.url, timeout=10) as http:
-        seen = Counter(http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
-                       .headers["X-Replica-Id"] for _ in range(30))
+        seen = Counter(
+            http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}).headers["X-Replica-Id"]
+            for _ in range(30)
+        )
     assert seen == {"replica-0": 10, "replica-1": 10, "replica-2": 10}
 
 

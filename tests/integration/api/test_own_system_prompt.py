@@ -24,20 +24,29 @@ def test_one_conversation_stays_home_whatever_the_block_size(tmp_path: Path, blo
         replicas = []
         for i in range(2):
             events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-            stub = track(Stub(f"replica-{i}", free_port(), MODEL, 50).start(
-                "--block-size", str(block), "--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay))
-            replicas.append({"url": stub.url, "name": stub.replica_id,
-                             "kv_events": {"endpoint": events, "replay_endpoint": replay}})
-        pool = {"replicas": replicas, "routing": {"policy": "prefix_affinity",
-                                                   "prefix": {"tokenizer": "sim", "block_tokens": block}}}
+            stub = track(
+                Stub(f"replica-{i}", free_port(), MODEL, 50).start(
+                    "--block-size", str(block), "--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay
+                )
+            )
+            replicas.append(
+                {"url": stub.url, "name": stub.replica_id, "kv_events": {"endpoint": events, "replay_endpoint": replay}}
+            )
+        pool = {
+            "replicas": replicas,
+            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim", "block_tokens": block}},
+        }
         gateway = track(start_gateway(tmp_path, {MODEL: pool}))
         eventually(lambda: all(r["kv_events"]["certain"] for r in gateway.replicas().values()), timeout_s=10)
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
         homes = []
         for turn in range(6):
             messages.append({"role": "user", "content": f"Letter {turn}?"})
-            answer = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=20,
-                                json={"model": MODEL, "messages": messages, "max_tokens": 4})
+            answer = httpx.post(
+                f"{gateway.url}/v1/chat/completions",
+                timeout=20,
+                json={"model": MODEL, "messages": messages, "max_tokens": 4},
+            )
             assert answer.status_code == 200, answer.text
             homes.append(answer.headers["X-Replica-Id"])
             messages.append({"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]})

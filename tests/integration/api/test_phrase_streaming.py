@@ -36,9 +36,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway,
     scripted = FakeReplica("scripted", chunks=3, hold=threading.Event())
     with ThreadServer(scripted.app) as scripted_url, running() as track:
         stub, voice = track(start_stub("stub-0")), track(start_stub("voice-0", VOICE))
-        pools = {MODEL: {**pool(("stub-0", stub.url)), "stream_chunking": HEADER_BOUNDS},
-                 VOICE: {**pool(("voice-0", voice.url)), "stream_chunking": VOICE_BOUNDS},
-                 SCRIPTED: {**pool(("scripted", scripted_url)), "stream_chunking": {"max_wait_ms": 200}}}
+        pools = {
+            MODEL: {**pool(("stub-0", stub.url)), "stream_chunking": HEADER_BOUNDS},
+            VOICE: {**pool(("voice-0", voice.url)), "stream_chunking": VOICE_BOUNDS},
+            SCRIPTED: {**pool(("scripted", scripted_url)), "stream_chunking": {"max_wait_ms": 200}},
+        }
         yield track(start_gateway(tmp_path_factory.mktemp("phrase"), pools)), scripted
 
 
@@ -49,14 +51,30 @@ def client(cluster: tuple[Gateway, FakeReplica]) -> Iterator[openai.OpenAI]:
 
 
 def _chat(client: openai.OpenAI, model: str, headers: dict[str, str]) -> list[Any]:
-    return list(client.chat.completions.create(  # type: ignore[call-overload]
-        model=model, messages=MESSAGES, max_tokens=80, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True}, extra_headers=headers))
+    return list(
+        client.chat.completions.create(  # type: ignore[call-overload]
+            model=model,
+            messages=MESSAGES,
+            max_tokens=80,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            extra_headers=headers,
+        )
+    )
 
 
 def _completion(client: openai.OpenAI, model: str, headers: dict[str, str]) -> list[Any]:
-    return list(client.completions.create(model=model, prompt="Once upon a time", max_tokens=80, stream=True,
-                                          extra_body={"ignore_eos": True}, extra_headers=headers))
+    return list(
+        client.completions.create(
+            model=model,
+            prompt="Once upon a time",
+            max_tokens=80,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers=headers,
+        )
+    )
 
 
 def _texts(chunks: list[Any]) -> list[str]:
@@ -84,8 +102,9 @@ def _assert_phrases(plain: list[str], phrased: list[str], boundaries: str, max_c
         assert len(text) <= max_chars
 
 
-def test_chat_phrases_concatenate_to_the_unchunked_text(cluster: tuple[Gateway, FakeReplica],
-                                                       client: openai.OpenAI) -> None:
+def test_chat_phrases_concatenate_to_the_unchunked_text(
+    cluster: tuple[Gateway, FakeReplica], client: openai.OpenAI
+) -> None:
     gateway = cluster[0]
     before = _first_phrases(gateway, MODEL)
     plain, phrased = _chat(client, MODEL, {}), _chat(client, MODEL, PHRASE)
@@ -98,8 +117,9 @@ def test_chat_phrases_concatenate_to_the_unchunked_text(cluster: tuple[Gateway, 
     assert _first_phrases(gateway, MODEL) == before + 1  # only the chunked stream counts
 
 
-def test_a_pool_chunks_by_its_own_boundaries_chat_and_completions(cluster: tuple[Gateway, FakeReplica],
-                                                                  client: openai.OpenAI) -> None:
+def test_a_pool_chunks_by_its_own_boundaries_chat_and_completions(
+    cluster: tuple[Gateway, FakeReplica], client: openai.OpenAI
+) -> None:
     gateway = cluster[0]
     before = _first_phrases(gateway, VOICE)
     for call in (_chat, _completion):
@@ -108,12 +128,15 @@ def test_a_pool_chunks_by_its_own_boundaries_chat_and_completions(cluster: tuple
         assert any(text.endswith("y") for text in _texts(phrased)[:-1])
         assert [c.choices[0].finish_reason for c in phrased if c.choices][-1] == "length"
     assert _first_phrases(gateway, VOICE) == before + 2
-    assert 'affinity_gateway_first_phrase_seconds_bucket{le="300.0",model_name="voice-model"}' in \
-        httpx.get(f"{gateway.url}/metrics", timeout=5).text  # TTFT's buckets
+    assert (
+        'affinity_gateway_first_phrase_seconds_bucket{le="300.0",model_name="voice-model"}'
+        in httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    )  # TTFT's buckets
 
 
 def test_max_wait_sends_text_while_the_replica_is_silent_and_the_header_stays_here(
-        cluster: tuple[Gateway, FakeReplica]) -> None:
+    cluster: tuple[Gateway, FakeReplica],
+) -> None:
     gateway, scripted = cluster
     assert scripted.hold is not None
     body = {"model": SCRIPTED, "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -134,13 +157,22 @@ def test_max_wait_sends_text_while_the_replica_is_silent_and_the_header_stays_he
     assert scripted.seen[-1].headers.get("X-Stream-Chunking") is None
 
 
-def test_an_unknown_header_value_is_a_400_in_the_openai_shape(cluster: tuple[Gateway, FakeReplica],
-                                                              client: openai.OpenAI) -> None:
+def test_an_unknown_header_value_is_a_400_in_the_openai_shape(
+    cluster: tuple[Gateway, FakeReplica], client: openai.OpenAI
+) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         _chat(client, MODEL, {"X-Stream-Chunking": "words"})
     assert err.value.status_code == 400
-    answer = httpx.post(f"{cluster[0].url}/v1/completions", headers={"X-Stream-Chunking": "words"},
-                        json={"model": MODEL, "prompt": "x", "max_tokens": 1}, timeout=5)
+    answer = httpx.post(
+        f"{cluster[0].url}/v1/completions",
+        headers={"X-Stream-Chunking": "words"},
+        json={"model": MODEL, "prompt": "x", "max_tokens": 1},
+        timeout=5,
+    )
     assert answer.status_code == 400
-    assert answer.json()["error"] == {"message": "X-Stream-Chunking must be phrase or none, got 'words'",
-                                      "type": "BadRequestError", "param": "X-Stream-Chunking", "code": 400}
+    assert answer.json()["error"] == {
+        "message": "X-Stream-Chunking must be phrase or none, got 'words'",
+        "type": "BadRequestError",
+        "param": "X-Stream-Chunking",
+        "code": 400,
+    }

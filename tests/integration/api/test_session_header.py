@@ -17,14 +17,21 @@ def test_a_configured_session_header_keys_session_affinity(tmp_path: Path) -> No
     with running() as track:
         stubs = [track(start_stub(f"s-{i}")) for i in range(3)]
         ids = [s.replica_id for s in stubs]
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs),
-                                                            policy="session_affinity")},
-                                      headers={"session": "X-Conversation"}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="session_affinity")},
+                headers={"session": "X-Conversation"},
+            )
+        )
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
             for key in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta"):
                 for turn in range(2):
-                    answer = http.post("/v1/completions", headers={"X-Conversation": key},
-                                       json={"model": MODEL, "prompt": f"turn {turn} of {key}", "max_tokens": 1})
+                    answer = http.post(
+                        "/v1/completions",
+                        headers={"X-Conversation": key},
+                        json={"model": MODEL, "prompt": f"turn {turn} of {key}", "max_tokens": 1},
+                    )
                     assert answer.status_code == 200
                     assert answer.headers["X-Replica-Id"] == home_replica(key, ids), (key, turn)
 

@@ -20,8 +20,10 @@ def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway
     with running() as track:
         stubs = [track(start_stub(f"store-{i}")) for i in range(3)]
         pools = {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="round_robin")}
-        yield (track(start_gateway(tmp_path_factory.mktemp("first"), pools)),
-               track(start_gateway(tmp_path_factory.mktemp("second"), pools)))
+        yield (
+            track(start_gateway(tmp_path_factory.mktemp("first"), pools)),
+            track(start_gateway(tmp_path_factory.mktemp("second"), pools)),
+        )
 
 
 def client(gw: Gateway) -> openai.OpenAI:
@@ -30,20 +32,22 @@ def client(gw: Gateway) -> openai.OpenAI:
 
 def test_follow_ups_reach_the_replica_that_stored_the_response(gateways: tuple[Gateway, Gateway]) -> None:
     first = client(gateways[0]).responses.with_raw_response.create(
-        model=MODEL, input="Tell me about the letters of 1907 in the archive.", max_output_tokens=8)
+        model=MODEL, input="Tell me about the letters of 1907 in the archive.", max_output_tokens=8
+    )
     home, previous = first.headers["X-Replica-Id"], first.parse().id
     for stream in (False, True, False, True):
         if stream:
             with client(gateways[0]).responses.with_streaming_response.create(
-                    model=MODEL, input="And then?", previous_response_id=previous, max_output_tokens=4,
-                    stream=True) as answer:
+                model=MODEL, input="And then?", previous_response_id=previous, max_output_tokens=4, stream=True
+            ) as answer:
                 assert answer.headers["X-Replica-Id"] == home
                 events = [line for line in answer.iter_lines() if line.startswith("data:")]
             assert '"response.completed"' in events[-1]
             previous = httpx.Response(200, content=events[-1][5:]).json()["response"]["id"]
         else:
             answer = client(gateways[0]).responses.with_raw_response.create(
-                model=MODEL, input="And then?", previous_response_id=previous, max_output_tokens=4)
+                model=MODEL, input="And then?", previous_response_id=previous, max_output_tokens=4
+            )
             assert answer.headers["X-Replica-Id"] == home
             parsed = answer.parse()
             assert parsed.previous_response_id == previous
@@ -52,15 +56,18 @@ def test_follow_ups_reach_the_replica_that_stored_the_response(gateways: tuple[G
 
 
 def test_retrieval_by_id_finds_the_home_also_through_a_gateway_that_never_saw_it(
-        gateways: tuple[Gateway, Gateway]) -> None:
-    made = client(gateways[0]).responses.with_raw_response.create(model=MODEL, input="Name a colour.",
-                                                                  max_output_tokens=4)
+    gateways: tuple[Gateway, Gateway],
+) -> None:
+    made = client(gateways[0]).responses.with_raw_response.create(
+        model=MODEL, input="Name a colour.", max_output_tokens=4
+    )
     for gw in gateways:
         got = client(gw).responses.with_raw_response.retrieve(made.parse().id)
         assert got.headers["X-Replica-Id"] == made.headers["X-Replica-Id"]
         assert got.parse().output_text == made.parse().output_text
     follow = client(gateways[1]).responses.with_raw_response.create(  # learned by the retrieval above
-        model=MODEL, input="Another?", previous_response_id=made.parse().id, max_output_tokens=2)
+        model=MODEL, input="Another?", previous_response_id=made.parse().id, max_output_tokens=2
+    )
     assert follow.headers["X-Replica-Id"] == made.headers["X-Replica-Id"]
 
 
@@ -68,8 +75,8 @@ def test_an_unknown_or_unstored_id_is_vllms_404(gateways: tuple[Gateway, Gateway
     with pytest.raises(openai.NotFoundError) as err:
         client(gateways[0]).responses.retrieve("resp_nobody")
     assert "resp_nobody" in str(err.value)
-    unstored = client(gateways[0]).responses.create(model=MODEL, input="Forget me.", max_output_tokens=2,
-                                                    store=False)
+    unstored = client(gateways[0]).responses.create(model=MODEL, input="Forget me.", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
-        client(gateways[0]).responses.create(model=MODEL, input="Remember?", previous_response_id=unstored.id,
-                                             max_output_tokens=2)
+        client(gateways[0]).responses.create(
+            model=MODEL, input="Remember?", previous_response_id=unstored.id, max_output_tokens=2
+        )

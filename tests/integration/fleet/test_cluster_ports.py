@@ -25,6 +25,9 @@ def test_a_replica_whose_port_was_taken_is_started_again_elsewhere(monkeypatch: 
         with cluster.started(spec) as up:
             replicas = httpx.get(f"{up.urls[0]}/admin/replicas", timeout=5).json()["stub-model"]["replicas"]
             assert len(replicas) == 1 and not replicas[0]["url"].endswith(f":{taken.getsockname()[1]}")
-            answer = httpx.post(f"{up.urls[0]}/v1/completions", timeout=10,
-                                json={"model": "stub-model", "prompt": "hi", "max_tokens": 2})
+            answer = httpx.post(
+                f"{up.urls[0]}/v1/completions",
+                timeout=10,
+                json={"model": "stub-model", "prompt": "hi", "max_tokens": 2},
+            )
             assert answer.status_code == 200

@@ -18,15 +18,18 @@ from tests.helpers import Proc, must_run_redis, python_module, redis_server_bina
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-SYSTEM = ("You are the support assistant of a company that sells garden tools. Answer briefly, politely and "
-          "only about our products, delivery and returns. ") * 12
+SYSTEM = (
+    "You are the support assistant of a company that sells garden tools. Answer briefly, politely and "
+    "only about our products, delivery and returns. "
+) * 12
 
 
 def question(conversation: int, turn: int) -> str:
     """A turn with a pasted order history: a conversation's own history soon outweighs a tie (the
     policy lets the shared system prompt attract nothing, and a few tokens of history little)."""
-    orders = " ".join(f"order {conversation}-{turn}-{i}: {i + 2} rakes, {i + 1} hoses, shipped {i + 3} May;"
-                      for i in range(12))
+    orders = " ".join(
+        f"order {conversation}-{turn}-{i}: {i + 2} rakes, {i + 1} hoses, shipped {i + 3} May;" for i in range(12)
+    )
     return f"Conversation {conversation}, question {turn}: my last orders were {orders} which one is late?"
 
 
@@ -58,8 +61,25 @@ def cluster() -> Iterator[Cluster]:
             pytest.fail("redis-server not found and CI=true")
         pytest.skip("redis-server not installed")
     port = free_port_pair()
-    proc = Proc(python_module("gateway", "up", "--replicas", "3", "--gateways", "2", "--redis", "--port", str(port),
-                              "--policy", "prefix_affinity", "--speedup", "50", "--log-level", "warning"))
+    proc = Proc(
+        python_module(
+            "gateway",
+            "up",
+            "--replicas",
+            "3",
+            "--gateways",
+            "2",
+            "--redis",
+            "--port",
+            str(port),
+            "--policy",
+            "prefix_affinity",
+            "--speedup",
+            "50",
+            "--log-level",
+            "warning",
+        )
+    )
     urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
     try:
         for url in urls:
@@ -88,8 +108,11 @@ def test_conversation_sticks_to_one_replica_whichever_gateway_serves_it(cluster:
         for turn in range(4):
             gateway = urls[turn % 2]  # alternate gateways, as a round-robin front would
             messages.append({"role": "user", "content": question(conversation, turn)})
-            answer = httpx.post(f"{gateway}/v1/chat/completions", timeout=30, json={
-                "model": "stub-model", "messages": messages, "max_tokens": 24, "temperature": 0})
+            answer = httpx.post(
+                f"{gateway}/v1/chat/completions",
+                timeout=30,
+                json={"model": "stub-model", "messages": messages, "max_tokens": 24, "temperature": 0},
+            )
             assert answer.status_code == 200, answer.text
             body = answer.json()
             served.append((gateway, answer.headers["X-Replica-Id"]))

@@ -23,8 +23,12 @@ TTL_S = 600
 
 
 def create(gw: Gateway, text: str, previous: str | None = None) -> httpx.Response:
-    body = {"model": MODEL, "input": text, "max_output_tokens": 4,
-            **({"previous_response_id": previous} if previous else {})}
+    body = {
+        "model": MODEL,
+        "input": text,
+        "max_output_tokens": 4,
+        **({"previous_response_id": previous} if previous else {}),
+    }
     return httpx.post(f"{gw.url}/v1/responses", json=body, timeout=20)
 
 
@@ -41,14 +45,19 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Gateway, Gateway, RedisServer, str]]
             stubs = [track(start_stub(f"home-{i}")) for i in range(3)]
             pools = {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="round_robin")}
             shared = {"redis": {"url": server.url, "key_prefix": prefix, "response_ttl_s": TTL_S}}
-            yield (track(start_gateway(tmp_path, pools, **shared)), track(start_gateway(tmp_path, pools, **shared)),
-                   server, prefix)
+            yield (
+                track(start_gateway(tmp_path, pools, **shared)),
+                track(start_gateway(tmp_path, pools, **shared)),
+                server,
+                prefix,
+            )
     finally:
         server.stop()
 
 
 def test_follow_ups_through_another_gateway_reach_the_home_via_redis(
-        fleet: tuple[Gateway, Gateway, RedisServer, str]) -> None:
+    fleet: tuple[Gateway, Gateway, RedisServer, str],
+) -> None:
     a, b, server, prefix = fleet
     made = [create(a, f"Tell me about letter {i} of 1907.") for i in range(FOLLOW_UPS)]
     assert all(r.status_code == 200 for r in made), [r.text for r in made]
@@ -69,7 +78,8 @@ def test_follow_ups_through_another_gateway_reach_the_home_via_redis(
 
 
 def test_with_redis_stopped_follow_ups_ask_the_replicas_in_turn(
-        fleet: tuple[Gateway, Gateway, RedisServer, str]) -> None:
+    fleet: tuple[Gateway, Gateway, RedisServer, str],
+) -> None:
     a, b, server, _ = fleet
     server.stop()
     made = [create(a, f"Name colour {i}.") for i in range(FOLLOW_UPS)]

@@ -72,8 +72,11 @@ def _children(pid: int) -> set[int]:
 def _start(tmp_path: Path, track: Callable[[Any], Any], workers: int = 2) -> tuple[Gateway, set[int]]:
     """A replica stub and a gateway of `workers` workers, once every worker answers; with the workers' pids."""
     stub = track(start_stub("r0"))
-    gateway: Gateway = track(start_gateway(tmp_path, {MODEL: pool(("r0", stub.url))},
-                                           flags=["--workers", str(workers)], shutdown={"grace_s": GRACE_S}))
+    gateway: Gateway = track(
+        start_gateway(
+            tmp_path, {MODEL: pool(("r0", stub.url))}, flags=["--workers", str(workers)], shutdown={"grace_s": GRACE_S}
+        )
+    )
     eventually(lambda: _all_up(gateway.url, workers), timeout_s=30, interval_s=0.2)
     pids = _children(gateway.proc.popen.pid)
     assert len(pids) == workers
@@ -114,8 +117,11 @@ def test_a_worker_crash_loop_makes_the_supervisor_exit_1(tmp_path: Path) -> None
         holder.bind(("127.0.0.1", port))
         holder.listen()
         path = tmp_path / "gateway.yaml"
-        path.write_text(yaml.safe_dump({"listen": {"host": "127.0.0.1", "port": port},
-                                        "pools": {MODEL: pool(("r0", "http://127.0.0.1:9"))}}))
+        path.write_text(
+            yaml.safe_dump(
+                {"listen": {"host": "127.0.0.1", "port": port}, "pools": {MODEL: pool(("r0", "http://127.0.0.1:9"))}}
+            )
+        )
         proc = Proc(python_module("gateway", "serve", "--config", str(path), "--workers", "2"))
         try:
             assert proc.popen.wait(60) == 1

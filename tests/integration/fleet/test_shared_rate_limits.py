@@ -49,10 +49,18 @@ def test_two_gateways_sharing_redis_enforce_one_quota(tmp_path: Path, redis_url:
     shared = {"redis": {"url": redis_url, "key_prefix": f"rl-{uuid.uuid4().hex}:"}, "index": {"store": "redis"}}
     with running() as track:
         stub = track(start_stub("s-0"))
-        gateways = [track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=AUTH, **shared))
-                    for _ in range(2)]
-        statuses = [httpx.post(f"{gateways[i % 2].url}/v1/chat/completions", json=CHAT, timeout=10,
-                               headers={"Authorization": f"Bearer {KEY}"}).status_code for i in range(12)]
+        gateways = [
+            track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=AUTH, **shared)) for _ in range(2)
+        ]
+        statuses = [
+            httpx.post(
+                f"{gateways[i % 2].url}/v1/chat/completions",
+                json=CHAT,
+                timeout=10,
+                headers={"Authorization": f"Bearer {KEY}"},
+            ).status_code
+            for i in range(12)
+        ]
         assert statuses.count(200) == 6 and statuses.count(429) == 6, statuses  # not 6 each
         for gw in gateways:
             assert "rate_limits" not in httpx.get(f"{gw.url}/ready", timeout=5).json()["degraded"]
@@ -61,10 +69,21 @@ def test_two_gateways_sharing_redis_enforce_one_quota(tmp_path: Path, redis_url:
 def test_with_redis_unreachable_a_gateway_enforces_its_own_and_ready_says_so(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("s-0"))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=AUTH,
-                                      redis={"url": "redis://127.0.0.1:9/0"}, index={"store": "redis"}))
-        statuses = [httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, timeout=10,
-                               headers={"Authorization": f"Bearer {KEY}"}).status_code for _ in range(8)]
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("s-0", stub.url))},
+                auth=AUTH,
+                redis={"url": "redis://127.0.0.1:9/0"},
+                index={"store": "redis"},
+            )
+        )
+        statuses = [
+            httpx.post(
+                f"{gateway.url}/v1/chat/completions", json=CHAT, timeout=10, headers={"Authorization": f"Bearer {KEY}"}
+            ).status_code
+            for _ in range(8)
+        ]
         assert statuses == [200] * 6 + [429] * 2  # its own bucket: the full quota, then no more
         ready = httpx.get(f"{gateway.url}/ready", timeout=5)
         assert ready.status_code == 200 and ready.json()["degraded"]["rate_limits"] == "local"
@@ -79,8 +98,10 @@ def test_two_gateways_admit_no_more_than_the_rate_in_any_window(tmp_path: Path, 
     shared = {"redis": {"url": redis_url, "key_prefix": f"rl-{uuid.uuid4().hex}:"}}
     with running() as track:
         stub = track(start_stub("s-0"))
-        gateways = [track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=window_auth(10), **shared))
-                    for _ in range(2)]
+        gateways = [
+            track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=window_auth(10), **shared))
+            for _ in range(2)
+        ]
         outcomes = alternating([gw.url for gw in gateways], 24, WINDOW_S / 12)  # two windows
         statuses = [status for _, _, status in outcomes]
         assert no_window_admits_more_than(outcomes, 10), statuses
@@ -90,8 +111,11 @@ def test_two_gateways_admit_no_more_than_the_rate_in_any_window(tmp_path: Path, 
 def test_with_redis_unreachable_the_local_window_follows_the_same_rule(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("s-0"))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=window_auth(10),
-                                      redis={"url": "redis://127.0.0.1:9/0"}))
+        gateway = track(
+            start_gateway(
+                tmp_path, {MODEL: pool(("s-0", stub.url))}, auth=window_auth(10), redis={"url": "redis://127.0.0.1:9/0"}
+            )
+        )
         outcomes = alternating([gateway.url], 24, WINDOW_S / 12)
         statuses = [status for _, _, status in outcomes]
         assert no_window_admits_more_than(outcomes, 10), statuses

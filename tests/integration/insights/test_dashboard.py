@@ -75,8 +75,9 @@ async def watch_dashboard(port: int, expected_replicas: set[str], request_id: st
                     break
             await asyncio.sleep(0.1)
         if target := os.environ.get("DASHBOARD_SCREENSHOT"):
-            await tools.call("Emulation.setDeviceMetricsOverride", width=1280, height=1000, deviceScaleFactor=1,
-                             mobile=False)
+            await tools.call(
+                "Emulation.setDeviceMetricsOverride", width=1280, height=1000, deviceScaleFactor=1, mobile=False
+            )
             await asyncio.sleep(1.5)  # a poll or two at the new size
             shot = await tools.call("Page.captureScreenshot", format="png")
             Path(target).write_bytes(base64.b64decode(shot["data"]))
@@ -91,21 +92,43 @@ def test_the_dashboard_shows_every_replica_and_the_latest_decision(tmp_path: Pat
         pytest.skip("chromium not installed (apt-get install chromium)")
     with running() as track:
         stubs = [track(start_stub(f"r-{i}")) for i in range(3)]
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs),
-                                                            policy="prefix_affinity")}, auth={"keys": KEYS}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")},
+                auth={"keys": KEYS},
+            )
+        )
         for path in ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"):
             assert httpx.get(gateway.url + path, timeout=5).status_code == 200  # no key for the page itself
         assert httpx.get(gateway.url + "/admin/decisions", timeout=5).status_code == 401
         for turn in range(3):
-            answer = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=20,
-                                headers={"Authorization": f"Bearer {USER}", "X-Request-Id": f"dash-probe-{turn}"},
-                                json={"model": MODEL, "max_tokens": 4, "stream": True,
-                                      "messages": [{"role": "user", "content": f"Plan leg {turn} of the trip."}]})
+            answer = httpx.post(
+                f"{gateway.url}/v1/chat/completions",
+                timeout=20,
+                headers={"Authorization": f"Bearer {USER}", "X-Request-Id": f"dash-probe-{turn}"},
+                json={
+                    "model": MODEL,
+                    "max_tokens": 4,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": f"Plan leg {turn} of the trip."}],
+                },
+            )
             assert answer.status_code == 200
         port = free_port()
-        chrome = Proc([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                       f"--user-data-dir={tmp_path / 'chromium'}", f"--remote-debugging-port={port}",
-                       "--remote-allow-origins=*", f"{gateway.url}/dashboard#key={ADMIN}"])
+        chrome = Proc(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--user-data-dir={tmp_path / 'chromium'}",
+                f"--remote-debugging-port={port}",
+                "--remote-allow-origins=*",
+                f"{gateway.url}/dashboard#key={ADMIN}",
+            ]
+        )
         try:
             shown = asyncio.run(watch_dashboard(port, {s.replica_id for s in stubs}, "dash-probe-2"))
         finally:

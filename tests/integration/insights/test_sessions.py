@@ -25,19 +25,30 @@ TASK = "Plan a trip. " + " ".join(f"Constraint {i}: keep step {i} under budget."
 
 def agent_loop(http: httpx.Client, prefix: str, headers: dict[str, str]) -> list[str]:
     """Six streamed hops; each next prompt extends the last by its answer and a tool result."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent."},
-                                      {"role": "user", "content": TASK}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": TASK},
+    ]
     ids = []
     for hop in range(HOPS):
         request_id = f"{prefix}-hop-{hop}"
-        answer = http.post("/v1/chat/completions", headers={**headers, "X-Request-Id": request_id},
-                           json={"model": MODEL, "messages": messages, "max_tokens": 8, "stream": True})
+        answer = http.post(
+            "/v1/chat/completions",
+            headers={**headers, "X-Request-Id": request_id},
+            json={"model": MODEL, "messages": messages, "max_tokens": 8, "stream": True},
+        )
         assert answer.status_code == 200, answer.text
-        text = "".join(e["choices"][0]["delta"].get("content") or ""
-                       for line in answer.text.splitlines() if line.startswith("data: {")
-                       for e in [json.loads(line[6:])] if e.get("choices"))
-        messages += [{"role": "assistant", "content": text},
-                     {"role": "user", "content": f"Tool result {hop}: " + "ok " * 40}]
+        text = "".join(
+            e["choices"][0]["delta"].get("content") or ""
+            for line in answer.text.splitlines()
+            if line.startswith("data: {")
+            for e in [json.loads(line[6:])]
+            if e.get("choices")
+        )
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"Tool result {hop}: " + "ok " * 40},
+        ]
         ids.append(request_id)
     return ids
 
@@ -59,9 +70,13 @@ def check_timeline(session: dict[str, Any], ids: list[str]) -> None:
 def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
     with running() as track:
         stubs = [track(start_stub(f"s-{i}")) for i in range(2)]
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs),
-                                                            policy="prefix_affinity")},
-                                      sessions={"idle_s": 3.0, "max_sessions": 10, "max_requests": 16}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")},
+                sessions={"idle_s": 3.0, "max_sessions": 10, "max_requests": 16},
+            )
+        )
         with httpx.Client(base_url=gateway.url, timeout=20) as http:
             keyed = agent_loop(http, "keyed", {"X-Session-ID": "agent-1"})
             session = http.get("/admin/sessions/agent-1").json()
@@ -74,8 +89,10 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
             assert recent[1]["id"] == "agent-1" and len(recent) == 2
             check_timeline(http.get("/admin/sessions/inferred-free-hop-0").json(), inferred)
 
-            for body, source in (({"prompt_cache_key": "pck", "user": "u"}, "prompt_cache_key"),
-                                 ({"user": "u"}, "user")):
+            for body, source in (
+                ({"prompt_cache_key": "pck", "user": "u"}, "prompt_cache_key"),
+                ({"user": "u"}, "user"),
+            ):
                 http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, **body})
                 named = http.get(f"/admin/sessions/{body.get('prompt_cache_key', 'u')}").json()
                 assert named["source"] == source and named["hops"] == 1
@@ -93,18 +110,27 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
             text = http.get("/metrics").text
             assert re.search(r"affinity_gateway_session_hops_sum 14\.0", text)
             assert re.search(r'affinity_gateway_tokens_per_second_count\{model_name="stub-model"\} 12\.0', text)
-            assert re.search(r'affinity_gateway_inter_token_latency_seconds_count\{model_name="stub-model"\} 12\.0',
-                             text)
+            assert re.search(
+                r'affinity_gateway_inter_token_latency_seconds_count\{model_name="stub-model"\} 12\.0', text
+            )
             assert http.get("/admin/sessions/agent-1").json()["ended"] is True
     log = gateway.proc.output()
-    event = next(json.loads(line) for line in log.splitlines() if '"request_id": "keyed-hop-5"' in line
-                 or '"request_id":"keyed-hop-5"' in line)
+    event = next(
+        json.loads(line)
+        for line in log.splitlines()
+        if '"request_id": "keyed-hop-5"' in line or '"request_id":"keyed-hop-5"' in line
+    )
     assert event["tokens_per_s"] > 0 and event["itl_s"] > 0 and event["ttft_s"] > 0 and "queue_s" in event
 
 
-@pytest.mark.parametrize(("section", "key"), [({"max_sessions": 0}, "sessions.max_sessions"),
-                                              ({"max_requests": -1}, "sessions.max_requests"),
-                                              ({"idle_s": 0}, "sessions.idle_s")])
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"max_sessions": 0}, "sessions.max_sessions"),
+        ({"max_requests": -1}, "sessions.max_requests"),
+        ({"idle_s": 0}, "sessions.idle_s"),
+    ],
+)
 def test_bad_session_bounds_are_config_errors(section: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"pools": {MODEL: pool(("a", "http://h:1"))}, "sessions": section})

@@ -18,8 +18,11 @@ from tests.integration.reliability_tools import RedisServer, chat, eventually
 pytestmark = pytest.mark.timeout(60)
 PRICES = {"input": 2.5, "cached_input": 1.25, "output": 10.0}
 ADMIN, ACME, BETA = "sk-admin-costs-0123", "sk-acme-costs-4567", "sk-beta-costs-89ab"
-KEYS = [{"sha256": hash_key(ADMIN), "tenant": "ops", "admin": True},
-        {"sha256": hash_key(ACME), "tenant": "acme"}, {"sha256": hash_key(BETA), "tenant": "beta"}]
+KEYS = [
+    {"sha256": hash_key(ADMIN), "tenant": "ops", "admin": True},
+    {"sha256": hash_key(ACME), "tenant": "acme"},
+    {"sha256": hash_key(BETA), "tenant": "beta"},
+]
 LONG = "You are a careful assistant. " + " ".join(f"Rule {i}: answer tersely about topic {i}." for i in range(80))
 
 
@@ -29,34 +32,46 @@ def priced_pool(url: str) -> dict[str, Any]:
 
 def ask(gateway: Gateway, key: str, stream: bool, turn: int) -> dict[str, int]:
     """One chat request with the long prompt; the usage the client received."""
-    body = chat(f"{LONG} Question {turn}?", max_tokens=6, stream=stream,
-                **({"stream_options": {"include_usage": True}} if stream else {}))
-    answer = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
-                        timeout=20)
+    body = chat(
+        f"{LONG} Question {turn}?",
+        max_tokens=6,
+        stream=stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    )
+    answer = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=20
+    )
     assert answer.status_code == 200, answer.text
     if stream:
-        events = [json.loads(line[6:]) for line in answer.text.splitlines()
-                  if line.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
         usage = next(e["usage"] for e in events if e.get("usage"))
     else:
         usage = answer.json()["usage"]
-    return {"prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"],
-            "completion": usage["completion_tokens"]}
+    return {
+        "prompt": usage["prompt_tokens"],
+        "cached": usage["prompt_tokens_details"]["cached_tokens"],
+        "completion": usage["completion_tokens"],
+    }
 
 
 def expected(usages: list[dict[str, int]]) -> dict[str, float]:
     """The arithmetic on what the clients saw, per million tokens."""
     prompt, cached, completion = (sum(u[k] for u in usages) for k in ("prompt", "cached", "completion"))
-    return {"requests": len(usages), "prompt_tokens": prompt, "cached_tokens": cached,
-            "completion_tokens": completion,
-            "cost": ((prompt - cached) * PRICES["input"] + cached * PRICES["cached_input"]
-                     + completion * PRICES["output"]) / 1e6,
-            "saved_by_cache": cached * (PRICES["input"] - PRICES["cached_input"]) / 1e6}
+    return {
+        "requests": len(usages),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "completion_tokens": completion,
+        "cost": ((prompt - cached) * PRICES["input"] + cached * PRICES["cached_input"] + completion * PRICES["output"])
+        / 1e6,
+        "saved_by_cache": cached * (PRICES["input"] - PRICES["cached_input"]) / 1e6,
+    }
 
 
 def usage_of(gateway: Gateway, **query: str) -> dict[str, Any]:
-    answer = httpx.get(f"{gateway.url}/admin/usage", params=query, headers={"Authorization": f"Bearer {ADMIN}"},
-                       timeout=10)
+    answer = httpx.get(
+        f"{gateway.url}/admin/usage", params=query, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -87,13 +102,18 @@ def test_cost_and_savings_equal_the_arithmetic_on_the_reported_usage(tmp_path: P
         labels = f'model_name="{MODEL}",tenant="acme"'
         assert f'affinity_gateway_tokens_total{{kind="cached",{labels}}} {float(want["cached_tokens"])}' in metrics
         for name, value in (("cost", want["cost"]), ("cache_savings", want["saved_by_cache"])):
-            line = next(line for line in metrics.splitlines()
-                        if line.startswith(f"affinity_gateway_{name}_total{{{labels}}}"))
+            line = next(
+                line for line in metrics.splitlines() if line.startswith(f"affinity_gateway_{name}_total{{{labels}}}")
+            )
             assert float(line.split()[-1]) == pytest.approx(value, rel=1e-9), line
         user = httpx.get(f"{gateway.url}/admin/usage", headers={"Authorization": f"Bearer {ACME}"}, timeout=5)
         assert user.status_code == 403  # an admin route
-        bad = httpx.get(f"{gateway.url}/admin/usage", params={"window_s": "soon"},
-                        headers={"Authorization": f"Bearer {ADMIN}"}, timeout=5)
+        bad = httpx.get(
+            f"{gateway.url}/admin/usage",
+            params={"window_s": "soon"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=5,
+        )
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "window_s"
 
 
@@ -102,8 +122,10 @@ def test_two_gateways_sharing_redis_add_up(tmp_path: Path, redis_url: str) -> No
     shared = {"redis": {"url": redis_url, "key_prefix": f"costs-{tmp_path.name[-12:]}:"}, "index": {"store": "redis"}}
     with running() as track:
         stub = track(start_stub("only"))
-        gateways = [track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS}, **shared))
-                    for _ in range(2)]
+        gateways = [
+            track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS}, **shared))
+            for _ in range(2)
+        ]
         first = [ask(gateways[0], ACME, stream=False, turn=t) for t in range(3)]
         second = [ask(gateways[1], ACME, stream=True, turn=t) for t in range(2)] + [ask(gateways[1], BETA, False, 7)]
         acme = first + second[:2]
@@ -128,8 +150,15 @@ def test_with_redis_down_a_gateway_answers_its_own_counts_and_catches_up(tmp_pat
     redis_server = RedisServer().start()
     with running() as track:
         stub = track(start_stub("only"))
-        gateway = track(start_gateway(tmp_path, {MODEL: priced_pool(stub.url)}, auth={"keys": KEYS},
-                                      redis={"url": redis_server.url}, index={"store": "redis"}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: priced_pool(stub.url)},
+                auth={"keys": KEYS},
+                redis={"url": redis_server.url},
+                index={"store": "redis"},
+            )
+        )
         try:
             before = [ask(gateway, ACME, stream=False, turn=t) for t in range(2)]
             assert usage_of(gateway)["source"] == "redis"

@@ -12,8 +12,23 @@ import pytest
 from gateway.cli.main import main
 
 pytestmark = pytest.mark.slow
-CASE = ["-w", "multi-turn", "-p", "users=6", "-p", "rounds=3", "-p", "first_turn_tokens=400", "--rate", "2",
-        "--replicas", "2", "--speedup", "10", "-q"]
+CASE = [
+    "-w",
+    "multi-turn",
+    "-p",
+    "users=6",
+    "-p",
+    "rounds=3",
+    "-p",
+    "first_turn_tokens=400",
+    "--rate",
+    "2",
+    "--replicas",
+    "2",
+    "--speedup",
+    "10",
+    "-q",
+]
 POLICIES = "round_robin,prefix_affinity"
 
 
@@ -75,7 +90,8 @@ def test_simulate_agrees_with_bench_on_cached_ratio(compared: tuple[Path, dict[s
     # Round robin's hits depend on how turns of different sessions interleave in real time, so the
     # cross-check uses the policy whose placement is decided by content (and the closed loop below).
     assert sim["runs"]["prefix_affinity"]["cached_ratio"] == pytest.approx(
-        bench["runs"]["prefix_affinity"]["cached_ratio"], abs=0.03)
+        bench["runs"]["prefix_affinity"]["cached_ratio"], abs=0.03
+    )
 
 
 @pytest.mark.timeout(120)
@@ -102,19 +118,38 @@ def test_bench_compare_runs_a_peer_router_in_front_of_the_same_stubs(tmp_path: P
     if not smg.installed():
         pytest.skip("smg is not installed (make peers)")
     out = tmp_path / "peers"
-    subprocess.run([sys.executable, "-m", "gateway", "bench", "--compare", "round_robin,smg:round_robin", *CASE,
-                    "--no-plots", "--out", str(out)], check=True, timeout=170, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "bench",
+            "--compare",
+            "round_robin,smg:round_robin",
+            *CASE,
+            "--no-plots",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        timeout=170,
+        capture_output=True,
+    )
     result = orjson.loads((out / "result.json").read_bytes())
     assert set(result["runs"]) == {"round_robin", "smg:round_robin"}
     peer = result["runs"]["smg:round_robin"]
     assert peer["requests"] == 18 and peer["errors"] == 0
     assert set(peer["replica_share"]) == {"replica-0", "replica-1"} and min(peer["replica_share"].values()) > 0
-    assert result["meta"]["contestants"]["smg:round_robin"] == {"router": "smg", "version": smg.version,
-                                                                "policy": "round_robin"}
+    assert result["meta"]["contestants"]["smg:round_robin"] == {
+        "router": "smg",
+        "version": smg.version,
+        "policy": "round_robin",
+    }
 
 
-def test_an_unknown_or_missing_contestant_is_an_error_not_a_shorter_table(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_or_missing_contestant_is_an_error_not_a_shorter_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for bad, says in (("nginx:round_robin", "unknown router 'nginx'"), ("smg:no_such", "no policy 'no_such'")):
         assert main(["bench", "--compare", f"round_robin,{bad}", *CASE, "--out", str(tmp_path)]) == 2
         assert says in capsys.readouterr().out
@@ -127,8 +162,27 @@ def test_bench_of_a_url_takes_the_model_it_serves(tmp_path: Path, capsys: pytest
     with running() as track:
         stub = track(start_stub("s-0", "served-here"))
         out = tmp_path / "url"
-        assert main(["bench", stub.url, "-w", "multi-turn", "-p", "users=2", "-p", "rounds=2", "--rate", "4",
-                     "-q", "--no-plots", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    stub.url,
+                    "-w",
+                    "multi-turn",
+                    "-p",
+                    "users=2",
+                    "-p",
+                    "rounds=2",
+                    "--rate",
+                    "4",
+                    "-q",
+                    "--no-plots",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         run = orjson.loads((out / "result.json").read_bytes())["runs"]["bench"]
         assert run["requests"] == 4 and run["errors"] == 0  # a wrong model would be 404s
         capsys.readouterr()
@@ -140,9 +194,27 @@ def test_bench_of_a_url_takes_the_model_it_serves(tmp_path: Path, capsys: pytest
 def test_bench_batching_reaches_the_stubs_and_static_holds_short_answers_back(tmp_path: Path) -> None:
     """`bench --batching` starts the stubs in that mode: on answers of varied length, static batching's
     TTFT is far behind continuous batching's (short answers wait for their batch's longest)."""
-    case = ["bench", "--compare", "round_robin", "--replicas", "1", "--speedup", "10", "-w", "varied-output",
-            "-p", "requests=24", "-p", "long_tokens=256", "-p", "long_share=0.5", "--concurrency", "8", "-q",
-            "--no-plots"]
+    case = [
+        "bench",
+        "--compare",
+        "round_robin",
+        "--replicas",
+        "1",
+        "--speedup",
+        "10",
+        "-w",
+        "varied-output",
+        "-p",
+        "requests=24",
+        "-p",
+        "long_tokens=256",
+        "-p",
+        "long_share=0.5",
+        "--concurrency",
+        "8",
+        "-q",
+        "--no-plots",
+    ]
     ttft = {}
     for mode in ("continuous", "static"):
         assert main([*case, "--batching", mode, "--out", str(tmp_path / mode)]) == 0

@@ -26,10 +26,24 @@ def replica() -> Iterator[Replica]:
 
     def start(*flags: str, speedup: float = 20, script: bool = False) -> str:
         port = free_port()
-        args = ["--port", str(port), "--model", MODEL, "--engine", "sim", "--speedup", str(speedup), "--log-level",
-                "warning", *flags]
-        cmd = [str(Path(sys.executable).with_name("replica-stub")), *args] if script else \
-            python_module("replica_stub", *args)
+        args = [
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--engine",
+            "sim",
+            "--speedup",
+            str(speedup),
+            "--log-level",
+            "warning",
+            *flags,
+        ]
+        cmd = (
+            [str(Path(sys.executable).with_name("replica-stub")), *args]
+            if script
+            else python_module("replica_stub", *args)
+        )
         proc = Proc(cmd)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -68,8 +82,13 @@ def chat(url: str, messages: list[dict], **extra: object) -> dict:
 
 def stream_ttft(client: httpx.Client, url: str, messages: list[dict]) -> tuple[float, dict]:
     """Client-side time to the first content chunk, and the usage chunk."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start, ttft, usage = time.perf_counter(), None, None
     with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as response:
         for line in response.iter_lines():
@@ -85,8 +104,13 @@ def stream_ttft(client: httpx.Client, url: str, messages: list[dict]) -> tuple[f
 
 def test_streamed_chat_parses_line_by_line(replica: Replica) -> None:
     url = replica()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 6,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi there"}],
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"X-Request-Id": "abc"}) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-request-id"] == "abc"
@@ -112,8 +136,9 @@ def test_openai_sdk_streaming_and_not(replica: Replica) -> None:
     full = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, seed=3)
     assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 5
     assert full.usage.prompt_tokens_details.cached_tokens == 0
-    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5, seed=3, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5, seed=3, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # same prompt again
@@ -206,15 +231,27 @@ def test_client_gone_during_a_non_streaming_request_aborts_it(replica: Replica) 
 
 BAD_REQUESTS = [
     ("/v1/chat/completions", b"{not json", 400, "BadRequestError"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}', 400,
-     "BadRequestError"),  # a malformed content part: vLLM's validation answers 400 (was a 500 here)
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+        400,
+        "BadRequestError",
+    ),  # a malformed content part: vLLM's validation answers 400 (was a 500 here)
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [7]}]}', 400, "BadRequestError"),
     ("/v1/chat/completions", b'{"model": "stub-model"}', 400, "BadRequestError"),
     ("/v1/chat/completions", b'{"messages": "hi"}', 400, "BadRequestError"),
-    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', 400,
-     "BadRequestError"),
-    ("/v1/chat/completions", b'{"model": "other", "messages": [{"role": "user", "content": "x"}]}', 404,
-     "NotFoundError"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}',
+        400,
+        "BadRequestError",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"model": "other", "messages": [{"role": "user", "content": "x"}]}',
+        404,
+        "NotFoundError",
+    ),
     ("/v1/completions", b'{"prompt": "x", "n": 2}', 400, "BadRequestError"),
     ("/v1/completions", b'{"prompt": "x", "temperature": -0.5}', 400, "BadRequestError"),
     ("/v1/completions", b'{"prompt": "x", "top_p": 1.5}', 400, "BadRequestError"),
@@ -252,7 +289,7 @@ def test_tokenize_detokenize_version_and_stop_strings(replica: Replica) -> None:
     stop = free.split()[3]
     stopped = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop]}).json()["choices"][0]
     assert stopped["finish_reason"] == "stop" and stopped["stop_reason"] == stop
-    assert stopped["text"] == free[:free.index(stop)]
+    assert stopped["text"] == free[: free.index(stop)]
 
 
 def test_answers_what_sglang_routers_probe(replica: Replica) -> None:

@@ -33,17 +33,34 @@ def stubs() -> Iterator[list[Proc]]:
 
 def start_stub(procs: list[Proc], batching: Batching) -> str:
     port = free_port()
-    proc = Proc(python_module("replica_stub", "--port", str(port), "--model", MODEL, "--engine", "sim",
-                              "--speedup", "10", "--prefill-base-ms", "500", "--batching", batching,
-                              "--log-level", "warning"))
+    proc = Proc(
+        python_module(
+            "replica_stub",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--engine",
+            "sim",
+            "--speedup",
+            "10",
+            "--prefill-base-ms",
+            "500",
+            "--batching",
+            batching,
+            "--log-level",
+            "warning",
+        )
+    )
     procs.append(proc)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", proc)
     return url
 
 
-async def stream_token_times(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
-                             first: asyncio.Event | None = None) -> list[float]:
+async def stream_token_times(
+    client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int, first: asyncio.Event | None = None
+) -> list[float]:
     """When each token chunk of a streamed completion arrived; sets `first` at the first one."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     times = []

@@ -50,8 +50,19 @@ class Replica:
 @pytest.fixture(scope="module")
 def replica() -> Iterator[Replica]:
     endpoint, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    stub = start_stub("kv-events", MODEL, 50, "--num-gpu-blocks", str(NUM_BLOCKS), "--kv-events-endpoint", endpoint,
-                      "--kv-events-replay-endpoint", replay, "--kv-events-topic", "kv")
+    stub = start_stub(
+        "kv-events",
+        MODEL,
+        50,
+        "--num-gpu-blocks",
+        str(NUM_BLOCKS),
+        "--kv-events-endpoint",
+        endpoint,
+        "--kv-events-replay-endpoint",
+        replay,
+        "--kv-events-topic",
+        "kv",
+    )
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -74,14 +85,17 @@ def _events(batches: list[tuple[int, list[Any]]], kind: str) -> list[list[Any]]:
 
 def test_prompt_blocks_are_stored_as_a_chain_then_evicted(replica: Replica) -> None:
     text = " ".join(f"first{i}" for i in range(100))
-    prompt_ids = httpx.post(f"{replica.stub.url}/tokenize", timeout=5,
-                            json={"model": MODEL, "messages": [{"role": "user", "content": text}]}).json()["tokens"]
+    prompt_ids = httpx.post(
+        f"{replica.stub.url}/tokenize",
+        timeout=5,
+        json={"model": MODEL, "messages": [{"role": "user", "content": text}]},
+    ).json()["tokens"]
     replica.chat(text)
     stored = _events(replica.batches(), "BlockStored")
     _, prompt_hashes, parent, token_ids, block_size, lora_id, medium = stored[0]
     assert parent is None and block_size == BLOCK and lora_id is None and medium == "GPU"
     num_full = len(prompt_ids) // BLOCK
-    assert len(prompt_hashes) == num_full and token_ids == prompt_ids[:num_full * BLOCK]
+    assert len(prompt_hashes) == num_full and token_ids == prompt_ids[: num_full * BLOCK]
 
     for n in range(6):  # ~7 blocks each: more than the pool holds
         replica.chat(" ".join(f"other{n}-{i}" for i in range(100)))

@@ -110,8 +110,12 @@ def test_a_child_that_died_alone_leaves_no_orphan_once_released(tmp_path: Path) 
 
 def test_a_sigkilled_up_leaves_no_process_behind() -> None:
     port = free_port()
-    up = subprocess.Popen(python_module("gateway", "up", "--engine", "sim", "--replicas", "2", "--port", str(port)),
-                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    up = subprocess.Popen(
+        python_module("gateway", "up", "--engine", "sim", "--replicas", "2", "--port", str(port)),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     pids: set[int] = set()
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=30)

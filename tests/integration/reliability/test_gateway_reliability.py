@@ -90,8 +90,9 @@ def test_reload_swaps_policy_without_dropping_in_flight_requests(tmp_path: Path)
 def test_serve_refuses_a_bad_config_naming_file_and_key(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("pools:\n  m:\n    replicas: [{url: 'http://127.0.0.1:1'}]\ntimeouts: {idle_s: -1}\n")
-    done = subprocess.run(python_module("gateway", "serve", "--config", str(path)), capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        python_module("gateway", "serve", "--config", str(path)), capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2
     assert f"{path}:timeouts.idle_s: must be > 0" in done.stderr
 
@@ -101,8 +102,11 @@ def test_error_statuses_over_real_processes(tmp_path: Path) -> None:
         stub = track(start_stub("slow", speedup=1))
         dead = f"http://127.0.0.1:{free_port()}"
         pools = {MODEL: pool(("slow", stub.url)), "dead-model": pool(("dead", dead))}
-        gateway = track(start_gateway(tmp_path, pools, limits={"max_body_bytes": 2000},
-                                      timeouts={"connect_s": 1.0, "first_byte_s": 0.3}))
+        gateway = track(
+            start_gateway(
+                tmp_path, pools, limits={"max_body_bytes": 2000}, timeouts={"connect_s": 1.0, "first_byte_s": 0.3}
+            )
+        )
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
             too_big = http.post("/v1/completions", json={**COMPLETION, "prompt": "x" * 3000})
             assert too_big.status_code == 413 and too_big.json()["error"]["code"] == 413

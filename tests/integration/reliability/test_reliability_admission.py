@@ -26,10 +26,19 @@ CAP, QUEUE, FLOOD = 3, 6, 40
 def test_flood_past_capacity_gets_429_with_retry_after(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("only", speedup=2))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("only", stub.url))},
-                                      admission={"max_in_flight_per_replica": CAP, "max_queue": QUEUE,
-                                                 "queue_timeout_s": 20.0, "retry_after_s": 2.0},
-                                      limits={"max_messages": 16, "max_prompt_tokens": 1000}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("only", stub.url))},
+                admission={
+                    "max_in_flight_per_replica": CAP,
+                    "max_queue": QUEUE,
+                    "queue_timeout_s": 20.0,
+                    "retry_after_s": 2.0,
+                },
+                limits={"max_messages": 16, "max_prompt_tokens": 1000},
+            )
+        )
         load = Load(gateway.url, timeout_s=30)
         peak = 0
 
@@ -39,8 +48,10 @@ def test_flood_past_capacity_gets_429_with_retry_after(tmp_path: Path) -> None:
                 tasks = [asyncio.create_task(load.one(session, chat(f"q{i}", max_tokens=30))) for i in range(FLOOD)]
                 async with httpx.AsyncClient(timeout=5) as http:
                     while not all(t.done() for t in tasks):
-                        peak = max(peak, (await http.get(f"{gateway.url}/admin/replicas")).json()[MODEL]
-                                   ["replicas"][0]["in_flight"])
+                        peak = max(
+                            peak,
+                            (await http.get(f"{gateway.url}/admin/replicas")).json()[MODEL]["replicas"][0]["in_flight"],
+                        )
                         await asyncio.sleep(0.01)
 
         asyncio.run(flood())
@@ -64,9 +75,13 @@ def test_flood_past_capacity_gets_429_with_retry_after(tmp_path: Path) -> None:
 def test_queue_full_answer_carries_retry_after(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("only", speedup=1))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("only", stub.url))},
-                                      admission={"max_in_flight_per_replica": 1, "max_queue": 0,
-                                                 "retry_after_s": 3.0}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("only", stub.url))},
+                admission={"max_in_flight_per_replica": 1, "max_queue": 0, "retry_after_s": 3.0},
+            )
+        )
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
             with http.stream("POST", "/v1/chat/completions", json=chat(max_tokens=200, stream=True)) as busy:
                 chunks = busy.iter_raw()  # keep the iterator: dropping it closes the stream
@@ -78,9 +93,13 @@ def test_queue_full_answer_carries_retry_after(tmp_path: Path) -> None:
 def test_slow_clients_hit_deadlines(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("only"))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("only", stub.url))},
-                                      limits={"client_header_timeout_s": 1.0, "client_body_timeout_s": 0.5,
-                                              "max_header_bytes": 2048}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("only", stub.url))},
+                limits={"client_header_timeout_s": 1.0, "client_body_timeout_s": 0.5, "max_header_bytes": 2048},
+            )
+        )
         # slowloris: headers a byte at a time; the connection is closed at the header deadline
         with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
             sock.settimeout(5)
@@ -98,8 +117,10 @@ def test_slow_clients_hit_deadlines(tmp_path: Path) -> None:
         # slow body: headers promise 100 bytes, 10 arrive
         with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
             sock.settimeout(5)
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100\r\n\r\n{\"model\":")
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"model":'
+            )
             answer = sock.recv(65536)
             assert answer.startswith(b"HTTP/1.1 408") and b'"code":408' in answer
         with httpx.Client(base_url=gateway.url, timeout=5) as http:
@@ -113,8 +134,10 @@ SECRET_PROMPT = "the-secret-prompt-text-42"
 
 
 def test_api_keys_tenants_rate_limits_and_logs(tmp_path: Path) -> None:
-    keys = [{"sha256": hash_key(ADMIN_KEY), "tenant": "ops", "admin": True},
-            {"sha256": hash_key(USER_KEY), "tenant": "acme", "requests_per_minute": 4}]
+    keys = [
+        {"sha256": hash_key(ADMIN_KEY), "tenant": "ops", "admin": True},
+        {"sha256": hash_key(USER_KEY), "tenant": "acme", "requests_per_minute": 4},
+    ]
     with running() as track:
         stub = track(start_stub("only"))
         gateway = track(start_gateway(tmp_path, {MODEL: pool(("only", stub.url))}, auth={"keys": keys}))
@@ -126,8 +149,9 @@ def test_api_keys_tenants_rate_limits_and_logs(tmp_path: Path) -> None:
             assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "AuthenticationError"
             assert http.get("/admin/replicas", headers=user).status_code == 403
             assert http.get("/admin/replicas", headers={"X-API-Key": ADMIN_KEY}).status_code == 200
-            statuses = [http.post("/v1/chat/completions", json=chat(SECRET_PROMPT), headers=user).status_code
-                        for _ in range(6)]
+            statuses = [
+                http.post("/v1/chat/completions", json=chat(SECRET_PROMPT), headers=user).status_code for _ in range(6)
+            ]
             assert statuses == [200] * 4 + [429] * 2, "4 requests in any minute, the first 4 at once"
             metrics = http.get("/metrics").text
             assert 'affinity_gateway_tenant_requests_total{status="200",tenant="acme"} 4.0' in metrics

@@ -34,8 +34,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway,
 def _send(gateway: Gateway, body: dict[str, object]) -> socket.socket:
     raw = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", gateway.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+    )
     return sock
 
 
@@ -80,8 +82,10 @@ def test_half_closed_client_is_taken_as_gone_pinned_known_limit(cluster: tuple[G
     gateway, stub = cluster
     raw = json.dumps(chat("tell me a long story", max_tokens=400)).encode()
     sock = socket.create_connection(("127.0.0.1", gateway.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                 b"X-Request-Id: half-closed-1\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"X-Request-Id: half-closed-1\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+    )
     _wait_running(stub)
     sock.shutdown(socket.SHUT_WR)
     closed = time.perf_counter()

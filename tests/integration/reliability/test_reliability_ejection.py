@@ -30,11 +30,22 @@ def test_a_blip_on_every_replica_ejects_at_most_the_share(tmp_path: Path) -> Non
     servers, urls = _serve(fakes)
     try:
         with running() as track:
-            gateway = track(start_gateway(
-                tmp_path, {MODEL: pool(*((f.replica_id, u) for f, u in zip(fakes, urls)))},
-                health={"interval_s": 0.2, "timeout_s": 1.0, "eject_after_failures": 2, "failure_window_s": 30.0,
-                        "backoff_s": 30.0, "backoff_max_s": 60.0, "max_ejection_percent": 34},
-                limits={"max_retries": 0}))
+            gateway = track(
+                start_gateway(
+                    tmp_path,
+                    {MODEL: pool(*((f.replica_id, u) for f, u in zip(fakes, urls)))},
+                    health={
+                        "interval_s": 0.2,
+                        "timeout_s": 1.0,
+                        "eject_after_failures": 2,
+                        "failure_window_s": 30.0,
+                        "backoff_s": 30.0,
+                        "backoff_max_s": 60.0,
+                        "max_ejection_percent": 34,
+                    },
+                    limits={"max_retries": 0},
+                )
+            )
             with httpx.Client(base_url=gateway.url, timeout=10) as http:
                 blip = [http.post("/v1/chat/completions", json=chat(f"blip {i}")).status_code for i in range(12)]
                 for fake in fakes:
@@ -42,8 +53,13 @@ def test_a_blip_on_every_replica_ejects_at_most_the_share(tmp_path: Path) -> Non
                 after = [http.post("/v1/chat/completions", json=chat(f"after {i}")) for i in range(10)]
             replicas = gateway.replicas().values()
             opened = [r["id"] for r in replicas if r["breaker"] != "closed"]
-            report("503 blip on every replica", [], blip=sorted(set(blip)), ejected=len(opened),
-                   after_ok=sum(a.status_code == 200 for a in after))
+            report(
+                "503 blip on every replica",
+                [],
+                blip=sorted(set(blip)),
+                ejected=len(opened),
+                after_ok=sum(a.status_code == 200 for a in after),
+            )
             assert set(blip) == {503}
             assert len(opened) == 1, [(r["id"], r["breaker"]) for r in replicas]  # 34 % of 3: one replica
             assert [a.status_code for a in after] == [200] * 10, [a.text[:120] for a in after]
@@ -59,8 +75,13 @@ def test_every_replica_failing_its_probe_routes_to_all_of_them(tmp_path: Path) -
     servers, urls = _serve(fakes)
     try:
         with running() as track:
-            gateway = track(start_gateway(tmp_path, {MODEL: pool(*((f.replica_id, u) for f, u in zip(fakes, urls)))},
-                                          health={"interval_s": 0.1, "timeout_s": 0.5, "unhealthy_after": 1}))
+            gateway = track(
+                start_gateway(
+                    tmp_path,
+                    {MODEL: pool(*((f.replica_id, u) for f, u in zip(fakes, urls)))},
+                    health={"interval_s": 0.1, "timeout_s": 0.5, "unhealthy_after": 1},
+                )
+            )
             eventually(lambda: not any(r["available"] for r in gateway.replicas().values()))
             with httpx.Client(base_url=gateway.url, timeout=10) as http:
                 answers = [http.post("/v1/chat/completions", json=chat(f"panic {i}")) for i in range(6)]

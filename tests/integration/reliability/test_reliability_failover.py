@@ -22,10 +22,21 @@ def test_replica_killed_under_50_streams(tmp_path: Path) -> None:
     every request that had not started streaming succeeds, also those sent right after the kill."""
     with running() as track:
         victim, survivor = track(start_stub("victim", speedup=2)), track(start_stub("survivor", speedup=2))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("victim", victim.url), ("survivor", survivor.url))},
-                                      health={"interval_s": 0.1, "timeout_s": 0.5, "unhealthy_after": 1,
-                                              "eject_after_failures": 3, "failure_window_s": 5.0,
-                                              "backoff_s": 1.0, "backoff_max_s": 2.0}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("victim", victim.url), ("survivor", survivor.url))},
+                health={
+                    "interval_s": 0.1,
+                    "timeout_s": 0.5,
+                    "unhealthy_after": 1,
+                    "eject_after_failures": 3,
+                    "failure_window_s": 5.0,
+                    "backoff_s": 1.0,
+                    "backoff_max_s": 2.0,
+                },
+            )
+        )
         load = Load(gateway.url, timeout_s=30)
         after = Load(gateway.url, timeout_s=30)
 
@@ -47,12 +58,18 @@ def test_replica_killed_under_50_streams(tmp_path: Path) -> None:
         assert all(o.clean and not o.stream_error_event for o in load.outcomes if o.replica == "survivor")
         assert all(o.clean for o in after.outcomes), [(o.status, o.body[:200]) for o in after.outcomes]
         assert {o.replica for o in after.outcomes} == {"survivor"}, "new requests route around the dead replica"
-        report("replica killed under 50 streams", load.outcomes + after.outcomes,
-               cut_with_error_event=len(cut), served_after_kill=len(after.outcomes))
+        report(
+            "replica killed under 50 streams",
+            load.outcomes + after.outcomes,
+            cut_with_error_event=len(cut),
+            served_after_kill=len(after.outcomes),
+        )
         opened = 'affinity_gateway_replica_breaker_opened_total{model_name="stub-model",replica="victim"}'
         assert metric(gateway, opened)
-        eventually(lambda: gateway.replicas()["victim"]["in_flight"] == 0 and
-                   gateway.replicas()["survivor"]["in_flight"] == 0, timeout_s=5)
+        eventually(
+            lambda: gateway.replicas()["victim"]["in_flight"] == 0 and gateway.replicas()["survivor"]["in_flight"] == 0,
+            timeout_s=5,
+        )
         victim.start()  # the breaker half-opens after its backoff and one trial request closes it
         eventually(lambda: gateway.replicas()["victim"]["available"], timeout_s=10)
         with httpx.Client(base_url=gateway.url, timeout=10) as http:

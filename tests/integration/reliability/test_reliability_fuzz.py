@@ -26,31 +26,66 @@ from tests.integration.reliability_tools import chat
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1500"))
 pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 20))  # ~30 s per 1500 cases on 2 busy cores
 MAX_RSS_GROWTH_KB = 16 * 1024
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
-                      st.text(max_size=40))
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=5),
-                                                             st.dictionaries(st.text(max_size=10), inner, max_size=5)),
-                          max_leaves=20)
-message = st.one_of(json_value, st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "", "x"])},
-    optional={"content": json_value, "name": json_value, "tool_calls": json_value, "tool_call_id": json_value}))
-body = st.fixed_dictionaries({}, optional={
-    "model": st.one_of(st.just(MODEL), json_value),
-    "messages": st.one_of(st.lists(message, max_size=6), json_value),
-    "prompt": st.one_of(st.text(max_size=200), st.lists(st.integers(-5, 2**33), max_size=40), json_value),
-    "stream": st.one_of(st.booleans(), json_value),
-    "max_tokens": st.one_of(st.integers(-3, 8), json_value),
-    "stream_options": json_value, "tools": json_value, "user": json_value, "prompt_cache_key": json_value,
-    "cache_salt": json_value, "n": json_value, "temperature": json_value,
-})
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=40)
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)),
+    max_leaves=20,
+)
+message = st.one_of(
+    json_value,
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer", "", "x"])},
+        optional={"content": json_value, "name": json_value, "tool_calls": json_value, "tool_call_id": json_value},
+    ),
+)
+body = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.one_of(st.just(MODEL), json_value),
+        "messages": st.one_of(st.lists(message, max_size=6), json_value),
+        "prompt": st.one_of(st.text(max_size=200), st.lists(st.integers(-5, 2**33), max_size=40), json_value),
+        "stream": st.one_of(st.booleans(), json_value),
+        "max_tokens": st.one_of(st.integers(-3, 8), json_value),
+        "stream_options": json_value,
+        "tools": json_value,
+        "user": json_value,
+        "prompt_cache_key": json_value,
+        "cache_salt": json_value,
+        "n": json_value,
+        "temperature": json_value,
+    },
+)
 header_name = st.text(string.ascii_letters + string.digits + "-", min_size=1, max_size=20)
 header_value = st.text(string.printable.strip() + " ", max_size=300).map(str.strip)
-headers = st.dictionaries(st.one_of(header_name, st.sampled_from(
-    ["Content-Type", "X-Request-Id", "X-Session-ID", "Authorization", "Content-Encoding", "Transfer-Encoding",
-     "Connection", "Expect"])), header_value, max_size=6)
+headers = st.dictionaries(
+    st.one_of(
+        header_name,
+        st.sampled_from(
+            [
+                "Content-Type",
+                "X-Request-Id",
+                "X-Session-ID",
+                "Authorization",
+                "Content-Encoding",
+                "Transfer-Encoding",
+                "Connection",
+                "Expect",
+            ]
+        ),
+    ),
+    header_value,
+    max_size=6,
+)
 path = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/admin/route/explain"])
 
 
@@ -59,8 +94,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with running() as track:
         stub = track(start_stub("fuzzed", MODEL, 1000, "--max-model-len", "64"))
         pools = {MODEL: {"replicas": [{"url": stub.url, "name": "fuzzed"}], "routing": {"policy": "prefix_affinity"}}}
-        yield track(start_gateway(tmp_path_factory.mktemp("fuzz"), pools, limits={"max_body_bytes": 65536},
-                                  logging={"requests": False}))
+        yield track(
+            start_gateway(
+                tmp_path_factory.mktemp("fuzz"), pools, limits={"max_body_bytes": 65536}, logging={"requests": False}
+            )
+        )
 
 
 def rss_kb(gateway: Gateway) -> int:
@@ -71,6 +109,7 @@ def rss_kb(gateway: Gateway) -> int:
 def test_fuzzed_requests_get_only_4xx_and_memory_stays_flat(gateway: Gateway) -> None:
     statuses: Counter[int] = Counter()
     with httpx.Client(base_url=gateway.url, timeout=10) as http:
+
         def send(target: str, content: bytes, extra: dict[str, str]) -> int:
             try:
                 status = http.post(target, content=content, headers=extra).status_code
@@ -96,8 +135,10 @@ def test_fuzzed_requests_get_only_4xx_and_memory_stays_flat(gateway: Gateway) ->
         after = rss_kb(gateway)
         assert http.post("/v1/chat/completions", json=chat(max_tokens=2)).status_code == 200
     assert gateway.proc.alive()
-    print(f"\nRELIABILITY fuzz: cases={sum(statuses.values())} statuses={dict(sorted(statuses.items()))} "
-          f"rss_before_kb={before} rss_after_kb={after}")
+    print(
+        f"\nRELIABILITY fuzz: cases={sum(statuses.values())} statuses={dict(sorted(statuses.items()))} "
+        f"rss_before_kb={before} rss_after_kb={after}"
+    )
     assert after - before < MAX_RSS_GROWTH_KB
 
 

@@ -64,8 +64,12 @@ def nested_body(where: str, nested: bytes) -> bytes:
     elif where == "tools":
         body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": PLACEHOLDER}}]
     else:
-        body["messages"].append({"role": "assistant", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f", "arguments": PLACEHOLDER}}]})
+        body["messages"].append(
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": PLACEHOLDER}}],
+            }
+        )
     return json.dumps(body).encode().replace(f'"{PLACEHOLDER}"'.encode(), nested)
 
 
@@ -80,8 +84,11 @@ def deep_body(draw: st.DrawFn) -> bytes:
 def encoded_body(draw: st.DrawFn) -> tuple[bytes, bytes]:
     """(body, Content-Encoding): valid and broken gzip/deflate, br/zstd/identity/unknown codings."""
     plain = json.dumps({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
-    coding = draw(st.sampled_from([b"gzip", b"x-gzip", b"deflate", b"br", b"zstd", b"identity", b"gzip, identity",
-                                   b"GZIP", b"compress", b""]))
+    coding = draw(
+        st.sampled_from(
+            [b"gzip", b"x-gzip", b"deflate", b"br", b"zstd", b"identity", b"gzip, identity", b"GZIP", b"compress", b""]
+        )
+    )
     how = draw(st.sampled_from(["gzip", "zlib", "raw_deflate", "plain", "truncated", "trailing", "junk"]))
     if how == "gzip":
         data = gzip.compress(plain)
@@ -93,7 +100,7 @@ def encoded_body(draw: st.DrawFn) -> tuple[bytes, bytes]:
     elif how == "plain":
         data = plain
     elif how == "truncated":
-        data = gzip.compress(plain)[:draw(st.integers(0, 20))]
+        data = gzip.compress(plain)[: draw(st.integers(0, 20))]
     elif how == "trailing":
         data = gzip.compress(plain) + draw(st.binary(min_size=1, max_size=20))
     else:
@@ -102,18 +109,42 @@ def encoded_body(draw: st.DrawFn) -> tuple[bytes, bytes]:
 
 
 header_bytes = st.binary(max_size=80).map(lambda b: b.replace(b"\r", b"\x01").replace(b"\n", b"\x02"))
-header_name = st.sampled_from([b"X-Request-Id", b"X-Session-ID", b"User-Agent", b"Content-Type", b"Accept",
-                               b"X-Custom", b"Authorization", b"Cookie"])
+header_name = st.sampled_from(
+    [
+        b"X-Request-Id",
+        b"X-Session-ID",
+        b"User-Agent",
+        b"Content-Type",
+        b"Accept",
+        b"X-Custom",
+        b"Authorization",
+        b"Cookie",
+    ]
+)
 case = st.one_of(
     st.tuples(st.just("depth"), deep_body(), st.just(b""), st.just({}), st.just(b"/v1/chat/completions")),
-    st.tuples(st.just("encoding"), encoded_body().map(lambda e: e[0]), encoded_body().map(lambda e: e[1]),
-              st.just({}), st.just(b"/v1/chat/completions")),
-    st.tuples(st.just("header"), deep_body().filter(lambda b: len(b) < 3000) | st.just(b'{"model":"x"}'),
-              st.just(b""), st.dictionaries(header_name, header_bytes, min_size=1, max_size=3),
-              st.just(b"/v1/chat/completions")),
+    st.tuples(
+        st.just("encoding"),
+        encoded_body().map(lambda e: e[0]),
+        encoded_body().map(lambda e: e[1]),
+        st.just({}),
+        st.just(b"/v1/chat/completions"),
+    ),
+    st.tuples(
+        st.just("header"),
+        deep_body().filter(lambda b: len(b) < 3000) | st.just(b'{"model":"x"}'),
+        st.just(b""),
+        st.dictionaries(header_name, header_bytes, min_size=1, max_size=3),
+        st.just(b"/v1/chat/completions"),
+    ),
     # test_reliability_fuzz's bodies and headers (Expect, Transfer-Encoding, Connection...) on this socket
-    st.tuples(st.just("body"), json_body.map(_dump), st.just(b""),
-              http_headers.map(lambda h: {k.encode(): v.encode() for k, v in h.items()}), api_path.map(str.encode)),
+    st.tuples(
+        st.just("body"),
+        json_body.map(_dump),
+        st.just(b""),
+        http_headers.map(lambda h: {k.encode(): v.encode() for k, v in h.items()}),
+        api_path.map(str.encode),
+    ),
 )
 WARMUP = min(100, WIRE.max_examples // 5)  # cases before the RSS baseline: allocator and caches warm
 
@@ -211,7 +242,9 @@ def _exchange(port: int, kind: str, target: bytes, content: bytes, sent: dict[by
 @WIRE
 @given(case)
 def test_wire_fuzz_no_5xx_openai_errors_and_keepalive_kept(
-        gateway: Gateway, one: tuple[str, bytes, bytes, dict[bytes, bytes], bytes]) -> None:  # noqa: F811
+    gateway: Gateway,  # noqa: F811
+    one: tuple[str, bytes, bytes, dict[bytes, bytes], bytes],
+) -> None:
     kind, content, coding, extra, target = one
     if sum(STATUSES.values()) == WARMUP:
         RSS_KB.append(rss_kb(gateway))
@@ -221,8 +254,11 @@ def test_wire_fuzz_no_5xx_openai_errors_and_keepalive_kept(
 
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("depth", [255, 1100])
-def test_bodies_past_orjson_depths_get_400_on_a_kept_connection(gateway: Gateway, where: str,  # noqa: F811
-                                                                 depth: int) -> None:
+def test_bodies_past_orjson_depths_get_400_on_a_kept_connection(
+    gateway: Gateway,  # noqa: F811
+    where: str,
+    depth: int,
+) -> None:
     """Past orjson's write depth (the prefix rendering of prefix_affinity) and past its read depth."""
     for as_dict in (False, True):
         body = nested_body(where, _nest(depth, b'"x"', as_dict))
@@ -233,6 +269,8 @@ def test_wire_fuzz_report(gateway: Gateway) -> None:  # noqa: F811
     """Runs after the fuzz test in this module: its figures, and the gateway still up and small."""
     assert gateway.proc.alive()
     after = rss_kb(gateway)
-    print(f"\nRELIABILITY fuzz_wire: cases={sum(STATUSES.values())} statuses={dict(sorted(STATUSES.items()))} "
-          f"rss_after_warmup_kb={RSS_KB[:1]} rss_after_kb={after}")
+    print(
+        f"\nRELIABILITY fuzz_wire: cases={sum(STATUSES.values())} statuses={dict(sorted(STATUSES.items()))} "
+        f"rss_after_warmup_kb={RSS_KB[:1]} rss_after_kb={after}"
+    )
     assert not RSS_KB or after - RSS_KB[0] < MAX_RSS_GROWTH_KB

@@ -26,8 +26,11 @@ BODY = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "h
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     with running() as track:
         stub = track(start_stub("edge"))
-        yield track(start_gateway(tmp_path_factory.mktemp("edges"), {MODEL: pool(("edge", stub.url))},
-                                  limits={"max_body_bytes": 4096}))
+        yield track(
+            start_gateway(
+                tmp_path_factory.mktemp("edges"), {MODEL: pool(("edge", stub.url))}, limits={"max_body_bytes": 4096}
+            )
+        )
 
 
 class Conn:
@@ -57,8 +60,13 @@ class Conn:
 
 
 def post(body: bytes, *extra: str, path: str = "/v1/chat/completions", method: str = "POST") -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: gw", "Content-Type: application/json",
-             f"Content-Length: {len(body)}", *extra]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: gw",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *extra,
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -147,8 +155,13 @@ def _assert_reusable(conn: Conn, headers: dict[str, str]) -> None:
     assert status == 200, answer[:300]
 
 
-LEAKY = {"Server": "replica/1.0", "Set-Cookie": "session=secret", "X-Debug-Trace": "internal", "X-Replica-Id": "own-id",
-         "X-Affinity-Reason": "forged"}
+LEAKY = {
+    "Server": "replica/1.0",
+    "Set-Cookie": "session=secret",
+    "X-Debug-Trace": "internal",
+    "X-Replica-Id": "own-id",
+    "X-Affinity-Reason": "forged",
+}
 
 
 @pytest.mark.parametrize("ids", [True, False], ids=["ids-on", "ids-off"])
@@ -156,9 +169,13 @@ def test_replica_response_headers_do_not_leak(tmp_path: Path, ids: bool) -> None
     """Server, Set-Cookie and the configured deny list are stripped; the gateway's X-Replica-Id wins, and
     both id headers can be turned off (`headers.replica_id`, `headers.affinity_reason`)."""
     with ThreadServer(FakeReplica("fake", headers=LEAKY).app) as url, running() as track:
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("gateway-name", url))},
-                                      headers={"drop_response": ["x-debug-trace"], "replica_id": ids,
-                                               "affinity_reason": ids}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("gateway-name", url))},
+                headers={"drop_response": ["x-debug-trace"], "replica_id": ids, "affinity_reason": ids},
+            )
+        )
         resp = httpx.post(f"{gateway.url}/v1/chat/completions", content=BODY, timeout=10)
     assert resp.status_code == 200 and resp.headers["X-Custom"] == "kept"
     assert "replica" not in resp.headers.get("Server", "") and "Set-Cookie" not in resp.headers

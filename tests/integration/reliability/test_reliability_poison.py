@@ -34,11 +34,22 @@ def test_sustained_query_of_death(tmp_path: Path) -> None:
     replica's 5xx after two replicas (never a third), no innocent request fails and no breaker opens."""
     with running() as track:
         stubs = [track(start_stub(f"r{i}", MODEL, 50, "--fail-on-marker", MARKER)) for i in range(3)]
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs))},
-                                      health={"interval_s": 0.2, "timeout_s": 1.0, "unhealthy_after": 2,
-                                              "eject_after_failures": 3, "failure_window_s": 30.0,
-                                              "backoff_s": 5.0, "backoff_max_s": 10.0},
-                                      limits={"max_retries": 2}))
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(*((s.replica_id, s.url) for s in stubs))},
+                health={
+                    "interval_s": 0.2,
+                    "timeout_s": 1.0,
+                    "unhealthy_after": 2,
+                    "eject_after_failures": 3,
+                    "failure_window_s": 30.0,
+                    "backoff_s": 5.0,
+                    "backoff_max_s": 10.0,
+                },
+                limits={"max_retries": 2},
+            )
+        )
         innocent, bad = Load(gateway.url, timeout_s=30), Load(gateway.url, timeout_s=30)
 
         async def scenario() -> None:
@@ -61,17 +72,20 @@ def test_sustained_query_of_death(tmp_path: Path) -> None:
 
         asyncio.run(scenario())
         failed = [(o.status, o.error, o.body[:120]) for o in innocent.outcomes if not o.clean]
-        report("sustained query of death", innocent.outcomes, bad_sent=len(bad.outcomes),
-               innocent_failed=len(failed))
+        report("sustained query of death", innocent.outcomes, bad_sent=len(bad.outcomes), innocent_failed=len(failed))
         assert len(innocent.outcomes) > 40 and not failed, failed[:5]
         assert [o.status for o in bad.outcomes] == [500] * SECONDS, [(o.status, o.body[:120]) for o in bad.outcomes]
         assert all(b'"error"' in o.body for o in bad.outcomes), "the replica's own error body reaches the client"
-        assert all(r["breaker"] == "closed" and r["breaker_opened"] == 0 for r in gateway.replicas().values()), \
-            [(r["id"], r["breaker"], r["breaker_opened"]) for r in gateway.replicas().values()]
+        assert all(r["breaker"] == "closed" and r["breaker_opened"] == 0 for r in gateway.replicas().values()), [
+            (r["id"], r["breaker"], r["breaker_opened"]) for r in gateway.replicas().values()
+        ]
         assert metric(gateway, "affinity_gateway_poison_requests_total") == SECONDS
         logged = gateway.proc.output()
         assert all(f"poison-{i}" in logged for i in range(SECONDS)) and "poison_request" in logged
         errors = httpx.get(f"{gateway.url}/metrics", timeout=5).text.splitlines()
-        tried = sum(float(line.rsplit(" ", 1)[1]) for line in errors
-                    if line.startswith("affinity_gateway_upstream_errors_total") and 'kind="http_500"' in line)
+        tried = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in errors
+            if line.startswith("affinity_gateway_upstream_errors_total") and 'kind="http_500"' in line
+        )
         assert tried == 2 * SECONDS, "a poison request is tried on two replicas, never a third"

@@ -59,12 +59,23 @@ def test_query_of_death_by_reset_or_stall_opens_no_breaker(tmp_path: Path, mode:
     urls = [server.__enter__() for server in servers]
     try:
         with running() as track:
-            gateway = track(start_gateway(
-                tmp_path, {MODEL: pool(*((f.replica_id, u) for f, u in zip(fakes, urls)))},
-                health={"interval_s": 0.2, "timeout_s": 1.0, "unhealthy_after": 2, "eject_after_failures": 3,
-                        "failure_window_s": 30.0, "backoff_s": 5.0, "backoff_max_s": 10.0},
-                limits={"max_retries": 2},
-                timeouts={"connect_s": 1.0, "first_byte_s": FIRST_BYTE_S, "idle_s": 10.0}))
+            gateway = track(
+                start_gateway(
+                    tmp_path,
+                    {MODEL: pool(*((f.replica_id, u) for f, u in zip(fakes, urls)))},
+                    health={
+                        "interval_s": 0.2,
+                        "timeout_s": 1.0,
+                        "unhealthy_after": 2,
+                        "eject_after_failures": 3,
+                        "failure_window_s": 30.0,
+                        "backoff_s": 5.0,
+                        "backoff_max_s": 10.0,
+                    },
+                    limits={"max_retries": 2},
+                    timeouts={"connect_s": 1.0, "first_byte_s": FIRST_BYTE_S, "idle_s": 10.0},
+                )
+            )
             innocent, bad = Load(gateway.url, timeout_s=30), Load(gateway.url, timeout_s=30)
             started = time.monotonic()
             asyncio.run(_scenario(gateway.url, innocent, bad))
@@ -73,17 +84,26 @@ def test_query_of_death_by_reset_or_stall_opens_no_breaker(tmp_path: Path, mode:
             failed = [(o.status, o.error, o.body[:120]) for o in innocent.outcomes if not o.clean]
             tried = sum(MARKER.encode() in seen.body for fake in fakes for seen in fake.seen)
             slowest = max(o.first_byte_s or 99.0 for o in bad.outcomes)
-            report(f"query of death by {mode}", innocent.outcomes, bad_sent=len(bad.outcomes),
-                   innocent_failed=len(failed), bad_statuses=sorted({o.status for o in bad.outcomes}),
-                   upstream_tries=tried, slowest_bad_s=round(slowest, 2),
-                   breaker_openings=sum(r["breaker_opened"] for r in replicas), took_s=round(took_s, 1))
+            report(
+                f"query of death by {mode}",
+                innocent.outcomes,
+                bad_sent=len(bad.outcomes),
+                innocent_failed=len(failed),
+                bad_statuses=sorted({o.status for o in bad.outcomes}),
+                upstream_tries=tried,
+                slowest_bad_s=round(slowest, 2),
+                breaker_openings=sum(r["breaker_opened"] for r in replicas),
+                took_s=round(took_s, 1),
+            )
             assert len(innocent.outcomes) > 100, len(innocent.outcomes)
             assert len(failed) <= len(innocent.outcomes) // 100, failed[:5]
-            assert all(r["breaker"] == "closed" and r["breaker_opened"] == 0 for r in replicas), \
-                [(r["id"], r["breaker"], r["breaker_opened"]) for r in replicas]
+            assert all(r["breaker"] == "closed" and r["breaker_opened"] == 0 for r in replicas), [
+                (r["id"], r["breaker"], r["breaker_opened"]) for r in replicas
+            ]
             status = 502 if mode == "reset" else 504
-            assert [o.status for o in bad.outcomes] == [status] * SECONDS, [(o.status, o.body[:200])
-                                                                             for o in bad.outcomes]
+            assert [o.status for o in bad.outcomes] == [status] * SECONDS, [
+                (o.status, o.body[:200]) for o in bad.outcomes
+            ]
             for outcome in bad.outcomes:  # a clear answer in the OpenAI shape, naming what happened
                 error = orjson.loads(outcome.body)["error"]
                 assert error["code"] == status and "two replicas" in error["message"], error

@@ -52,11 +52,18 @@ def test_redis_frozen_then_killed_and_restarted_under_load(tmp_path: Path) -> No
     try:
         with running() as track:
             stubs = [track(start_stub(f"replica-{i}", speedup=20)) for i in range(2)]
-            routing = {"replicas": pool(*((s.replica_id, s.url) for s in stubs))["replicas"],
-                       "routing": {"policy": "prefix_affinity"}}
-            gateway = track(start_gateway(tmp_path, {MODEL: routing},
-                                          redis={"url": redis_server.url},
-                                          index={"store": "redis", "timeout_s": 0.05, "reconnect_max_s": 0.3}))
+            routing = {
+                "replicas": pool(*((s.replica_id, s.url) for s in stubs))["replicas"],
+                "routing": {"policy": "prefix_affinity"},
+            }
+            gateway = track(
+                start_gateway(
+                    tmp_path,
+                    {MODEL: routing},
+                    redis={"url": redis_server.url},
+                    index={"store": "redis", "timeout_s": 0.05, "reconnect_max_s": 0.3},
+                )
+            )
             threads = [threading.Thread(target=client, args=(n, gateway.url)) for n in range(CLIENTS)]
             for t in threads:
                 t.start()

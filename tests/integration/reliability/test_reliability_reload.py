@@ -80,11 +80,22 @@ class Run:
     released_s: float = 0.0
 
     def report(self, name: str, **extra: Any) -> None:
-        report(name, self.outcomes, reloads=RELOADS, clients_before=len(self.before[0]),
-               clients_after=len(self.after[0]), owners_after=sorted(_owners(self.after[0])),
-               subscribers_before=self.before[1], subscribers_after=self.after[1], released_s=self.released_s,
-               rss_before_kb=self.rss_before_kb, rss_after_kb=self.rss_after_kb,
-               most_during=list(map(max, zip(*self.during))), idle_reload=self.idle[0], **extra)
+        report(
+            name,
+            self.outcomes,
+            reloads=RELOADS,
+            clients_before=len(self.before[0]),
+            clients_after=len(self.after[0]),
+            owners_after=sorted(_owners(self.after[0])),
+            subscribers_before=self.before[1],
+            subscribers_after=self.after[1],
+            released_s=self.released_s,
+            rss_before_kb=self.rss_before_kb,
+            rss_after_kb=self.rss_after_kb,
+            most_during=list(map(max, zip(*self.during))),
+            idle_reload=self.idle[0],
+            **extra,
+        )
 
     def check(self, max_rss_growth_kb: int = MAX_RSS_GROWTH_KB) -> None:
         # A router's streams last ~30 ms: 0.25 s after a reload only it and the one it replaced may be left.
@@ -103,14 +114,19 @@ class Run:
         assert self.outcomes and all(o.clean for o in self.outcomes), [o for o in self.outcomes if not o.clean][:3]
 
 
-def _reloads_under_load(gateway: Gateway, client: redis.Redis, routing: Callable[[int], dict[str, Any]],
-                        sample: Callable[[], None] = lambda: None) -> Run:
+def _reloads_under_load(
+    gateway: Gateway,
+    client: redis.Redis,
+    routing: Callable[[int], dict[str, Any]],
+    sample: Callable[[], None] = lambda: None,
+) -> Run:
     """CLIENTS streaming clients; a warm-up reload, then RELOADS reloads 0.25 s apart with `routing(i)`
     (each different from the last), `sample()` after each; then the load stops and one idle reload."""
     run, stop = Run(), threading.Event()
     body = lambda n: lambda i: chat(f"shared system prompt {n % 2} " * 20 + f"turn {i}", 12, True)  # noqa: E731
-    threads = [threading.Thread(target=post_until, args=(gateway.url, stop, run.outcomes, body(n)))
-               for n in range(CLIENTS)]
+    threads = [
+        threading.Thread(target=post_until, args=(gateway.url, stop, run.outcomes, body(n))) for n in range(CLIENTS)
+    ]
     try:
         for t in threads:
             t.start()
@@ -155,16 +171,21 @@ def redis_client() -> Iterator[tuple[RedisServer, redis.Redis]]:
 
 
 def test_twenty_reloads_under_load_release_every_redis_client_and_subscription(
-        tmp_path: Path, redis_client: tuple[RedisServer, redis.Redis]) -> None:
+    tmp_path: Path, redis_client: tuple[RedisServer, redis.Redis]
+) -> None:
     server, client = redis_client
     with running() as track:
         stubs = [track(start_stub(f"replica-{i}", speedup=40)) for i in range(2)]
         pools = {MODEL: {**pool(*((s.replica_id, s.url) for s in stubs)), "routing": {"policy": "prefix_affinity"}}}
-        gateway = track(start_gateway(tmp_path, pools, redis={"url": server.url}, index={"store": "redis"},
-                                      logging={"requests": False}))
+        gateway = track(
+            start_gateway(
+                tmp_path, pools, redis={"url": server.url}, index={"store": "redis"}, logging={"requests": False}
+            )
+        )
         # 64 / 66 characters a block: a different routing section each time
-        run = _reloads_under_load(gateway, client, lambda i: {"policy": "prefix_affinity",
-                                                              "prefix": {"block_chars": 64 + i % 2 * 2}})
+        run = _reloads_under_load(
+            gateway, client, lambda i: {"policy": "prefix_affinity", "prefix": {"block_chars": 64 + i % 2 * 2}}
+        )
         run.report("reloads_redis")
         run.check()
 
@@ -176,7 +197,8 @@ def _event_sockets(gateway: Gateway, ports: set[int]) -> int:
 
 
 def test_twenty_reloads_under_load_release_the_kv_event_feeds(
-        tmp_path: Path, redis_client: tuple[RedisServer, redis.Redis]) -> None:
+    tmp_path: Path, redis_client: tuple[RedisServer, redis.Redis]
+) -> None:
     """Each new router gets new feeds; the replaced feeds' sockets close with the reload."""
     server, client = redis_client
     with running() as track:
@@ -184,21 +206,42 @@ def test_twenty_reloads_under_load_release_the_kv_event_feeds(
         for replica in replicas:
             track(replica.stub)
         ports = {int(r.events.rsplit(":", 1)[1]) for r in replicas}
-        def routing(i: int) -> dict[str, Any]:  # the tokenize budget alternates: a new section, the same keys
-            return {"policy": "prefix_affinity",
-                    "prefix": {"tokenizer": "sim", "block_tokens": 16, "tokenize_budget_ms": 50 + i % 2}}
 
-        pools = {MODEL: {"routing": routing(-2), "replicas": [
-            {"url": r.stub.url, "name": r.stub.replica_id,
-             "kv_events": {"endpoint": r.events, "replay_endpoint": r.replay}} for r in replicas]}}
-        gateway = track(start_gateway(tmp_path, pools, redis={"url": server.url}, index={"store": "redis"},
-                                      logging={"requests": False}))
+        def routing(i: int) -> dict[str, Any]:  # the tokenize budget alternates: a new section, the same keys
+            return {
+                "policy": "prefix_affinity",
+                "prefix": {"tokenizer": "sim", "block_tokens": 16, "tokenize_budget_ms": 50 + i % 2},
+            }
+
+        pools = {
+            MODEL: {
+                "routing": routing(-2),
+                "replicas": [
+                    {
+                        "url": r.stub.url,
+                        "name": r.stub.replica_id,
+                        "kv_events": {"endpoint": r.events, "replay_endpoint": r.replay},
+                    }
+                    for r in replicas
+                ],
+            }
+        }
+        gateway = track(
+            start_gateway(
+                tmp_path, pools, redis={"url": server.url}, index={"store": "redis"}, logging={"requests": False}
+            )
+        )
         feeds: list[int] = []
         process = psutil.Process(gateway.proc.popen.pid)
         threads_before = process.num_threads()
         run = _reloads_under_load(gateway, client, routing, sample=lambda: feeds.append(_event_sockets(gateway, ports)))
-        run.report("reloads_kv_events", most_feed_sockets=max(feeds), feed_sockets_idle=_event_sockets(gateway, ports),
-                   threads_before=threads_before, threads_after=process.num_threads())
+        run.report(
+            "reloads_kv_events",
+            most_feed_sockets=max(feeds),
+            feed_sockets_idle=_event_sockets(gateway, ports),
+            threads_before=threads_before,
+            threads_after=process.num_threads(),
+        )
         assert max(feeds) <= len(replicas), feeds  # one subscription per replica, the new router's
         run.check(MAX_RSS_GROWTH_KV_KB)
         eventually(lambda: _event_sockets(gateway, ports) == len(replicas), timeout_s=5)

@@ -45,15 +45,17 @@ def _refused(url: str) -> bool:
 def test_sigterm_drains_accepted_streams_then_exits(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("only", speedup=2))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("only", stub.url))},
-                                      shutdown={"grace_s": 20.0, "ready_delay_s": 0.5}))
+        gateway = track(
+            start_gateway(tmp_path, {MODEL: pool(("only", stub.url))}, shutdown={"grace_s": 20.0, "ready_delay_s": 0.5})
+        )
         load = Load(gateway.url, timeout_s=30)
         ready_while_draining: list[int] = []
 
         async def scenario() -> None:
             async with aiohttp.ClientSession() as session:
-                streams = [asyncio.create_task(load.one(session, chat(f"s{i}", max_tokens=60, stream=True)))
-                           for i in range(6)]
+                streams = [
+                    asyncio.create_task(load.one(session, chat(f"s{i}", max_tokens=60, stream=True))) for i in range(6)
+                ]
                 while sum(o.first_byte_s is not None for o in load.outcomes) < 6:
                     await asyncio.sleep(0.02)
                 gateway.proc.popen.send_signal(signal.SIGTERM)
@@ -68,8 +70,12 @@ def test_sigterm_drains_accepted_streams_then_exits(tmp_path: Path) -> None:
         assert all(o.clean and not o.stream_error_event for o in load.outcomes), load.outcomes
         assert _refused(gateway.url), "no new connections once draining"
         gateway.proc.popen.wait(20)
-        report("sigterm drain", load.outcomes, exit_code=gateway.proc.popen.returncode,
-               drained_in_s=round(time.monotonic() - signalled, 2))
+        report(
+            "sigterm drain",
+            load.outcomes,
+            exit_code=gateway.proc.popen.returncode,
+            drained_in_s=round(time.monotonic() - signalled, 2),
+        )
         assert gateway.proc.popen.returncode == 0
 
 
@@ -80,10 +86,16 @@ def test_sigterm_grace_deadline_ends_what_is_left(tmp_path: Path, grace_s: float
     ready_delay_s = 0.5
     with running() as track:
         stub = track(start_stub("only", speedup=1))
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("only", stub.url))},
-                                      shutdown={"grace_s": grace_s, "ready_delay_s": ready_delay_s}))
-        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=chat(max_tokens=1000, stream=True),
-                          timeout=15) as resp:
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("only", stub.url))},
+                shutdown={"grace_s": grace_s, "ready_delay_s": ready_delay_s},
+            )
+        )
+        with httpx.stream(
+            "POST", f"{gateway.url}/v1/chat/completions", json=chat(max_tokens=1000, stream=True), timeout=15
+        ) as resp:
             chunks = resp.iter_raw()
             body = next(chunks)
             assert body.startswith(b"data: ")
@@ -95,8 +107,13 @@ def test_sigterm_grace_deadline_ends_what_is_left(tmp_path: Path, grace_s: float
         gateway.proc.popen.wait(15)
         drained_s = time.monotonic() - signalled
         out = Outcome(status=resp.status_code, body=body)
-        report(f"sigterm grace deadline, grace_s={grace_s}", [out], stream_ended_s=round(ended_s, 2),
-               drained_in_s=round(drained_s, 2), exit_code=gateway.proc.popen.returncode)
+        report(
+            f"sigterm grace deadline, grace_s={grace_s}",
+            [out],
+            stream_ended_s=round(ended_s, 2),
+            drained_in_s=round(drained_s, 2),
+            exit_code=gateway.proc.popen.returncode,
+        )
         assert out.stream_error_event, body[-300:]
         assert drained_s <= ready_delay_s + grace_s + 1.0, drained_s
         assert gateway.proc.popen.returncode == 0
@@ -115,11 +132,29 @@ def test_rolling_restart_of_two_gateways_loses_no_request(tmp_path: Path, ready_
 
     with running() as track:
         stubs = [track(start_stub(f"replica-{i}", speedup=4)) for i in range(2)]
-        backs = [track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs))},
-                                     shutdown={"grace_s": 20.0, "ready_delay_s": ready_delay_s})) for _ in range(2)]
-        front = track(start_gateway(tmp_path, {MODEL: pool(("back-0", backs[0].url), ("back-1", backs[1].url))},
-                                    health={"path": "/ready", "interval_s": 0.1, "timeout_s": 0.5,
-                                            "unhealthy_after": 1, "healthy_after": 1}))
+        backs = [
+            track(
+                start_gateway(
+                    tmp_path,
+                    {MODEL: pool(*((s.replica_id, s.url) for s in stubs))},
+                    shutdown={"grace_s": 20.0, "ready_delay_s": ready_delay_s},
+                )
+            )
+            for _ in range(2)
+        ]
+        front = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("back-0", backs[0].url), ("back-1", backs[1].url))},
+                health={
+                    "path": "/ready",
+                    "interval_s": 0.1,
+                    "timeout_s": 0.5,
+                    "unhealthy_after": 1,
+                    "healthy_after": 1,
+                },
+            )
+        )
         threads = [threading.Thread(target=client, args=(front.url, n)) for n in range(4)]
         for t in threads:
             t.start()

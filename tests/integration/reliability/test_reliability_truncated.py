@@ -27,20 +27,36 @@ pytestmark = pytest.mark.timeout(60)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, FakeReplica]]:
     fake = FakeReplica("breaking", chunks=4, die_after=1)
     with ThreadServer(fake.app) as url, running() as track:
-        gateway = track(start_gateway(tmp_path_factory.mktemp("truncated"), {MODEL: pool(("breaking", url))},
-                                      limits={"max_retries": 0}, load={"enabled": False},
-                                      health={"interval_s": 5.0, "eject_after_failures": 1000},
-                                      timeouts={"connect_s": 1.0, "first_byte_s": 10.0, "idle_s": 10.0}))
+        gateway = track(
+            start_gateway(
+                tmp_path_factory.mktemp("truncated"),
+                {MODEL: pool(("breaking", url))},
+                limits={"max_retries": 0},
+                load={"enabled": False},
+                health={"interval_s": 5.0, "eject_after_failures": 1000},
+                timeouts={"connect_s": 1.0, "first_byte_s": 10.0, "idle_s": 10.0},
+            )
+        )
         yield gateway, fake
 
 
 def _stream(gateway: Gateway, usage: bool, phrase: bool) -> tuple[Outcome, float]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 8,
-            **({"stream_options": {"include_usage": True}} if usage else {})}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "max_tokens": 8,
+        **({"stream_options": {"include_usage": True}} if usage else {}),
+    }
     out, started = Outcome(), time.monotonic()
     try:
-        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=20,
-                          headers={"X-Stream-Chunking": "phrase"} if phrase else {}) as resp:
+        with httpx.stream(
+            "POST",
+            f"{gateway.url}/v1/chat/completions",
+            json=body,
+            timeout=20,
+            headers={"X-Stream-Chunking": "phrase"} if phrase else {},
+        ) as resp:
             out.status = resp.status_code
             for data in resp.iter_raw():
                 out.body += data
@@ -52,8 +68,9 @@ def _stream(gateway: Gateway, usage: bool, phrase: bool) -> tuple[Outcome, float
 @pytest.mark.parametrize("phrase", [False, True], ids=["plain", "phrase"])
 @pytest.mark.parametrize("usage", [True, False], ids=["include_usage", "stripped_usage"])
 @pytest.mark.parametrize("fault", ["mid_event", "bad_chunk"])
-def test_broken_stream_ends_with_error_event_and_done(cluster: tuple[Gateway, FakeReplica], fault: str,
-                                                      usage: bool, phrase: bool) -> None:
+def test_broken_stream_ends_with_error_event_and_done(
+    cluster: tuple[Gateway, FakeReplica], fault: str, usage: bool, phrase: bool
+) -> None:
     gateway, fake = cluster
     fake.mid_event, fake.bad_chunk = fault == "mid_event", fault == "bad_chunk"
     out, took_s = _stream(gateway, usage, phrase)

@@ -26,11 +26,30 @@ EVENTS_PORT, REPLAY_PORT = free_port(), free_port()  # every stub publishes KV e
 def stubs() -> Iterator[int]:
     """One replica stub per loopback address, all on the same port; yields the port."""
     port = free_port()
-    procs = [Proc(python_module("replica_stub", "--host", address, "--port", str(port), "--engine", "sim",
-                                "--speedup", "50", "--replica-id", f"{address}:{port}", "--log-level", "warning",
-                                "--kv-events-endpoint", f"tcp://{address}:{EVENTS_PORT}",
-                                "--kv-events-replay-endpoint", f"tcp://{address}:{REPLAY_PORT}"))
-             for address in ADDRESSES]
+    procs = [
+        Proc(
+            python_module(
+                "replica_stub",
+                "--host",
+                address,
+                "--port",
+                str(port),
+                "--engine",
+                "sim",
+                "--speedup",
+                "50",
+                "--replica-id",
+                f"{address}:{port}",
+                "--log-level",
+                "warning",
+                "--kv-events-endpoint",
+                f"tcp://{address}:{EVENTS_PORT}",
+                "--kv-events-replay-endpoint",
+                f"tcp://{address}:{REPLAY_PORT}",
+            )
+        )
+        for address in ADDRESSES
+    ]
     try:
         for address, proc in zip(ADDRESSES, procs):
             wait_http(f"http://{address}:{port}/health", proc)
@@ -56,13 +75,19 @@ async def test_routing_follows_the_records(stubs: int) -> None:
             raise NameNotFound(name)
         return records[name]
 
-    config = parse_config({
-        "pools": {"stub-model": {"discovery": {"dns": NAME, "port": port, "interval_s": 0.05},
-                                 "routing": {"policy": "round_robin"}}},
-        "health": {"interval_s": 0.1, "timeout_s": 0.5},
-        "load": {"interval_s": 0.1},
-        "logging": {"level": "warning", "requests": False},
-    })
+    config = parse_config(
+        {
+            "pools": {
+                "stub-model": {
+                    "discovery": {"dns": NAME, "port": port, "interval_s": 0.05},
+                    "routing": {"policy": "round_robin"},
+                }
+            },
+            "health": {"interval_s": 0.1, "timeout_s": 0.5},
+            "load": {"interval_s": 0.1},
+            "logging": {"level": "warning", "requests": False},
+        }
+    )
     app = make_app(config)
     app[STATE].resolver = resolve
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
@@ -70,8 +95,9 @@ async def test_routing_follows_the_records(stubs: int) -> None:
         async def served(n: int) -> Counter[str]:
             seen: Counter[str] = Counter()
             for i in range(n):
-                answer = await client.post("/v1/completions", json={
-                    "model": "stub-model", "prompt": f"request {i}", "max_tokens": 2})
+                answer = await client.post(
+                    "/v1/completions", json={"model": "stub-model", "prompt": f"request {i}", "max_tokens": 2}
+                )
                 assert answer.status == 200, await answer.text()
                 seen[answer.headers["X-Replica-Id"].split(":")[0]] += 1
             return seen
@@ -111,14 +137,24 @@ async def test_discovered_replicas_get_their_kv_event_feeds(stubs: int) -> None:
     async def resolve(name: str, _port: int) -> list[str]:
         return records[name]
 
-    config = parse_config({
-        "pools": {"stub-model": {
-            "discovery": {"dns": NAME, "port": port, "interval_s": 0.05, "kv_events_port": EVENTS_PORT,
-                          "kv_events_replay_port": REPLAY_PORT},
-            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim"}}}},
-        "health": {"interval_s": 0.1, "timeout_s": 0.5},
-        "logging": {"level": "warning", "requests": False},
-    })
+    config = parse_config(
+        {
+            "pools": {
+                "stub-model": {
+                    "discovery": {
+                        "dns": NAME,
+                        "port": port,
+                        "interval_s": 0.05,
+                        "kv_events_port": EVENTS_PORT,
+                        "kv_events_replay_port": REPLAY_PORT,
+                    },
+                    "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim"}},
+                }
+            },
+            "health": {"interval_s": 0.1, "timeout_s": 0.5},
+            "logging": {"level": "warning", "requests": False},
+        }
+    )
     app = make_app(config)
     app[STATE].resolver = resolve
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:

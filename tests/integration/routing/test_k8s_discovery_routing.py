@@ -34,8 +34,14 @@ async def replicas() -> AsyncIterator[int]:
         return web.json_response({})
 
     async def completion(request: web.Request) -> web.Response:
-        return web.json_response({"id": "c", "object": "text_completion", "model": "m",
-                                  "choices": [{"index": 0, "text": request.host, "finish_reason": "stop"}]})
+        return web.json_response(
+            {
+                "id": "c",
+                "object": "text_completion",
+                "model": "m",
+                "choices": [{"index": 0, "text": request.host, "finish_reason": "stop"}],
+            }
+        )
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -69,14 +75,26 @@ async def test_the_pool_follows_pods_added_readied_unreadied_and_removed(replica
             await api.put(endpoint_slice("vllm-abc12", "vllm", dict(pods), port))
 
         await publish()
-        config = parse_config({
-            "pools": {"m": {"discovery": {"kubernetes": {"service": "vllm", "port_name": "http",
-                                                         "kubeconfig": str(kubeconfig), "retry_s": 0.05}},
-                            "routing": {"policy": "round_robin"}}},
-            "health": {"interval_s": 0.1, "timeout_s": 0.5},
-            "load": {"enabled": False},
-            "logging": {"level": "warning", "requests": False},
-        })
+        config = parse_config(
+            {
+                "pools": {
+                    "m": {
+                        "discovery": {
+                            "kubernetes": {
+                                "service": "vllm",
+                                "port_name": "http",
+                                "kubeconfig": str(kubeconfig),
+                                "retry_s": 0.05,
+                            }
+                        },
+                        "routing": {"policy": "round_robin"},
+                    }
+                },
+                "health": {"interval_s": 0.1, "timeout_s": 0.5},
+                "load": {"enabled": False},
+                "logging": {"level": "warning", "requests": False},
+            }
+        )
         app = make_app(config)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
 
@@ -93,8 +111,9 @@ async def test_the_pool_follows_pods_added_readied_unreadied_and_removed(replica
             async def served(n: int) -> set[str]:
                 seen = set()
                 for i in range(n):
-                    answer = await client.post("/v1/completions", json={"model": "m", "prompt": f"{i}",
-                                                                        "max_tokens": 1})
+                    answer = await client.post(
+                        "/v1/completions", json={"model": "m", "prompt": f"{i}", "max_tokens": 1}
+                    )
                     assert answer.status == 200, await answer.text()
                     seen.add(answer.headers["X-Replica-Id"])
                 return seen

@@ -27,10 +27,21 @@ EVENT_S = 2.0  # a gateway process, its probes and the test's polling: the pool 
 
 
 def kubernetes(kubeconfig: Path, **extra: Any) -> dict[str, Any]:
-    return {"discovery": {"kubernetes": {"labels": PART_OF, "pool_label": POOL, "adapter_label_prefix": ADAPTER,
-                                         "role_label": ROLE, "port_name": "http", "kubeconfig": str(kubeconfig),
-                                         "retry_s": 0.05, **extra}},
-            "routing": {"policy": "round_robin"}}
+    return {
+        "discovery": {
+            "kubernetes": {
+                "labels": PART_OF,
+                "pool_label": POOL,
+                "adapter_label_prefix": ADAPTER,
+                "role_label": ROLE,
+                "port_name": "http",
+                "kubeconfig": str(kubeconfig),
+                "retry_s": 0.05,
+                **extra,
+            }
+        },
+        "routing": {"policy": "round_robin"},
+    }
 
 
 def labelled(slice_name: str, service: str, pod: str, stub: Stub, **labels: str) -> dict[str, Any]:
@@ -51,10 +62,18 @@ async def test_labels_name_pools_adapters_and_roles_and_relabelling_moves_pods(t
         qwen = track(Stub("qwen-0", free_port(), QWEN).start())
         stray = track(Stub("stray-0", free_port(), "llama").start())
         async with FakeSliceAPI() as api:
-            await api.put(labelled("llama-prefill-a1", "llama-prefill", "llama-prefill-0", prefill,
-                                   **{POOL: "llama", ROLE: "prefill", f"{ADAPTER}sql-lora": "true"}))
-            await api.put(labelled("llama-decode-b2", "llama-decode", "llama-decode-0", decode,
-                                   **{POOL: "llama", ROLE: "decode"}))
+            await api.put(
+                labelled(
+                    "llama-prefill-a1",
+                    "llama-prefill",
+                    "llama-prefill-0",
+                    prefill,
+                    **{POOL: "llama", ROLE: "prefill", f"{ADAPTER}sql-lora": "true"},
+                )
+            )
+            await api.put(
+                labelled("llama-decode-b2", "llama-decode", "llama-decode-0", decode, **{POOL: "llama", ROLE: "decode"})
+            )
             await api.put(labelled("qwen-c3", "qwen", "qwen-0", qwen, **{POOL: "qwen3"}))
             await api.put(labelled("mistral-d4", "mistral", "stray-0", stray, **{POOL: "mistral", ROLE: "decode"}))
             kubeconfig = tmp_path / "kubeconfig"
@@ -71,8 +90,9 @@ async def test_labels_name_pools_adapters_and_roles_and_relabelling_moves_pods(t
                     async def served(model: str, n: int) -> set[str]:
                         seen = set()
                         for i in range(n):
-                            answer = await client.post("/v1/completions", json={"model": model, "prompt": f"p{i}",
-                                                                                "max_tokens": 1})
+                            answer = await client.post(
+                                "/v1/completions", json={"model": model, "prompt": f"p{i}", "max_tokens": 1}
+                            )
                             assert answer.status_code == 200, answer.text
                             seen.add(answer.headers["X-Replica-Id"])
                         return seen
@@ -82,8 +102,10 @@ async def test_labels_name_pools_adapters_and_roles_and_relabelling_moves_pods(t
                         return {pool: {pod: r["role"] for pod, r in found[pool].items()} for pool in found}
 
                     async def first_roles() -> bool:
-                        return await roles() == {"llama": {"llama-prefill-0": "prefill", "llama-decode-0": "decode"},
-                                                 QWEN: {"qwen-0": "both"}}  # no role label: both
+                        return await roles() == {
+                            "llama": {"llama-prefill-0": "prefill", "llama-decode-0": "decode"},
+                            QWEN: {"qwen-0": "both"},
+                        }  # no role label: both
 
                     await until(first_roles)  # the stray pool's slice joins neither
                     assert "sql-lora" in (await admin())["llama"]["llama-prefill-0"]["adapters"]
@@ -92,21 +114,26 @@ async def test_labels_name_pools_adapters_and_roles_and_relabelling_moves_pods(t
                     assert await served("sql-lora", 4) == {"llama-prefill-0"}  # only the pod labelled with it
                     assert await served(QWEN, 2) == {"qwen-0"}
                     metrics = (await client.get("/metrics")).text
-                    llama_info = ('affinity_gateway_replica_info'
-                                  '{model_name="llama",replica="llama-prefill-0",role="prefill"}')
+                    llama_info = (
+                        'affinity_gateway_replica_info{model_name="llama",replica="llama-prefill-0",role="prefill"}'
+                    )
                     assert f"{llama_info} 1.0" in metrics
                     qwen_info = f'affinity_gateway_replica_info{{model_name="{QWEN}",replica="qwen-0",role="both"}} 1.0'
                     assert qwen_info in metrics
 
-                    await api.put(labelled("llama-decode-b2", "llama-decode", "llama-decode-0", decode,
-                                           **{POOL: "llama", ROLE: "both"}))  # relabelled: the same pod, a new role
+                    await api.put(
+                        labelled(
+                            "llama-decode-b2", "llama-decode", "llama-decode-0", decode, **{POOL: "llama", ROLE: "both"}
+                        )
+                    )  # relabelled: the same pod, a new role
 
                     async def decode_is_both() -> bool:
                         return (await roles())["llama"].get("llama-decode-0") == "both"
 
                     await until(decode_is_both)
-                    await api.put(labelled("mistral-d4", "mistral", "stray-0", stray,
-                                           **{POOL: "llama", ROLE: "decode"}))
+                    await api.put(
+                        labelled("mistral-d4", "mistral", "stray-0", stray, **{POOL: "llama", ROLE: "decode"})
+                    )
 
                     async def stray_joined() -> bool:
                         return (await roles())["llama"].get("stray-0") == "decode"
@@ -120,10 +147,13 @@ async def test_labels_name_pools_adapters_and_roles_and_relabelling_moves_pods(t
 
                     await until(stray_left)  # ...and out of it again: leaves (the watch says DELETED)
                     assert {q["labelSelector"] for q in api.requests} == {  # one selector per pool
-                        f"app.kubernetes.io/part-of=llm,{POOL}=llama", f"app.kubernetes.io/part-of=llm,{POOL}=qwen3"}
+                        f"app.kubernetes.io/part-of=llm,{POOL}=llama",
+                        f"app.kubernetes.io/part-of=llm,{POOL}=qwen3",
+                    }
             finally:  # the gateway goes first: the stand-in closes only once no watch is open
                 await asyncio.to_thread(gateway.stop)
                 await api.drop_watches()
+
 
 async def served_by(client: httpx.AsyncClient, model: str, replica_id: str) -> bool:
     """One request: whether `replica_id` answered it (round robin reaches every available replica)."""

@@ -41,22 +41,32 @@ class Replica:
     replay: str
 
 
-def start_replica(name: str = "replica-0", port: int | None = None, events: str | None = None,
-                  replay: str | None = None) -> Replica:
+def start_replica(
+    name: str = "replica-0", port: int | None = None, events: str | None = None, replay: str | None = None
+) -> Replica:
     events = events or f"tcp://127.0.0.1:{free_port()}"
     replay = replay or f"tcp://127.0.0.1:{free_port()}"
     stub = Stub(name, port or free_port(), MODEL, 50).start(
-        "--num-gpu-blocks", str(NUM_BLOCKS), "--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay)
+        "--num-gpu-blocks", str(NUM_BLOCKS), "--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay
+    )
     return Replica(stub, events, replay)
 
 
-def gateway_for(tmp_path: Path, replica: Replica, events_endpoint: str | None = None, subscribe: bool = True,
-                tokenizer: str = "sim", **sections: Any) -> Gateway:
+def gateway_for(
+    tmp_path: Path,
+    replica: Replica,
+    events_endpoint: str | None = None,
+    subscribe: bool = True,
+    tokenizer: str = "sim",
+    **sections: Any,
+) -> Gateway:
     entry: dict[str, Any] = {"url": replica.stub.url, "name": replica.stub.replica_id}
     if subscribe:
         entry["kv_events"] = {"endpoint": events_endpoint or replica.events, "replay_endpoint": replica.replay}
-    pool = {"replicas": [entry],
-            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": tokenizer, "block_tokens": 16}}}
+    pool = {
+        "replicas": [entry],
+        "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": tokenizer, "block_tokens": 16}},
+    }
     return start_gateway(tmp_path, {MODEL: pool}, **sections)
 
 
@@ -198,8 +208,11 @@ def test_batches_lost_on_the_wire_come_back_through_replay(tmp_path: Path) -> No
             for tag in ("two", "three"):  # straight to the stub: the gateway misses these batches
                 chat(replica.stub.url, prompt(tag))
         # The next batch after the reconnect skips ahead: the subscriber asks the replay socket.
-        eventually(lambda: (chat(replica.stub.url, prompt("four", 10)), feed(gateway, replica)["replays"] >= 2)[1],
-                   timeout_s=10, interval_s=0.3)
+        eventually(
+            lambda: (chat(replica.stub.url, prompt("four", 10)), feed(gateway, replica)["replays"] >= 2)[1],
+            timeout_s=10,
+            interval_s=0.3,
+        )
         eventually(lambda: mirrors(gateway, replica), timeout_s=5)
         state = feed(gateway, replica)
         assert state["gaps"] >= 1 and state["resets"] == 0

@@ -30,8 +30,15 @@ def text(tag: str, words: int = 200) -> str:
 def start(replica_id: str) -> tuple[Stub, dict[str, Any]]:
     events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     stub = Stub(replica_id, free_port(), MODEL, 50).start(
-        "--kv-events-endpoint", events, "--kv-events-replay-endpoint", replay, "--kv-events-encoding", "map",
-        "--lora-modules", *ADAPTERS[replica_id])
+        "--kv-events-endpoint",
+        events,
+        "--kv-events-replay-endpoint",
+        replay,
+        "--kv-events-encoding",
+        "map",
+        "--lora-modules",
+        *ADAPTERS[replica_id],
+    )
     return stub, {"url": stub.url, "name": replica_id, "kv_events": {"endpoint": events, "replay_endpoint": replay}}
 
 
@@ -52,17 +59,23 @@ def test_adapters_route_to_their_replicas_and_never_share_cached_tokens(tmp_path
     with running() as track:
         (r0, e0), (r1, e1) = (start(name) for name in ADAPTERS)
         track(r0), track(r1)
-        pool = {"replicas": [e0, e1], "routing": {"policy": "prefix_affinity",
-                                                  "prefix": {"tokenizer": "sim", "block_tokens": 16}}}
+        pool = {
+            "replicas": [e0, e1],
+            "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim", "block_tokens": 16}},
+        }
         gateway = track(start_gateway(tmp_path, {MODEL: pool}))
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=20)
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
+
             def listed() -> dict[str, Any]:
                 return {m["id"]: m for m in http.get("/v1/models").json()["data"]}
 
             eventually(lambda: {"sql", "chat"} <= set(listed()))
             assert {k: (v.get("parent"), v.get("root")) for k, v in listed().items()} == {
-                MODEL: (None, MODEL), "sql": (MODEL, "/loras/sql"), "chat": (MODEL, "/loras/chat")}
+                MODEL: (None, MODEL),
+                "sql": (MODEL, "/loras/sql"),
+                "chat": (MODEL, "/loras/chat"),
+            }
 
             assert {complete(client, "sql", text(f"a{i}-"))[0] for i in range(6)} == {"r-0"}
 
@@ -82,8 +95,9 @@ def test_adapters_route_to_their_replicas_and_never_share_cached_tokens(tmp_path
             assert complete(client, "chat", shared)[1] == 0
             again = text("again-")
             assert complete(client, "sql", again) == ("r-0", 0)
-            same_replica = httpx.post(f"{r0.url}/v1/completions", timeout=10,
-                                      json={"model": "chat", "prompt": again, "max_tokens": 2}).json()
+            same_replica = httpx.post(
+                f"{r0.url}/v1/completions", timeout=10, json={"model": "chat", "prompt": again, "max_tokens": 2}
+            ).json()
             assert same_replica["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # r-0 holds sql's blocks
             replica, cached = complete(client, "sql", again)
             assert replica == "r-0" and cached > 0
@@ -98,8 +112,10 @@ def test_declared_adapters_and_no_healthy_replica_serving_one(tmp_path: Path) ->
     with running() as track:
         r0 = track(Stub("r-0", free_port(), MODEL, 50).start("--lora-modules", "sql=/loras/sql"))
         r1 = track(Stub("r-1", free_port(), MODEL, 50).start())
-        pool = {"replicas": [{"url": r0.url, "name": "r-0", "adapters": ["sql"]}, {"url": r1.url, "name": "r-1"}],
-                "routing": {"policy": "round_robin"}}
+        pool = {
+            "replicas": [{"url": r0.url, "name": "r-0", "adapters": ["sql"]}, {"url": r1.url, "name": "r-1"}],
+            "routing": {"policy": "round_robin"},
+        }
         gateway = track(start_gateway(tmp_path, {MODEL: pool}, load={"enabled": False}))
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=20)
         assert {complete(client, "sql", text(f"d{i}-"))[0] for i in range(4)} == {"r-0"}

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.prompt.prompt_keys import PromptKeys
 from gateway.prompt.replica_tokenizer import ReplicaTokenizer
-from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
+from gateway.prompt.tokenizers import SimPromptTokenizer
 from tests.helpers import free_port
 from tests.integration.gateway_procs import MODEL, Stub, start_stub
 
@@ -25,8 +26,10 @@ def stub() -> Iterator[Stub]:
 def conversation(turns: int) -> list[dict[str, str]]:
     messages = [SYSTEM]
     for i in range(turns):
-        messages += [{"role": "user", "content": f"question {i}: " + "why is the sky blue? " * 5},
-                     {"role": "assistant", "content": f"answer {i}: " + "light scatters. " * 7}]
+        messages += [
+            {"role": "user", "content": f"question {i}: " + "why is the sky blue? " * 5},
+            {"role": "assistant", "content": f"answer {i}: " + "light scatters. " * 7},
+        ]
     return messages + [{"role": "user", "content": "and at sunset?"}]
 
 

@@ -43,8 +43,9 @@ def test_explain_endpoint_and_route_header(tmp_path: Path) -> None:
         assert header.startswith(f"replica={first.headers['X-Replica-Id']};reason=")
         assert all(f"{s.replica_id}:ttft=" in header for s in stubs)
 
-        explained = httpx.post(f"{gateway.url}/admin/route/explain",
-                               json={"model": MODEL, "messages": messages}, timeout=10).json()
+        explained = httpx.post(
+            f"{gateway.url}/admin/route/explain", json={"model": MODEL, "messages": messages}, timeout=10
+        ).json()
         rows = {row["replica"]: row for row in explained["candidates"]}
         assert explained["policy"] == "prefix_affinity" and explained["prefix_blocks"] > 0
         # The replica that served the prompt holds it; the others hold nothing of it.
@@ -69,8 +70,9 @@ def test_queued_prefill_is_released_at_the_first_token(tmp_path: Path) -> None:
         body = {"model": MODEL, "messages": messages, "max_tokens": 100, "stream": True, "ignore_eos": True}
 
         def queued_wait_s() -> float:
-            explained = httpx.post(f"{gateway.url}/admin/route/explain", json={"model": MODEL, "messages": messages},
-                                   timeout=10).json()
+            explained = httpx.post(
+                f"{gateway.url}/admin/route/explain", json={"model": MODEL, "messages": messages}, timeout=10
+            ).json()
             return explained["candidates"][0]["wait_s"]
 
         with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60) as response:
@@ -101,10 +103,17 @@ def test_a_replica_that_refused_the_connection_holds_nothing_of_the_request(tmp_
         live = track(start_stub("live"))
         dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
         never_eject = {"interval_s": 60.0, "unhealthy_after": 1000, "eject_after_failures": 1000}
-        gateway = track(start_gateway(tmp_path, {MODEL: pool(("dead", dead), ("live", live.url),
-                                                             policy="prefix_affinity")}, health=never_eject))
-        prompts = [[SYSTEM, {"role": "user", "content": f"Request {i}: " + "describe the river valley. " * 40}]
-                   for i in range(6)]
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("dead", dead), ("live", live.url), policy="prefix_affinity")},
+                health=never_eject,
+            )
+        )
+        prompts = [
+            [SYSTEM, {"role": "user", "content": f"Request {i}: " + "describe the river valley. " * 40}]
+            for i in range(6)
+        ]
         for messages in prompts:
             assert chat(gateway.url, messages).headers["X-Replica-Id"] == "live"
         assert (metric(gateway, 'affinity_gateway_upstream_errors_total{kind="connect",replica="dead"}') or 0) >= 1
@@ -125,5 +134,7 @@ def test_a_pool_without_a_routing_section_routes_by_prefix_affinity(tmp_path: Pa
         first, second = chat(gateway.url, messages), chat(gateway.url, messages)
         assert second.headers["X-Replica-Id"] == first.headers["X-Replica-Id"]
         assert second.headers["X-Affinity-Reason"] == "prefix_hit"
-        assert gateway.replicas() and httpx.get(f"{gateway.url}/admin/replicas").json()[MODEL]["policy"] == \
-            "prefix_affinity"
+        assert (
+            gateway.replicas()
+            and httpx.get(f"{gateway.url}/admin/replicas").json()[MODEL]["policy"] == "prefix_affinity"
+        )

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.slow
 SPEEDUP = 10
 
 
-async def measure(tmp_path: Path, policy: str, sessions: list[Session], *stub_flags: str, replicas: int = 4,
-                  speedup: float = SPEEDUP) -> Summary:
+async def measure(
+    tmp_path: Path, policy: str, sessions: list[Session], *stub_flags: str, replicas: int = 4, speedup: float = SPEEDUP
+) -> Summary:
     with running() as track:
         stubs = [track(start_stub(f"r{i}", MODEL, speedup, *stub_flags)) for i in range(replicas)]
         gateway = track(start_gateway(tmp_path, {MODEL: pool(*((s.replica_id, s.url) for s in stubs), policy=policy)}))

@@ -87,8 +87,9 @@ class Stage:
 
 def dockerfile(path: Path = DEPLOY / "Dockerfile") -> dict[str, Stage]:
     """Stages by name, instructions with line continuations joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines()
-                                         if not line.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    )
     stages: dict[str, Stage] = {}
     current: Stage | None = None
     for line in text.splitlines():

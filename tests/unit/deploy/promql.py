@@ -18,11 +18,30 @@ from gateway.serving.app_keys import METRICS
 from tests.unit.deploy.deployfiles import DEPLOY
 
 # What each family type puts on the wire (prometheus_client's exposition, OpenMetrics `_created` too).
-_SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created"),
-             "summary": ("", "_sum", "_count", "_created"), "info": ("_info",), "stateset": ("",), "unknown": ("",)}
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "unknown": ("",),
+}
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
-_AGGREGATIONS = {"sum", "min", "max", "avg", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile",
-                 "count_values"}
+_AGGREGATIONS = {
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+}
 
 
 def exported_metric_names() -> set[str]:

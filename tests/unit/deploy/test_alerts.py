@@ -56,13 +56,16 @@ def test_every_alert_reads_only_metrics_the_gateway_exports(name: str) -> None:
     assert used and used <= exported, f"not exported by the gateway: {sorted(used - exported)}"
 
 
-@pytest.mark.parametrize("condition,metric", [
-    ("a pool without healthy replicas", "affinity_gateway_replica_healthy"),
-    ("breaker open", "affinity_gateway_replica_breaker_state"),
-    ("index degraded", "affinity_gateway_index_degraded"),
-    ("KV feed out of sync", "affinity_gateway_kv_events_certain"),
-    ("prediction error high", "affinity_gateway_route_ttft_error_seconds_bucket"),
-    ("5xx ratio high", "affinity_gateway_requests_total"),
-])
+@pytest.mark.parametrize(
+    "condition,metric",
+    [
+        ("a pool without healthy replicas", "affinity_gateway_replica_healthy"),
+        ("breaker open", "affinity_gateway_replica_breaker_state"),
+        ("index degraded", "affinity_gateway_index_degraded"),
+        ("KV feed out of sync", "affinity_gateway_kv_events_certain"),
+        ("prediction error high", "affinity_gateway_route_ttft_error_seconds_bucket"),
+        ("5xx ratio high", "affinity_gateway_requests_total"),
+    ],
+)
 def test_every_condition_has_an_alert(condition: str, metric: str) -> None:
     assert any(metric in metric_names(r["expr"]) for r in RULES), condition

@@ -58,8 +58,14 @@ def test_the_topology_is_redis_three_replicas_two_gateways_a_front_and_prometheu
     default = {name for name in SERVICES if not profiles(name)}
     assert {"redis", "replica-0", "replica-1", "replica-2", "gateway-a", "gateway-b", "front", "prometheus"} <= default
     assert [g for g in GATEWAYS if not profiles(g)] == ["gateway-a", "gateway-b"]
-    assert {name for name in SERVICES if profiles(name)} == {"real-replica-0", "real-replica-1", "gateway-real",
-                                                             "vllm-replica-0", "vllm-replica-1", "gateway-vllm"}
+    assert {name for name in SERVICES if profiles(name)} == {
+        "real-replica-0",
+        "real-replica-1",
+        "gateway-real",
+        "vllm-replica-0",
+        "vllm-replica-1",
+        "gateway-vllm",
+    }
     assert all(profiles(name) == {"real"} for name in ("real-replica-0", "real-replica-1", "gateway-real"))
     assert all(profiles(name) == {"vllm"} for name in ("vllm-replica-0", "vllm-replica-1", "gateway-vllm"))
 
@@ -107,14 +113,18 @@ def test_gateway_config_loads_and_names_only_services_that_listen_there(name: st
             assert port == replica_listen_port(host)
             assert flag(command, "--model") == model and flag(command, "--replica-id") == replica.name
             if replica.kv_events is not None:  # it subscribes where that replica publishes
-                for field, option in (("endpoint", "--kv-events-endpoint"),
-                                      ("replay_endpoint", "--kv-events-replay-endpoint")):
+                for field, option in (
+                    ("endpoint", "--kv-events-endpoint"),
+                    ("replay_endpoint", "--kv-events-replay-endpoint"),
+                ):
                     host_of, port_of = host_port(getattr(replica.kv_events, field).replace("tcp://", "http://"), 0)
                     assert host_of == host and flag(command, option) == f"tcp://*:{port_of}"
                 assert pool.routing.prefix.tokenizer is not None
     drain_s = config.shutdown.ready_delay_s + config.shutdown.grace_s + 1  # + the cut-off (lifecycle.CUT_S)
     assert _seconds(service["stop_grace_period"]) > drain_s  # docker's SIGKILL comes after the drain
-    assert config.index.store == "redis" and config.redis is not None and config.redis.resolved_url.startswith("redis://")
+    assert (
+        config.index.store == "redis" and config.redis is not None and config.redis.resolved_url.startswith("redis://")
+    )
     host, port = host_port(config.redis.resolved_url, 6379)
     assert host == "redis" and host in depends and "--port" not in SERVICES["redis"]["command"] and port == 6379
     same_pools = [gateway_config(g) for g in GATEWAYS if _replicas(gateway_config(g)) == _replicas(config)]
@@ -127,8 +137,9 @@ def test_every_environment_value_is_one_the_gateway_reads(name: str) -> None:
     base = load_config(DEPLOY / mounts(SERVICES[name])[CONFIG_PATH], env={})
     for key, value in environment.items():
         assert key.startswith(ENV_PREFIX)
-        probe = ("1" if key.endswith("PORT") else "2" if key.endswith("WORKERS")
-                 else "warning" if "LEVEL" in key else "h")
+        probe = (
+            "1" if key.endswith("PORT") else "2" if key.endswith("WORKERS") else "warning" if "LEVEL" in key else "h"
+        )
         changed = apply_env(base, {key: probe})
         assert changed != base, f"{key} is not read by the gateway"
         apply_env(base, {key: value})  # and the value itself is valid (ConfigError otherwise)
@@ -178,7 +189,7 @@ def _replicas(config: Config) -> dict[str, set[str]]:
 
 
 def _size(text: str) -> int:
-    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
     return int(text[:-1]) * units[text[-1].lower()] if text[-1].lower() in units else int(text)
 
 

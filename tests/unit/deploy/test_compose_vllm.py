@@ -32,8 +32,11 @@ pytestmark = pytest.mark.timeout(30)
 SCHEMA = Path(__file__).with_name("compose-spec.json")
 FILE = compose()
 SERVICES = FILE["services"]
-VLLM = sorted(name for name, s in SERVICES.items() if "vllm" in s.get("profiles", ()) and "image" in s
-              and s["image"].startswith("vllm/"))
+VLLM = sorted(
+    name
+    for name, s in SERVICES.items()
+    if "vllm" in s.get("profiles", ()) and "image" in s and s["image"].startswith("vllm/")
+)
 
 
 def vllm_args(command: list[str]) -> tuple[str, dict[str, str | None]]:
@@ -56,8 +59,10 @@ def gateway() -> Config:
 def test_the_compose_file_validates_against_the_compose_spec_schema() -> None:
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft7Validator.check_schema(schema)
-    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in jsonschema.Draft7Validator(schema).iter_errors(FILE)]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(FILE)
+    ]
     assert not errors
 
 
@@ -66,8 +71,23 @@ def test_docker_compose_config_accepts_every_profile_where_the_cli_exists() -> N
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True, timeout=20).returncode:
         pytest.skip("no docker compose CLI: the schema test stands in for it")
-    out = subprocess.run([docker, "compose", "-f", str(DEPLOY / "docker-compose.yml"), "--profile", "real",
-                          "--profile", "vllm", "config", "--quiet"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            docker,
+            "compose",
+            "-f",
+            str(DEPLOY / "docker-compose.yml"),
+            "--profile",
+            "real",
+            "--profile",
+            "vllm",
+            "config",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -75,16 +95,23 @@ def test_the_schema_catches_what_compose_would_refuse() -> None:
     """The check is not vacuous: a mistyped key, an unknown port field or a wrong type fails it."""
     validator = jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
     broken: dict[str, Any]
-    for broken in ({"healthckeck": {}}, {"healthcheck": {"intervl": "5s"}}, {"ports": [{"bogus": 1}]},
-                   {"depends_on": "redis"}, {"profiles": "vllm"}):
+    for broken in (
+        {"healthckeck": {}},
+        {"healthcheck": {"intervl": "5s"}},
+        {"ports": [{"bogus": 1}]},
+        {"depends_on": "redis"},
+        {"profiles": "vllm"},
+    ):
         service = {**SERVICES["gateway-vllm"], **broken}
         assert list(validator.iter_errors({**FILE, "services": {**SERVICES, "gateway-vllm": service}}))
 
 
 def test_the_profile_is_two_vllm_replicas_behind_their_own_gateway() -> None:
     profile = {name for name, s in SERVICES.items() if "vllm" in s.get("profiles", ())}
-    assert profile == {"vllm-replica-0", "vllm-replica-1", "gateway-vllm"} and VLLM == ["vllm-replica-0",
-                                                                                         "vllm-replica-1"]
+    assert profile == {"vllm-replica-0", "vllm-replica-1", "gateway-vllm"} and VLLM == [
+        "vllm-replica-0",
+        "vllm-replica-1",
+    ]
     gateway_service = SERVICES["gateway-vllm"]
     assert gateway_service["ports"] == ["127.0.0.1:8020:8000"]  # loopback only, like the other profiles
     assert {r.name for pool in gateway().pools.values() for r in pool.replicas} == set(VLLM)
@@ -101,7 +128,7 @@ def test_the_image_is_vllms_cpu_build_pinned_to_the_release_make_vllm_installs()
 @pytest.mark.parametrize("name", VLLM)
 def test_each_replica_runs_with_the_flags_the_gateway_needs(name: str) -> None:
     model, flags = vllm_args(SERVICES[name]["command"])
-    (pool_name, pool), = gateway().pools.items()
+    ((pool_name, pool),) = gateway().pools.items()
     (replica,) = [r for r in pool.replicas if r.name == name]
     assert model and not model.startswith("--")
     assert {"--enable-prefix-caching", "--enable-prompt-tokens-details"} <= flags.keys()
@@ -136,8 +163,11 @@ def test_the_gateway_config_loads_and_shares_redis_under_its_own_prefix() -> Non
     config = gateway()
     assert config.listen.host == "0.0.0.0" and config.listen.port == 8000
     assert config.index.store == "redis" and config.redis is not None and config.redis.url == "redis://redis:6379/0"
-    others = [compose_gateway_config(s) for n, s in SERVICES.items()
-              if n != "gateway-vllm" and s.get("build", {}).get("target") == "gateway"]
+    others = [
+        compose_gateway_config(s)
+        for n, s in SERVICES.items()
+        if n != "gateway-vllm" and s.get("build", {}).get("target") == "gateway"
+    ]
     assert config.redis.key_prefix not in {c.redis.key_prefix for c in others if c.redis is not None}
     assert config.timeouts.first_byte_s >= 120  # a CPU prefill is slow
 
@@ -163,15 +193,26 @@ def test_vllms_own_parser_reads_the_command_as_meant() -> None:
     if not vllm_replica.installed():
         pytest.skip("vLLM is not installed: `make vllm`")
     command = SERVICES[VLLM[0]]["command"]
-    out = subprocess.run([str(vllm_replica.VLLM_DIR / "bin" / "python"), "-c", PARSE, json.dumps(command)],
-                         capture_output=True, text=True, timeout=280,
-                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    out = subprocess.run(
+        [str(vllm_replica.VLLM_DIR / "bin" / "python"), "-c", PARSE, json.dumps(command)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     parsed = json.loads(out.stdout.strip().splitlines()[-1])
     model, flags = vllm_args(command)
-    assert parsed == {"model": model, "served": [flags["--served-model-name"]], "block_size": 128, "dtype": "float32",
-                      "prefix_caching": True, "details": True, "port": 8000,
-                      "events": [True, "zmq", "tcp://*:5557", "tcp://*:5558"]}
+    assert parsed == {
+        "model": model,
+        "served": [flags["--served-model-name"]],
+        "block_size": 128,
+        "dtype": "float32",
+        "prefix_caching": True,
+        "details": True,
+        "port": 8000,
+        "events": [True, "zmq", "tcp://*:5557", "tcp://*:5558"],
+    }
 
 
 def _seconds(text: str) -> float:

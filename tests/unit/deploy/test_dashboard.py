@@ -25,15 +25,21 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 def exprs() -> list[str]:
     """The panels' PromQL and the series selectors of the variables' `label_values(selector, label)`."""
-    selectors = [re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]["query"])
-                 for v in VARIABLES.values() if v["type"] == "query"]
+    selectors = [
+        re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]["query"])
+        for v in VARIABLES.values()
+        if v["type"] == "query"
+    ]
     return [t["expr"] for p in PANELS for t in p["targets"]] + selectors
 
 
 def test_the_datasource_is_a_prometheus_variable_and_every_panel_and_query_uses_it() -> None:
     assert VARIABLES["datasource"]["type"] == "datasource" and VARIABLES["datasource"]["query"] == "prometheus"
-    users = [*PANELS, *(t for p in PANELS for t in p["targets"]),
-             *(v for v in VARIABLES.values() if v["type"] == "query")]
+    users = [
+        *PANELS,
+        *(t for p in PANELS for t in p["targets"]),
+        *(v for v in VARIABLES.values() if v["type"] == "query"),
+    ]
     assert PANELS and all(u["datasource"] == DATASOURCE for u in users)
 
 
@@ -57,18 +63,28 @@ def test_queries_name_only_metrics_the_gateway_exports() -> None:
     assert used and used <= exported, f"not exported by the gateway: {sorted(used - exported)}"
 
 
-@pytest.mark.parametrize("topic,metrics", [
-    ("request rate, 4xx/5xx", {"affinity_gateway_requests_total"}),
-    ("TTFT and time to complete", {"affinity_gateway_ttft_seconds_bucket",
-                                   "affinity_gateway_request_duration_seconds_bucket"}),
-    ("queue and admission", {"affinity_gateway_queue_waiting", "affinity_gateway_queue_wait_seconds_bucket"}),
-    ("breaker state", {"affinity_gateway_replica_breaker_state"}),
-    ("rate-limit rejections", {"affinity_gateway_rejected_total"}),
-    ("evidence mix", {"affinity_gateway_route_evidence_total"}),
-    ("prediction error", {"affinity_gateway_route_ttft_error_seconds_bucket",
-                          "affinity_gateway_route_cached_tokens_error_tokens_bucket"}),
-    ("KV-event sync", {"affinity_gateway_kv_events_certain", "affinity_gateway_kv_events_gaps_total"}),
-])
+@pytest.mark.parametrize(
+    "topic,metrics",
+    [
+        ("request rate, 4xx/5xx", {"affinity_gateway_requests_total"}),
+        (
+            "TTFT and time to complete",
+            {"affinity_gateway_ttft_seconds_bucket", "affinity_gateway_request_duration_seconds_bucket"},
+        ),
+        ("queue and admission", {"affinity_gateway_queue_waiting", "affinity_gateway_queue_wait_seconds_bucket"}),
+        ("breaker state", {"affinity_gateway_replica_breaker_state"}),
+        ("rate-limit rejections", {"affinity_gateway_rejected_total"}),
+        ("evidence mix", {"affinity_gateway_route_evidence_total"}),
+        (
+            "prediction error",
+            {
+                "affinity_gateway_route_ttft_error_seconds_bucket",
+                "affinity_gateway_route_cached_tokens_error_tokens_bucket",
+            },
+        ),
+        ("KV-event sync", {"affinity_gateway_kv_events_certain", "affinity_gateway_kv_events_gaps_total"}),
+    ],
+)
 def test_every_topic_has_a_panel(topic: str, metrics: set[str]) -> None:
     used = {name for e in exprs() for name in metric_names(e)}
     assert metrics <= used, topic
@@ -100,13 +116,21 @@ def test_every_panel_query_is_valid_promql(tmp_path: Path) -> None:
     for variable, value in expand.items():
         queries = [q.replace(variable, value) for q in queries]
     assert not [q for q in queries if "$" in q]
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:query_{i}", "expr": q}
-                                                         for i, q in enumerate(queries)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(queries)],
+            }
+        ]
+    }
     (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules))
     assert f"SUCCESS: {len(queries)} rules found" in promtool("check", "rules", str(tmp_path / "queries.yaml"))
 
 
 def test_the_name_reader_skips_functions_labels_strings_and_durations() -> None:
-    expr = ('histogram_quantile(0.9, sum by (pool, le) (rate(a_bucket{pool=~"x(y)", le!="1"}[$__rate_interval])))'
-            ' / on (pool) group_left max without (job) (b) > bool 0.5 or count(c offset 5m)')
+    expr = (
+        'histogram_quantile(0.9, sum by (pool, le) (rate(a_bucket{pool=~"x(y)", le!="1"}[$__rate_interval])))'
+        " / on (pool) group_left max without (job) (b) > bool 0.5 or count(c offset 5m)"
+    )
     assert metric_names(expr) == {"a_bucket", "b", "c"}

@@ -55,10 +55,11 @@ def test_every_target_exists_and_stages_come_from_earlier_stages_or_slim_images(
 
 
 @pytest.mark.parametrize(("stage", "source", "paths", "dest"), copies())
-def test_copies_exist_in_the_repository_and_pass_the_ignore_file(stage: str, source: str, paths: list[str],
-                                                                 dest: str) -> None:
+def test_copies_exist_in_the_repository_and_pass_the_ignore_file(
+    stage: str, source: str, paths: list[str], dest: str
+) -> None:
     if source:
-        assert source in list(STAGES)[:list(STAGES).index(stage)], f"{stage} copies from unknown stage {source}"
+        assert source in list(STAGES)[: list(STAGES).index(stage)], f"{stage} copies from unknown stage {source}"
         return
     for path in paths:
         assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
@@ -81,8 +82,9 @@ def test_targets_run_as_non_root_with_a_health_check(target: str) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_entrypoints_are_our_console_scripts_and_commands_parse(target: str,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_entrypoints_are_our_console_scripts_and_commands_parse(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     entrypoint = exec_form(last(STAGES, target, "ENTRYPOINT") or "[]")
     command = exec_form(last(STAGES, target, "CMD") or "[]")
     assert len(entrypoint) == 1 and entrypoint[0] in SCRIPTS

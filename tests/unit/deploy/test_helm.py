@@ -22,14 +22,20 @@ import yaml
 from gateway.config.loader import parse_config
 from tests.unit.deploy.deployfiles import DEPLOY, flag, stub_args
 
-helm = pytest.importorskip("helm_python",
-                           reason="helm-python-sdk (Helm's engine) is not installed: pip install -e '.[dev]'")
+helm = pytest.importorskip(
+    "helm_python", reason="helm-python-sdk (Helm's engine) is not installed: pip install -e '.[dev]'"
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 CHART = DEPLOY / "helm/affinity-gateway"
-VALUES_FILES = ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml", "values-k8s-discovery.yaml",
-                "values-vllm-fleet.yaml"]
+VALUES_FILES = [
+    "values.yaml",
+    "values-vllm.yaml",
+    "values-redis-external.yaml",
+    "values-k8s-discovery.yaml",
+    "values-vllm-fleet.yaml",
+]
 KUBE_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 RELEASE = "ag"
 
@@ -62,8 +68,12 @@ def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def replica_workload(name: str) -> dict[str, Any]:
-    (workload,) = [d for d in RENDERED[name] if d["kind"] in ("Deployment", "StatefulSet")
-                   and d["metadata"]["labels"]["app.kubernetes.io/component"] == "replica"]
+    (workload,) = [
+        d
+        for d in RENDERED[name]
+        if d["kind"] in ("Deployment", "StatefulSet")
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == "replica"
+    ]
     return workload
 
 
@@ -71,8 +81,9 @@ def values(name: str) -> dict[str, Any]:
     """values.yaml with the file's values over it (one level deep is enough for the keys read here)."""
     merged = yaml.safe_load((CHART / "values.yaml").read_text())
     for key, value in (values_file(name) or {}).items():
-        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) \
-            else value
+        merged[key] = (
+            {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
     return merged
 
 
@@ -124,7 +135,10 @@ def test_the_gateway_config_loads_and_finds_the_replicas_and_their_kv_events(nam
     else:
         assert service["spec"]["clusterIP"] == "None" and pool.discovery.dns == service["metadata"]["name"]
     assert (pool.discovery.port, pool.discovery.kv_events_port, pool.discovery.kv_events_replay_port) == (
-        ports["http"], ports["kv-events"], ports["kv-replay"])
+        ports["http"],
+        ports["kv-events"],
+        ports["kv-replay"],
+    )
     assert pool.routing.prefix.tokenizer is not None  # KV events carry token ids
 
 
@@ -213,8 +227,11 @@ def test_service_monitors_scrape_the_http_port_of_a_service() -> None:
 
 def test_a_config_change_rolls_the_gateways() -> None:
     def checksum(overrides: dict[str, Any]) -> str:
-        (gateway,) = [d for d in render(overrides) if d["kind"] == "Deployment"
-                      and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+        (gateway,) = [
+            d
+            for d in render(overrides)
+            if d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+        ]
         return str(gateway["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
     assert checksum({}) != checksum({"gateway": {"config": {"logging": {"level": "debug"}}}})
@@ -225,8 +242,11 @@ def rbac(objs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def pod_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    (gateway,) = [d for d in objs if d["kind"] == "Deployment"
-                  and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    (gateway,) = [
+        d
+        for d in objs
+        if d["kind"] == "Deployment" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+    ]
     return dict(gateway["spec"]["template"]["spec"])
 
 
@@ -235,15 +255,20 @@ def test_api_discovery_runs_the_gateways_as_an_account_that_may_only_list_and_wa
     found = rbac(objs)
     (account,), (role,), (binding,) = found["ServiceAccount"], found["Role"], found["RoleBinding"]
     assert pod_spec(objs)["serviceAccountName"] == account["metadata"]["name"]
-    assert account["metadata"]["annotations"] == values_file("values-k8s-discovery.yaml")["serviceAccount"][
-        "annotations"]
+    assert (
+        account["metadata"]["annotations"] == values_file("values-k8s-discovery.yaml")["serviceAccount"]["annotations"]
+    )
     (rule,) = role["rules"]  # nothing but the slices, and only to read them
     assert rule["apiGroups"] == ["discovery.k8s.io"] and rule["resources"] == ["endpointslices"]
     assert {"list", "watch"} <= set(rule["verbs"]) <= {"get", "list", "watch"}
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": "default"}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "default"}
+    ]
 
 
 @pytest.mark.parametrize("name", ["values.yaml", "values-vllm.yaml", "values-redis-external.yaml"])
@@ -269,23 +294,35 @@ def test_an_existing_account_is_bound_and_rbac_may_be_left_to_the_cluster_admin(
 def test_label_mapping_merges_into_the_generated_kubernetes_discovery() -> None:
     """The chart README's way to map labels to adapters and roles: gateway.config.loader over the generated section."""
     mapping = {"role_label": "affinity-gateway.io/role", "adapter_label_prefix": "adapters.affinity-gateway.io/"}
-    overrides = {"discovery": {"mode": "kubernetes"},
-                 "gateway": {"config": {"pools": {"stub-model": {"discovery": {"kubernetes": mapping}}}}}}
-    (config_map,) = [d for d in render(overrides) if d["kind"] == "ConfigMap"
-                     and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    overrides = {
+        "discovery": {"mode": "kubernetes"},
+        "gateway": {"config": {"pools": {"stub-model": {"discovery": {"kubernetes": mapping}}}}},
+    }
+    (config_map,) = [
+        d
+        for d in render(overrides)
+        if d["kind"] == "ConfigMap" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+    ]
     (pool,) = parse_config(yaml.safe_load(config_map["data"]["gateway.yaml"])).pools.values()
     assert pool.discovery is not None and pool.discovery.kubernetes is not None
     k8s = pool.discovery.kubernetes
     assert (k8s.service, k8s.port_name, k8s.role_label, k8s.adapter_label_prefix) == (
-        f"{RELEASE}-affinity-gateway-replica", "http", mapping["role_label"], mapping["adapter_label_prefix"])
+        f"{RELEASE}-affinity-gateway-replica",
+        "http",
+        mapping["role_label"],
+        mapping["adapter_label_prefix"],
+    )
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"discovery": {"mode": "kubernetes"}, "serviceAccount": {"create": False}}, "serviceAccount.name"),
-    ({"externalRedis": {"existingSecret": "r"}}, "redis.enabled=false"),
-    ({"auth": {"existingSecret": "keys"}}, "auth: set existingSecret and files together"),
-    ({"extraPools": [{"name": "stub-model", "service": "s"}]}, "is pool.name already"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"discovery": {"mode": "kubernetes"}, "serviceAccount": {"create": False}}, "serviceAccount.name"),
+        ({"externalRedis": {"existingSecret": "r"}}, "redis.enabled=false"),
+        ({"auth": {"existingSecret": "keys"}}, "auth: set existingSecret and files together"),
+        ({"extraPools": [{"name": "stub-model", "service": "s"}]}, "is pool.name already"),
+    ],
+)
 def test_contradictory_values_fail_the_render(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
         render(overrides)

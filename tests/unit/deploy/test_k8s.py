@@ -52,9 +52,16 @@ def gateway_config() -> tuple[Config, dict[str, Any]]:
 
 def test_manifests_hold_the_expected_objects_and_kustomize_lists_every_file() -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in DOCS if "metadata" in d}
-    assert {("Deployment", "affinity-gateway"), ("Service", "affinity-gateway"),
-            ("ConfigMap", "affinity-gateway-config"), ("PodDisruptionBudget", "affinity-gateway"),
-            ("Deployment", "redis"), ("Service", "redis"), ("StatefulSet", "replica"), ("Service", "replica")} <= kinds
+    assert {
+        ("Deployment", "affinity-gateway"),
+        ("Service", "affinity-gateway"),
+        ("ConfigMap", "affinity-gateway-config"),
+        ("PodDisruptionBudget", "affinity-gateway"),
+        ("Deployment", "redis"),
+        ("Service", "redis"),
+        ("StatefulSet", "replica"),
+        ("Service", "replica"),
+    } <= kinds
     (kustomization,) = [d for d in DOCS if d["kind"] == "Kustomization"]
     files = {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == files
@@ -137,5 +144,6 @@ def test_the_gateway_account_may_watch_endpoint_slices_and_nothing_else() -> Non
     (binding,) = [d for d in DOCS if d["kind"] == "RoleBinding"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
     role = find(DOCS, "Role", binding["roleRef"]["name"])
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]

@@ -16,26 +16,65 @@ import yaml
 
 CHART = Path(__file__).resolve().parents[3] / "deploy/helm/affinity-gateway"
 FREE_FORM = {"resources", "config", "annotations", "labels", "podAnnotations", "nodeSelector", "affinity"}
-ENUMS = {"replicas.mode": ["stub", "vllm"], "discovery.mode": ["dns", "kubernetes"],
-         "gateway.logLevel": ["debug", "info", "warning", "error"]}
+ENUMS = {
+    "replicas.mode": ["stub", "vllm"],
+    "discovery.mode": ["dns", "kubernetes"],
+    "gateway.logLevel": ["debug", "info", "warning", "error"],
+}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 ITEMS: dict[str, dict[str, Any]] = {
-    "auth.files": {"type": "object", "required": ["key"], "additionalProperties": False, "properties": {
-        "key": {"type": "string", "minLength": 1}, "tenant": {"type": "string"}, "admin": {"type": "boolean"},
-        "requestsPerMinute": {"type": "number", "minimum": 0}, "tokensPerMinute": {"type": "number", "minimum": 0}}},
-    "extraPools": {"type": "object", "required": ["name", "service"], "additionalProperties": False, "properties": {
-        "name": {"type": "string", "minLength": 1}, "service": {"type": "string", "minLength": 1}, "port": _PORT,
-        "policy": {"type": "string"}, "blockTokens": {"type": "integer", "minimum": 1},
-        "tokenizer": {"type": "string"},
-        "kvEvents": {"type": "object", "required": ["port", "replayPort"], "additionalProperties": False,
-                     "properties": {"port": _PORT, "replayPort": _PORT}}}},
-    "ingress.hosts": {"type": "object", "required": ["host", "paths"], "additionalProperties": False, "properties": {
-        "host": {"type": "string"},
-        "paths": {"type": "array", "items": {
-            "type": "object", "required": ["path", "pathType"], "additionalProperties": False, "properties": {
-                "path": {"type": "string"},
-                "pathType": {"enum": ["Prefix", "Exact", "ImplementationSpecific"]}}}}}},
+    "auth.files": {
+        "type": "object",
+        "required": ["key"],
+        "additionalProperties": False,
+        "properties": {
+            "key": {"type": "string", "minLength": 1},
+            "tenant": {"type": "string"},
+            "admin": {"type": "boolean"},
+            "requestsPerMinute": {"type": "number", "minimum": 0},
+            "tokensPerMinute": {"type": "number", "minimum": 0},
+        },
+    },
+    "extraPools": {
+        "type": "object",
+        "required": ["name", "service"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "service": {"type": "string", "minLength": 1},
+            "port": _PORT,
+            "policy": {"type": "string"},
+            "blockTokens": {"type": "integer", "minimum": 1},
+            "tokenizer": {"type": "string"},
+            "kvEvents": {
+                "type": "object",
+                "required": ["port", "replayPort"],
+                "additionalProperties": False,
+                "properties": {"port": _PORT, "replayPort": _PORT},
+            },
+        },
+    },
+    "ingress.hosts": {
+        "type": "object",
+        "required": ["host", "paths"],
+        "additionalProperties": False,
+        "properties": {
+            "host": {"type": "string"},
+            "paths": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["path", "pathType"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "path": {"type": "string"},
+                        "pathType": {"enum": ["Prefix", "Exact", "ImplementationSpecific"]},
+                    },
+                },
+            },
+        },
+    },
 }
 
 
@@ -45,11 +84,17 @@ def schema_of(value: Any, path: str) -> dict[str, Any]:
     if path in ENUMS:
         return {"enum": ENUMS[path]}
     if name in FREE_FORM:
-        return {"type": "object"} if name not in ("annotations", "labels", "podAnnotations", "nodeSelector") \
+        return (
+            {"type": "object"}
+            if name not in ("annotations", "labels", "podAnnotations", "nodeSelector")
             else _STRING_MAP
+        )
     if isinstance(value, dict):
-        return {"type": "object", "additionalProperties": not value,
-                "properties": {k: schema_of(v, f"{path}.{k}" if path else k) for k, v in value.items()}}
+        return {
+            "type": "object",
+            "additionalProperties": not value,
+            "properties": {k: schema_of(v, f"{path}.{k}" if path else k) for k, v in value.items()},
+        }
     if isinstance(value, list):
         return {"type": "array", **({"items": ITEMS[path]} if path in ITEMS else {})}
     if isinstance(value, bool):
@@ -63,8 +108,11 @@ def schema_of(value: Any, path: str) -> dict[str, Any]:
 
 def schema() -> dict[str, Any]:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    return {"$schema": "http://json-schema.org/draft-07/schema#", "title": "affinity-gateway chart values",
-            **schema_of(values, "")}
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "affinity-gateway chart values",
+        **schema_of(values, ""),
+    }
 
 
 def text() -> str:

@@ -11,7 +11,8 @@ from gateway.cli.main import main
 from gateway.prompt.sim_tokens import apply_chat_template
 from lab import workloads
 from lab.results import summarise
-from lab.simulate import SimSpec, Simulation, simulate
+from lab.sim_spec import SimSpec
+from lab.simulate import Simulation, simulate
 from lab.workloads import Session
 from replica_stub.config import StubConfig
 from replica_stub.tokenizer import SimTokenizer
@@ -19,9 +20,12 @@ from replica_stub.tokenizer import SimTokenizer
 
 def test_message_by_message_encoding_equals_the_stub_template() -> None:
     sim = Simulation(SimSpec(replicas=1))
-    messages = [{"role": "system", "content": "Be brief.  Really"},
-                {"role": "user", "content": "hello wonderful world"},
-                {"role": "assistant", "content": "the of and "}, {"role": "user", "content": "next?"}]
+    messages = [
+        {"role": "system", "content": "Be brief.  Really"},
+        {"role": "user", "content": "hello wonderful world"},
+        {"role": "assistant", "content": "the of and "},
+        {"role": "user", "content": "next?"},
+    ]
     ids = [t for m in messages for t in sim._encode_message(m)] + sim._generation_prompt
     assert ids == SimTokenizer().encode(apply_chat_template(messages))
 
@@ -51,8 +55,9 @@ def test_reproducible_and_prefix_affinity_beats_round_robin_on_cache() -> None:
 
 
 def test_a_small_kv_cache_evicts() -> None:
-    sessions = workloads.shared_prefix(groups=8, prompts_per_group=4, system_tokens=512, answer_tokens=16,
-                                       rate_per_s=1.0, seed=1)
+    sessions = workloads.shared_prefix(
+        groups=8, prompts_per_group=4, system_tokens=512, answer_tokens=16, rate_per_s=1.0, seed=1
+    )
     big = summarise(simulate(sessions, SimSpec(replicas=1)))
     small = summarise(simulate(sessions, SimSpec(replicas=1, stub=StubConfig(num_gpu_blocks=80).resolved())))
     assert big.cached_ratio > 0.5 and small.cached_ratio < big.cached_ratio / 2, (big.cached_ratio, small.cached_ratio)
@@ -71,8 +76,24 @@ def test_closed_loop_keeps_concurrency_sessions_in_flight() -> None:
 
 def test_simulate_command_writes_result_table_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    code = main(["simulate", "-w", "hot-prefix", "-p", "requests=30", "--replicas", "3", "--policies",
-                 "round_robin,prefix_affinity", "-P", "prefix_affinity.load_epsilon=0.5", "--out", str(out), "-q"])
+    code = main(
+        [
+            "simulate",
+            "-w",
+            "hot-prefix",
+            "-p",
+            "requests=30",
+            "--replicas",
+            "3",
+            "--policies",
+            "round_robin,prefix_affinity",
+            "-P",
+            "prefix_affinity.load_epsilon=0.5",
+            "--out",
+            str(out),
+            "-q",
+        ]
+    )
     assert code == 0
     result = orjson.loads((out / "result.json").read_bytes())
     assert set(result["runs"]) == {"round_robin", "prefix_affinity"}
@@ -108,10 +129,16 @@ def test_words_and_below_draw_exactly_what_choice_and_randrange_draw() -> None:
 def test_fast_forwarded_decode_steps_change_no_result(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Plain decode steps skip the scheduler's per-step bookkeeping: every result is bit-identical."""
     cases = [
-        (workloads.multi_turn(users=8, rounds=3, rate_per_s=2.0, seed=3),
-         SimSpec(replicas=2, policy="prefix_affinity")),
-        (workloads.multi_turn(users=16, rounds=3, rate_per_s=2.0, seed=0),  # preempts
-         SimSpec(replicas=2, policy="prefix_affinity", kv_events=True, stub=StubConfig(num_gpu_blocks=300).resolved())),
+        (
+            workloads.multi_turn(users=8, rounds=3, rate_per_s=2.0, seed=3),
+            SimSpec(replicas=2, policy="prefix_affinity"),
+        ),
+        (
+            workloads.multi_turn(users=16, rounds=3, rate_per_s=2.0, seed=0),  # preempts
+            SimSpec(
+                replicas=2, policy="prefix_affinity", kv_events=True, stub=StubConfig(num_gpu_blocks=300).resolved()
+            ),
+        ),
         (workloads.hot_prefix(requests=40, rate_per_s=20.0, seed=2), SimSpec(replicas=3, policy="least_loaded")),
         (workloads.agent_loop(sessions=6, seed=1), SimSpec(replicas=2, policy="round_robin", concurrency=3)),
     ]
@@ -127,8 +154,28 @@ def test_each_run_is_priced_from_its_reported_tokens(tmp_path: Path) -> None:
     """`--prices` reaches result.json and the table: cost and savings are the price arithmetic on the run's
     token totals, the share saved is of the prompts' uncached price."""
     out = tmp_path / "priced"
-    assert main(["simulate", "-w", "multi-turn", "-p", "users=3", "-p", "rounds=2", "--policies", "prefix_affinity",
-                 "--prices", "2,0.5,8", "-q", "--no-plots", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "-w",
+                "multi-turn",
+                "-p",
+                "users=3",
+                "-p",
+                "rounds=2",
+                "--policies",
+                "prefix_affinity",
+                "--prices",
+                "2,0.5,8",
+                "-q",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = orjson.loads((out / "result.json").read_bytes())
     assert result["meta"]["prices"] == {"input": 2.0, "cached_input": 0.5, "output": 8.0}
     run = result["runs"]["prefix_affinity"]

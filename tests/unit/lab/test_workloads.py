@@ -22,7 +22,7 @@ SMALL = {
 
 
 def first_prompt_blocks(session: Session) -> tuple[int, ...]:
-    messages = ([{"role": "system", "content": session.system}] if session.system else [])
+    messages = [{"role": "system", "content": session.system}] if session.system else []
     text, _ = prefix.render_chat({"messages": [*messages, {"role": "user", "content": session.user_turns[0]}]})
     return prefix.chain_hash_text(text, 64, 0, 10_000)
 

@@ -80,6 +80,6 @@ def test_chain_hashes_equal_block_by_block_hashing_with_any_tail() -> None:
     for length in (0, 3, 4, 5, 16, 69, 70):
         parent, expected = 11, []
         for start in range(0, length - 4 + 1, 4):
-            parent = hash_block_tokens(parent, tokens[start:start + 4])
+            parent = hash_block_tokens(parent, tokens[start : start + 4])
             expected.append(parent)
         assert chain_hashes(tokens[:length], 4, 11) == expected

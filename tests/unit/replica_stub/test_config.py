@@ -41,13 +41,17 @@ def test_batching_is_continuous_unless_the_flag_or_the_file_says_static(tmp_path
     assert load_config(str(path), {}).batching == "static"
 
 
-@pytest.mark.parametrize(("yaml_text", "message"), [
-    ("max_num_seq: 3\n", "unknown setting(s) max_num_seq"),
-    ("timing: {decode_ms: 3}\n", "timing.decode_ms"),
-    ("block_size: 0\n", "block_size must be >= 1"),
-    ("num_gpu_blocks: 4\nmax_model_len: 100\n", "exceeds the KV capacity"),
-    ("batching: dynamic\n", "batching must be one of continuous, static"),
-], ids=["typo", "timing-typo", "zero", "too-long", "batching"])
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("max_num_seq: 3\n", "unknown setting(s) max_num_seq"),
+        ("timing: {decode_ms: 3}\n", "timing.decode_ms"),
+        ("block_size: 0\n", "block_size must be >= 1"),
+        ("num_gpu_blocks: 4\nmax_model_len: 100\n", "exceeds the KV capacity"),
+        ("batching: dynamic\n", "batching must be one of continuous, static"),
+    ],
+    ids=["typo", "timing-typo", "zero", "too-long", "batching"],
+)
 def test_bad_settings_name_the_key(tmp_path: Path, yaml_text: str, message: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)

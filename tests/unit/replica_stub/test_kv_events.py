@@ -78,17 +78,30 @@ def test_array_encoding_is_vllms_tagged_array_shape() -> None:
 def test_stored_blocks_name_their_lora_adapter() -> None:
     stored = BlockStored((11,), None, (1, 2, 3, 4), 4, lora_id=2, lora_name="sql")
     assert encode_event(stored, "array")[5] == 2  # vLLM <= 0.11 arrays: lora_id only
-    assert encode_event(stored, "map") == {"type": "BlockStored", "block_hashes": [11], "parent_block_hash": None,
-                                                "token_ids": [1, 2, 3, 4], "block_size": 4, "lora_id": 2,
-                                                "medium": "GPU", "lora_name": "sql"}
+    assert encode_event(stored, "map") == {
+        "type": "BlockStored",
+        "block_hashes": [11],
+        "parent_block_hash": None,
+        "token_ids": [1, 2, 3, 4],
+        "block_size": 4,
+        "lora_id": 2,
+        "medium": "GPU",
+        "lora_name": "sql",
+    }
 
 
 def test_map_encoding_is_tagged_maps() -> None:
-    assert encode_event(STORED, "map") == {"type": "BlockStored", "block_hashes": [11, 2**64 - 1],
-                                           "parent_block_hash": None, "token_ids": list(range(8)),
-                                           "block_size": 4, "lora_id": None, "medium": "GPU", "lora_name": None}
-    assert encode_event(BlockRemoved((11,)), "map") == {"type": "BlockRemoved", "block_hashes": [11],
-                                                         "medium": "GPU"}
+    assert encode_event(STORED, "map") == {
+        "type": "BlockStored",
+        "block_hashes": [11, 2**64 - 1],
+        "parent_block_hash": None,
+        "token_ids": list(range(8)),
+        "block_size": 4,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
+    assert encode_event(BlockRemoved((11,)), "map") == {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}
     assert encode_event(AllBlocksCleared(), "map") == {"type": "AllBlocksCleared"}
 
 
@@ -96,8 +109,12 @@ async def test_one_message_per_flush_with_increasing_seq_and_merged_removals(wir
     wire.publish(STORED, BlockRemoved((1,)), BlockRemoved((2, 3)), AllBlocksCleared(), BlockRemoved((4,)))
     topic, seq, (ts, events, rank) = await wire.recv()
     assert topic == b"kv" and isinstance(ts, float) and rank is None
-    assert events == [encode_event(STORED, "array"), ["BlockRemoved", [1, 2, 3], "GPU"], ["AllBlocksCleared"],
-                      ["BlockRemoved", [4], "GPU"]]
+    assert events == [
+        encode_event(STORED, "array"),
+        ["BlockRemoved", [1, 2, 3], "GPU"],
+        ["AllBlocksCleared"],
+        ["BlockRemoved", [4], "GPU"],
+    ]
     wire.publish(BlockRemoved((5,)))
     assert (await wire.recv())[1] == seq + 1
     wire.publisher.flush()  # nothing pending: nothing sent
@@ -124,8 +141,8 @@ async def _replay(wire: Wire, start: int, *, req_framing: bool) -> list[tuple[in
         replies = []
         while True:
             frames = await asyncio.wait_for(dealer.recv_multipart(), 2.0)
-            assert frames[:len(envelope)] == envelope and len(frames) == len(envelope) + 2
-            seq_bytes, payload = frames[len(envelope):]
+            assert frames[: len(envelope)] == envelope and len(frames) == len(envelope) + 2
+            seq_bytes, payload = frames[len(envelope) :]
             replies.append((int.from_bytes(seq_bytes, "big", signed=True), payload))
             if seq_bytes == END_MARKER:
                 return replies
@@ -170,12 +187,15 @@ def test_reset_prefix_cache_only_when_no_block_is_in_use() -> None:
     assert events[-1] == AllBlocksCleared()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"kv_events_endpoint": "localhost:5557"}, "kv_events_endpoint must start with"),
-    ({"kv_events_replay_endpoint": "tcp://*:5558"}, "needs kv_events_endpoint"),
-    ({"kv_events_endpoint": "tcp://*:5557", "kv_events_encoding": "json"}, "kv_events_encoding"),
-    ({"kv_events_endpoint": "tcp://*:5557", "kv_events_buffer_steps": 0}, "kv_events_buffer_steps"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"kv_events_endpoint": "localhost:5557"}, "kv_events_endpoint must start with"),
+        ({"kv_events_replay_endpoint": "tcp://*:5558"}, "needs kv_events_endpoint"),
+        ({"kv_events_endpoint": "tcp://*:5557", "kv_events_encoding": "json"}, "kv_events_encoding"),
+        ({"kv_events_endpoint": "tcp://*:5557", "kv_events_buffer_steps": 0}, "kv_events_buffer_steps"),
+    ],
+)
 def test_kv_event_settings_are_checked(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_config(None, overrides)

@@ -40,8 +40,9 @@ def test_a_request_names_the_base_model_or_a_served_adapter() -> None:
     assert resolve("sql", "base", loras) == SQL
     with pytest.raises(NotFoundError, match="The model `other` does not exist"):
         resolve("other", "base", loras)
-    assert cards(loras, "base", 1) == [{"id": "sql", "object": "model", "created": 1, "owned_by": "vllm",
-                                        "root": "/loras/sql", "parent": "base"}]
+    assert cards(loras, "base", 1) == [
+        {"id": "sql", "object": "model", "created": 1, "owned_by": "vllm", "root": "/loras/sql", "parent": "base"}
+    ]
 
 
 def _request(prompt: list[int], lora: Lora | None) -> Request:
@@ -64,6 +65,10 @@ def test_adapters_salt_the_block_hashes_and_never_share_cached_blocks() -> None:
 
 async def test_an_adapter_changes_the_sim_engines_text() -> None:
     engine = SimEngine(TimingModel(), speedup=1000, output_len=(50, 50))
-    texts = [await _generate(engine, Request(f"t{i}", [1, 2, 3, 4, 5], SamplingParams(max_tokens=10, seed=1), 4,
-                                             lora=lora), 4) for i, lora in enumerate((None, SQL, SQL))]
+    texts = [
+        await _generate(
+            engine, Request(f"t{i}", [1, 2, 3, 4, 5], SamplingParams(max_tokens=10, seed=1), 4, lora=lora), 4
+        )
+        for i, lora in enumerate((None, SQL, SQL))
+    ]
     assert texts[0] != texts[1] == texts[2]

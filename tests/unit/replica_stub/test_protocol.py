@@ -16,8 +16,16 @@ def test_chat_request_defaults() -> None:
 
 
 def test_max_completion_tokens_wins_and_stop_accepts_a_string() -> None:
-    gen = parse_chat({**CHAT, "max_tokens": 5, "max_completion_tokens": 7, "stop": "END",
-                      "stream": True, "stream_options": {"include_usage": True}})
+    gen = parse_chat(
+        {
+            **CHAT,
+            "max_tokens": 5,
+            "max_completion_tokens": 7,
+            "stop": "END",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     assert (gen.max_tokens, gen.stop, gen.include_usage) == (7, ("END",), True)
 
 
@@ -27,20 +35,56 @@ def test_completion_prompt_forms() -> None:
     assert parse_completion({"prompt": ["only one"]}).prompt_text == "only one"
 
 
-@pytest.mark.parametrize("body", [
-    {}, {"messages": []}, {"messages": [{"content": "no role"}]}, {"messages": [{"role": "user", "content": 5}]},
-    {**CHAT, "n": 2}, {**CHAT, "temperature": -1}, {**CHAT, "temperature": "hot"}, {**CHAT, "top_p": 0},
-    {**CHAT, "max_tokens": 0}, {**CHAT, "max_tokens": True}, {**CHAT, "stop": [1]}, {**CHAT, "seed": 1.5},
-    {**CHAT, "stream": "yes"},
-], ids=["missing", "empty", "no-role", "content-type", "n", "negative-temp", "temp-type", "top-p", "zero-max",
-        "bool-max", "stop-type", "seed-type", "stream-type"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"messages": []},
+        {"messages": [{"content": "no role"}]},
+        {"messages": [{"role": "user", "content": 5}]},
+        {**CHAT, "n": 2},
+        {**CHAT, "temperature": -1},
+        {**CHAT, "temperature": "hot"},
+        {**CHAT, "top_p": 0},
+        {**CHAT, "max_tokens": 0},
+        {**CHAT, "max_tokens": True},
+        {**CHAT, "stop": [1]},
+        {**CHAT, "seed": 1.5},
+        {**CHAT, "stream": "yes"},
+    ],
+    ids=[
+        "missing",
+        "empty",
+        "no-role",
+        "content-type",
+        "n",
+        "negative-temp",
+        "temp-type",
+        "top-p",
+        "zero-max",
+        "bool-max",
+        "stop-type",
+        "seed-type",
+        "stream-type",
+    ],
+)
 def test_invalid_chat_requests_are_400(body: dict) -> None:
     with pytest.raises(BadRequestError):
         parse_chat(body)
 
 
-@pytest.mark.parametrize("body", [{}, {"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []}, {"prompt": [1, "x"]},
-                                  {"prompt": [-1]}, {"prompt": [1 << 64]}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"prompt": 3},
+        {"prompt": ["a", "b"]},
+        {"prompt": []},
+        {"prompt": [1, "x"]},
+        {"prompt": [-1]},
+        {"prompt": [1 << 64]},
+    ],
+)
 def test_invalid_completion_requests_are_400(body: dict) -> None:
     with pytest.raises(BadRequestError):
         parse_completion(body)
@@ -67,6 +111,6 @@ def test_chunks_and_full_bodies_have_vllm_shapes() -> None:
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_fast_content_chunk_is_byte_identical(kind: str) -> None:
-    fmt = ResponseFormatter(kind, "m\"odel", "rid")  # type: ignore[arg-type]
-    for text in ("word ", "", "quote \" and \\ and \n and \u00e9"):
+    fmt = ResponseFormatter(kind, 'm"odel', "rid")  # type: ignore[arg-type]
+    for text in ("word ", "", 'quote " and \\ and \n and \u00e9'):
         assert fmt.content_chunk(text) == fmt.chunk(text)

@@ -85,8 +85,14 @@ def test_sampling_greedy_top_p_and_seed() -> None:
 def test_calibration_fit_recovers_the_timing_model() -> None:
     from replica_stub.calibrate import DECODE_GRID, PREFILL_GRID, Sample, fit
 
-    truth = TimingModel(prefill_base_ms=30, prefill_token_ms=0.6, prefill_attention_ms=0.9,
-                        decode_base_ms=25, decode_context_ms=15, decode_seq_ms=3)
+    truth = TimingModel(
+        prefill_base_ms=30,
+        prefill_token_ms=0.6,
+        prefill_attention_ms=0.9,
+        decode_base_ms=25,
+        decode_context_ms=15,
+        decode_seq_ms=3,
+    )
     samples = [Sample("prefill", n, c, truth.solo_prefill_ms(n, c)) for n, c in PREFILL_GRID]
     samples += [Sample("decode", b, ctx, truth.step_ms([], [ctx] * b)) for b, ctx in DECODE_GRID]
     assert fit(samples) == truth

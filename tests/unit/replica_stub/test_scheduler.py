@@ -137,16 +137,26 @@ def test_preemption_when_running_requests_outgrow_the_cache() -> None:
 
 @pytest.mark.parametrize("batching", BATCHING)
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
-       st.integers(8, 24), st.integers(1, 4), st.integers(4, 64))
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
+    st.integers(8, 24),
+    st.integers(1, 4),
+    st.integers(4, 64),
+)
 def test_any_workload_completes_and_releases_every_block(
-        batching: Batching, specs: list[tuple[int, int, int]], num_blocks: int, max_num_seqs: int,
-        budget: int) -> None:
+    batching: Batching, specs: list[tuple[int, int, int]], num_blocks: int, max_num_seqs: int, budget: int
+) -> None:
     """Random prompts (some sharing prefixes) on a small cache: every request ends with its
     full output, running never exceeds max_num_seqs, no block stays referenced, and under static
     batching a request only ever runs beside members of its own batch."""
-    sched = make_scheduler(num_blocks=num_blocks, block_size=4, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=budget, max_model_len=num_blocks * 4, batching=batching)
+    sched = make_scheduler(
+        num_blocks=num_blocks,
+        block_size=4,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=num_blocks * 4,
+        batching=batching,
+    )
     requests = []
     for prompt_len, max_tokens, family in specs:
         prompt = [family * 1000 + i for i in range(min(prompt_len, num_blocks * 4 - max_tokens))]

@@ -7,11 +7,15 @@ from replica_stub.engine.timing import TimingModel
 T = TimingModel()
 
 
-@pytest.mark.parametrize(("n", "c", "expected"), [
-    (1, 0, 28.3 + 0.362 + 0.812 * 0.5 / 1000),
-    (1000, 0, 28.3 + 362 + 0.812 * 1000 * 500 / 1000),
-    (100, 900, 28.3 + 36.2 + 0.812 * 100 * 950 / 1000),
-], ids=["one-token", "1k-cold", "100-after-900-cached"])
+@pytest.mark.parametrize(
+    ("n", "c", "expected"),
+    [
+        (1, 0, 28.3 + 0.362 + 0.812 * 0.5 / 1000),
+        (1000, 0, 28.3 + 362 + 0.812 * 1000 * 500 / 1000),
+        (100, 900, 28.3 + 36.2 + 0.812 * 100 * 950 / 1000),
+    ],
+    ids=["one-token", "1k-cold", "100-after-900-cached"],
+)
 def test_solo_prefill_matches_the_fitted_formula(n: int, c: int, expected: float) -> None:
     assert T.solo_prefill_ms(n, c) == pytest.approx(expected)
     assert T.step_ms([(n, c)], []) == pytest.approx(expected)

@@ -8,8 +8,18 @@ from gateway.prompt.sim_tokens import IM_END, IM_START, apply_chat_template, pie
 from replica_stub.engine.simulated import WORDS
 from replica_stub.tokenizer import SimTokenizer
 
-TEXTS = ["", "hello", "hello world ", "  leading spaces", "internationalization!", "a\n\nb\tc",
-         f"{IM_START}user\nhi{IM_END}\n", "<|im_startx|> not special", "emoji 🙂 ok", "trailing   "]
+TEXTS = [
+    "",
+    "hello",
+    "hello world ",
+    "  leading spaces",
+    "internationalization!",
+    "a\n\nb\tc",
+    f"{IM_START}user\nhi{IM_END}\n",
+    "<|im_startx|> not special",
+    "emoji 🙂 ok",
+    "trailing   ",
+]
 
 
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
@@ -48,15 +58,20 @@ def test_generated_words_are_prefix_stable(words: list[str], tail: str) -> None:
     prompt = apply_chat_template([{"role": "user", "content": "question?"}])
     generated = [tok.encode(w + " ")[0] for w in words]
     answer = tok.decode(generated)
-    follow_up = apply_chat_template([{"role": "user", "content": "question?"},
-                                     {"role": "assistant", "content": answer},
-                                     {"role": "user", "content": tail}])
+    follow_up = apply_chat_template(
+        [
+            {"role": "user", "content": "question?"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": tail},
+        ]
+    )
     ids = tok.encode(follow_up)
     expected = tok.encode(prompt) + generated + [tok.eos_token_id]
-    assert ids[:len(expected)] == expected
+    assert ids[: len(expected)] == expected
 
 
 def test_chat_template_renders_messages_in_order() -> None:
-    text = apply_chat_template([{"role": "system", "content": "S"},
-                                {"role": "user", "content": [{"type": "text", "text": "U"}]}])
+    text = apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "U"}]}]
+    )
     assert text == f"{IM_START}system\nS{IM_END}\n{IM_START}user\nU{IM_END}\n{IM_START}assistant\n"

@@ -40,16 +40,30 @@ def test_up_config_subscribes_to_each_replicas_events_with_the_matching_tokenize
     config = parse_config(build_config(spec, [9001, 9002], event_ports=[(7001, 7002), (7003, 7004)]))
     pool = config.pools["stub-model"]
     assert [(r.kv_events.endpoint, r.kv_events.replay_endpoint) for r in pool.replicas if r.kv_events] == [
-        ("tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"), ("tcp://127.0.0.1:7003", "tcp://127.0.0.1:7004")]
+        ("tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002"),
+        ("tcp://127.0.0.1:7003", "tcp://127.0.0.1:7004"),
+    ]
     assert pool.routing.prefix.tokenizer == "sim" and pool.routing.params == {"load_epsilon": 0.5}
     real = parse_config(build_config(dataclasses.replace(spec, engine="real"), [9001], event_ports=[(7001, 7002)]))
     assert real.pools["stub-model"].routing.prefix.tokenizer == "model:smollm2"
 
 
-def test_policy_params_are_yaml_scalars_checked_before_any_run(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["simulate", "-w", "hot-prefix", "-p", "requests=20", "--policies", "prefix_affinity", "-q",
-            "--no-plots", "--out", str(tmp_path)]
+def test_policy_params_are_yaml_scalars_checked_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = [
+        "simulate",
+        "-w",
+        "hot-prefix",
+        "-p",
+        "requests=20",
+        "--policies",
+        "prefix_affinity",
+        "-q",
+        "--no-plots",
+        "--out",
+        str(tmp_path),
+    ]
     assert main([*base, "-P", "prefix_affinity.min_bound_requests=abc"]) == 2
     assert "min_bound_requests: expected an integer" in capsys.readouterr().out
     assert main([*base, "-P", "prefix_affinity.min_bound_requests=2", "-P", "prefix_affinity.load_epsilon=0.5"]) == 0
@@ -62,8 +76,10 @@ def test_up_vllm_config_connects_to_each_replicas_events_with_its_block_size(tmp
     replicas = [VLLMReplica(i, 9001 + i, 7001 + 2 * i, 7002 + 2 * i, tmp_path, wildcard=True) for i in range(2)]
     config = parse_config(build_config(spec, [9001, 9002], kv_events=[r.kv_events() for r in replicas]))
     pool = config.pools["smollm2"]
-    assert [r.kv_events.endpoint for r in pool.replicas if r.kv_events] == ["tcp://127.0.0.1:7001",
-                                                                            "tcp://127.0.0.1:7003"]
+    assert [r.kv_events.endpoint for r in pool.replicas if r.kv_events] == [
+        "tcp://127.0.0.1:7001",
+        "tcp://127.0.0.1:7003",
+    ]
     assert pool.routing.prefix.block_tokens == 128 and pool.routing.prefix.tokenizer == "model:smollm2"
     events = json.loads(replicas[0].command()[replicas[0].command().index("--kv-events-config") + 1])
     assert events["endpoint"] == "tcp://*:7001"  # vLLM binds only wildcard endpoints, connects to the rest

@@ -24,10 +24,13 @@ def test_interpolation_in_values_with_defaults_and_escapes() -> None:
     assert interpolate(data, ENV) == {"a": "http://10.0.0.5:8000", "b": ["x", "${HOST}"], "c": 3, "d": ""}
 
 
-@pytest.mark.parametrize(("data", "key"), [
-    ({"pools": {"m": {"replicas": [{"url": "http://${NOPE}:1"}]}}}, "pools.m.replicas[0].url"),
-    ({"redis": {"url": "redis://${PASS"}}, "redis.url"),
-])
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"pools": {"m": {"replicas": [{"url": "http://${NOPE}:1"}]}}}, "pools.m.replicas[0].url"),
+        ({"redis": {"url": "redis://${PASS"}}, "redis.url"),
+    ],
+)
 def test_a_missing_or_malformed_variable_names_the_key(data: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         interpolate(data, ENV)
@@ -43,13 +46,16 @@ def test_load_config_interpolates_and_names_file_and_key(tmp_path: Path) -> None
     assert str(err.value).startswith(f"{path}:pools.m.replicas[0].url: environment variable 'HOST' is not set")
 
 
-def test_check_prints_the_resolved_config_with_secrets_masked(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_prints_the_resolved_config_with_secrets_masked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AG_CHECK_PASS", "hunter2")
     monkeypatch.setenv("AG_CHECK_HOST", "10.1.2.3")
     path = tmp_path / "gw.yaml"
-    path.write_text("pools: {m: {replicas: [{url: 'http://${AG_CHECK_HOST}:1'}]}}\n"
-                    "redis: {url: 'redis://:${AG_CHECK_PASS}@redis:6379/0'}\n")
+    path.write_text(
+        "pools: {m: {replicas: [{url: 'http://${AG_CHECK_HOST}:1'}]}}\n"
+        "redis: {url: 'redis://:${AG_CHECK_PASS}@redis:6379/0'}\n"
+    )
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "hunter2" not in out and "10.1.2.3" not in out
@@ -58,8 +64,9 @@ def test_check_prints_the_resolved_config_with_secrets_masked(tmp_path: Path, ca
     assert printed["listen"]["port"] == 8000 and printed["pools"]["m"]["routing"]["policy"] == "prefix_affinity"
 
 
-def test_check_of_a_literal_url_password_masks_only_the_password(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_of_a_literal_url_password_masks_only_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "gw.yaml"
     path.write_text("pools: {m: {replicas: [{url: 'http://h:1'}]}}\nredis: {url: 'redis://u:pw@redis:6379/0'}\n")
     assert main(["check", str(path)]) == 0
@@ -73,57 +80,84 @@ def test_check_of_a_bad_file_exits_1_naming_the_key(tmp_path: Path, capsys: pyte
     assert f"{path}:pools.m.routing.polcy: unknown key" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["serve"], "--replica: needs --config FILE"),
-    (["serve", "--replica", "http://h:1"], "--model: needs --config FILE"),
-    (["serve", "--replica", "http://h:1", "--replica", "h:2", "--model", "m"],
-     "config error: --replica h:2: expected an http(s) URL"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve"], "--replica: needs --config FILE"),
+        (["serve", "--replica", "http://h:1"], "--model: needs --config FILE"),
+        (
+            ["serve", "--replica", "http://h:1", "--replica", "h:2", "--model", "m"],
+            "config error: --replica h:2: expected an http(s) URL",
+        ),
+    ],
+)
 def test_serve_flags_errors_name_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "pools." not in err  # the flag the user gave, not a file's key
 
 
-@pytest.mark.parametrize(("policy", "message"), [
-    ("nope", "unknown policy 'nope' (known: consistent_hash"),
-    ("cache_aware", "'cache_aware' is another router's name: write 'prefix_affinity'"),
-    ("prefix-affinity", "did you mean 'prefix_affinity'?"),
-])
-def test_an_unknown_policy_flag_is_refused_with_the_name_to_write(policy: str, message: str,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("nope", "unknown policy 'nope' (known: consistent_hash"),
+        ("cache_aware", "'cache_aware' is another router's name: write 'prefix_affinity'"),
+        ("prefix-affinity", "did you mean 'prefix_affinity'?"),
+    ],
+)
+def test_an_unknown_policy_flag_is_refused_with_the_name_to_write(
+    policy: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["serve", "--replica", "http://h:1", "--model", "m", "--policy", policy])
     assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_check_reports_every_mistake_at_once_with_its_key_and_the_nearest_name(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "three.yaml"
-    path.write_text("pool: {}\nlisten: {host: 1}\n"
-                    "pools: {m: {replicas: [{url: 'http://h:1'}], routing: {policy: prefix-affinity}}}\n")
+    path.write_text(
+        "pool: {}\nlisten: {host: 1}\n"
+        "pools: {m: {replicas: [{url: 'http://h:1'}], routing: {policy: prefix-affinity}}}\n"
+    )
     assert main(["check", str(path)]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "affinity-gateway: 3 config errors:"
     assert any(f"{path}:pool: unknown key; did you mean 'pools'?" in line for line in lines)
-    assert any(f"{path}:pools.m.routing.policy: unknown policy 'prefix-affinity'; did you mean 'prefix_affinity'?"
-               in line for line in lines)
+    assert any(
+        f"{path}:pools.m.routing.policy: unknown policy 'prefix-affinity'; did you mean 'prefix_affinity'?" in line
+        for line in lines
+    )
     assert any(f"{path}:listen.host: expected a string" in line for line in lines)
 
 
 @pytest.mark.parametrize(("env", "port", "enabled"), [({}, 8000, True), ({"PORT": "9001", "ON": "off"}, 9001, False)])
 def test_a_variable_gives_numbers_and_booleans_too(env: dict[str, str], port: int, enabled: bool) -> None:
-    config = parse_config(interpolate({"listen": {"port": "${PORT:-8000}"}, "metrics": {"enabled": "${ON:-true}"},
-                                       "pools": {"m": {"replicas": [{"url": "http://h:1"}]}}}, env))
+    config = parse_config(
+        interpolate(
+            {
+                "listen": {"port": "${PORT:-8000}"},
+                "metrics": {"enabled": "${ON:-true}"},
+                "pools": {"m": {"replicas": [{"url": "http://h:1"}]}},
+            },
+            env,
+        )
+    )
     assert config.listen.port == port and type(config.listen.port) is int and config.metrics.enabled is enabled
 
 
 def test_a_variable_that_is_no_number_is_an_error_naming_the_key() -> None:
     with pytest.raises(ConfigError) as raised:
-        parse_config(interpolate({"listen": {"port": "${PORT}"}, "pools": {"m": {"replicas": [{"url": "http://h:1"}]}}},
-                                 {"PORT": "eighty"}))
+        parse_config(
+            interpolate(
+                {"listen": {"port": "${PORT}"}, "pools": {"m": {"replicas": [{"url": "http://h:1"}]}}},
+                {"PORT": "eighty"},
+            )
+        )
     assert raised.value.key == "listen.port" and "expected an integer from the environment, got 'eighty'" in str(
-        raised.value)
+        raised.value
+    )
 
 
 def test_check_prints_the_policy_parameters_it_runs_with(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,13 +171,20 @@ def test_check_prints_the_policy_parameters_it_runs_with(tmp_path: Path, capsys:
 def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     path = tmp_path / "ok.yaml"
     path.write_text("pools: {m: {replicas: [{url: 'http://h:1'}]}}\n")
-    piped = subprocess.run(f"{sys.executable} -m gateway check {path} | head -1", shell=True, capture_output=True,
-                           text=True, timeout=25, cwd=ROOT)
+    piped = subprocess.run(
+        f"{sys.executable} -m gateway check {path} | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=25,
+        cwd=ROOT,
+    )
     assert piped.stdout.startswith("# ") and "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
 
 
-def test_serve_reads_the_config_file_the_environment_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_reads_the_config_file_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "named.yaml"
     path.write_text("pools: {m: {replicas: [{url: 'h:1'}]}}\n")
     monkeypatch.setenv("AFFINITY_GATEWAY_CONFIG", str(path))
@@ -161,9 +202,15 @@ def test_serve_help_shows_the_defaults_and_an_example(capsys: pytest.CaptureFixt
 
 def test_opentelemetry_variables_set_the_tracing_endpoint_service_and_sampler() -> None:
     data = {"tracing": {"endpoint": "http://file:4318"}, "pools": {"m": {"replicas": [{"url": "http://h:1"}]}}}
-    tracing = parse_config(data, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318", "OTEL_SERVICE_NAME": "gw-eu",
-                                  "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-                                  "OTEL_TRACES_SAMPLER_ARG": "0.25"}).tracing
+    tracing = parse_config(
+        data,
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318",
+            "OTEL_SERVICE_NAME": "gw-eu",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        },
+    ).tracing
     assert (tracing.endpoint, tracing.service_name, tracing.sampling_ratio) == ("http://otel:4318", "gw-eu", 0.25)
     assert parse_config(data, {}).tracing.endpoint == "http://file:4318"  # no variable: the file's
     with pytest.raises(ConfigError) as raised:

@@ -23,8 +23,11 @@ from tests.k8s_api import endpoint_slice
 
 pytestmark = pytest.mark.timeout(30)
 
-LABELS = {"pool_label": "affinity-gateway.io/pool", "adapter_label_prefix": "adapters.affinity-gateway.io/",
-          "role_label": "affinity-gateway.io/role"}
+LABELS = {
+    "pool_label": "affinity-gateway.io/pool",
+    "adapter_label_prefix": "adapters.affinity-gateway.io/",
+    "role_label": "affinity-gateway.io/role",
+}
 
 
 def data(pool: str, kubernetes: dict[str, Any]) -> dict[str, Any]:
@@ -40,17 +43,20 @@ def test_the_selector_joins_labels_pool_label_and_service() -> None:
     assert named.selector("Qwen/Qwen3-8B") == {"p": "qwen3", "kubernetes.io/service-name": "vllm"}
 
 
-@pytest.mark.parametrize(("pool", "kubernetes", "key"), [
-    ("m", {}, "service"),  # an empty selector would take every slice of the namespace
-    ("Qwen/Qwen3-8B", {"pool_label": "affinity-gateway.io/pool"}, "pool_value"),  # no label value
-    ("m", {"service": "v", "pool_value": "m"}, "pool_value"),  # without pool_label
-    ("m", {"pool_label": "p", "pool_value": "a/b"}, "pool_value"),
-    ("m", {"pool_label": "-bad-"}, "pool_label"),
-    ("m", {"service": "v", "role_label": "a b"}, "role_label"),
-    ("m", {"service": "v", "adapter_label_prefix": "adapters"}, "adapter_label_prefix"),  # no trailing /
-    ("m", {"labels": {"ok": "not ok!"}}, "labels.ok"),
-    ("m", {"labels": {"bad key!": "v"}}, "labels"),
-])
+@pytest.mark.parametrize(
+    ("pool", "kubernetes", "key"),
+    [
+        ("m", {}, "service"),  # an empty selector would take every slice of the namespace
+        ("Qwen/Qwen3-8B", {"pool_label": "affinity-gateway.io/pool"}, "pool_value"),  # no label value
+        ("m", {"service": "v", "pool_value": "m"}, "pool_value"),  # without pool_label
+        ("m", {"pool_label": "p", "pool_value": "a/b"}, "pool_value"),
+        ("m", {"pool_label": "-bad-"}, "pool_label"),
+        ("m", {"service": "v", "role_label": "a b"}, "role_label"),
+        ("m", {"service": "v", "adapter_label_prefix": "adapters"}, "adapter_label_prefix"),  # no trailing /
+        ("m", {"labels": {"ok": "not ok!"}}, "labels.ok"),
+        ("m", {"labels": {"bad key!": "v"}}, "labels"),
+    ],
+)
 def test_bad_label_settings_name_their_key(pool: str, kubernetes: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"pools\.{pool}\.discovery\.kubernetes\.{key}\b"):
         parse_config(data(pool, kubernetes))
@@ -69,27 +75,37 @@ def slice_of(raw: dict[str, Any]) -> EndpointSlice:
 
 
 def test_a_slices_labels_give_its_pods_their_adapters_and_role() -> None:
-    k8s = KubernetesDiscoveryConfig(pool_label=LABELS["pool_label"],
-                                    adapter_label_prefix=LABELS["adapter_label_prefix"],
-                                    role_label=LABELS["role_label"])
+    k8s = KubernetesDiscoveryConfig(
+        pool_label=LABELS["pool_label"],
+        adapter_label_prefix=LABELS["adapter_label_prefix"],
+        role_label=LABELS["role_label"],
+    )
     spec = DiscoveryConfig(kubernetes=k8s, port=8000)
-    labels = {"affinity-gateway.io/pool": "llama", "affinity-gateway.io/role": "prefill",
-              "adapters.affinity-gateway.io/sql-lora": "true", "adapters.affinity-gateway.io/old": "false",
-              "other.io/x": "true"}
+    labels = {
+        "affinity-gateway.io/pool": "llama",
+        "affinity-gateway.io/role": "prefill",
+        "adapters.affinity-gateway.io/sql-lora": "true",
+        "adapters.affinity-gateway.io/old": "false",
+        "other.io/x": "true",
+    }
     item = slice_of(endpoint_slice("s", "llama", {"p-0": ("10.0.0.2", True)}, 8000, labels=labels))
     selector = k8s.selector("llama")
     (replica,), _ = replica_configs(spec, endpoints_of(item, spec, selector))
     assert (replica.replica_id, replica.adapters, replica.role) == ("p-0", ("sql-lora",), "prefill")
     assert endpoints_of(item, spec, k8s.selector("qwen")) == []  # another pool's slice
-    unknown = slice_of(endpoint_slice("s", "llama", {"p-0": ("10.0.0.2", True)}, 8000,
-                                      labels={**labels, "affinity-gateway.io/role": "encode"}))
+    unknown = slice_of(
+        endpoint_slice(
+            "s", "llama", {"p-0": ("10.0.0.2", True)}, 8000, labels={**labels, "affinity-gateway.io/role": "encode"}
+        )
+    )
     assert [e.role for e in endpoints_of(unknown, spec, selector)] == ["both"]  # logged, still serves
 
 
 async def test_a_discovered_pods_labels_reach_the_adapter_map_and_admin(tmp_path: Path) -> None:
     path = tmp_path / "gw.yaml"
-    path.write_text(yaml.safe_dump({"pools": {"base": {"discovery": {"dns": "replicas"},
-                                                       "routing": {"policy": "round_robin"}}}}))
+    path.write_text(
+        yaml.safe_dump({"pools": {"base": {"discovery": {"dns": "replicas"}, "routing": {"policy": "round_robin"}}}})
+    )
     state = GatewayState(load_config(path), path, RoutingMetrics(CollectorRegistry()))
 
     async def no_records(name: str, port: int) -> list[str]:

@@ -38,34 +38,46 @@ def pool(**changes: Any) -> dict[str, Any]:
     return {"pools": {"m": {"replicas": [{"url": "http://h:1"}], **changes}}}
 
 
-@pytest.mark.parametrize(("data", "key", "words"), [
-    ({**MINIMAL, "listen": {"port": "80"}}, "listen.port", "integer"),
-    ({**MINIMAL, "listen": {"port": 70000}}, "listen.port", "65535"),
-    ({**MINIMAL, "listen": {"workers": 0}}, "listen.workers", "integer >= 1"),
-    ({**MINIMAL, "listen": {"workers": "2"}}, "listen.workers", "integer"),
-    ({**MINIMAL, "lsiten": {}}, "lsiten", "unknown key"),
-    ({"pools": {}}, "pools", "at least one"),
-    ({"pools": {"m": {"replicas": [{"url": "h:1"}]}}}, "pools.m.replicas[0].url", "http"),
-    ({"pools": {"m": {"replicas": [{"url": "http://h:1", "weight": 0}]}}}, "pools.m.replicas[0].weight", "> 0"),
-    ({"pools": {"m": {"replicas": [{"url": "http://h:1"}, {"url": "http://h:1"}]}}}, "pools.m.replicas[1]",
-     "duplicate"),
-    ({"pools": {"m": {"replicas": []}}}, "pools.m.replicas", "at least one"),
-    (pool(routing={"policy": "fastest"}), "pools.m.routing.policy", "unknown policy"),
-    (pool(routing={"policy": "random", "params": {"seed": 1.5}}), "pools.m.routing.params.seed", "integer"),
-    ({**MINIMAL, "health": {"interval_s": 0}}, "health.interval_s", "> 0"),
-    ({**MINIMAL, "logging": {"level": "loud"}}, "logging.level", "one of"),
-    ({**MINIMAL, "redis": {"url": "mysql://x"}}, "redis.url", "redis://"),
-    ({**MINIMAL, "redis": {}}, "redis.url", "url or url_file"),
-    ({**MINIMAL, "redis": {"url": "redis://r:6379/0", "response_ttl_s": 0}}, "redis.response_ttl_s", "> 0"),
-    ({**MINIMAL, "index": {"store": "mysql"}}, "index.store", "one of"),
-    ({**MINIMAL, "index": {"store": "redis"}}, "index.store", "top-level `redis`"),
-    # The shared Redis was configured under `index` until it was named for what it is: each old key names its new one.
-    ({**MINIMAL, "index": {"store": "redis://r:6379/0"}}, "index.store", "`redis.url`"),
-    ({**MINIMAL, "index": {"redis_url_file": "/run/secrets/redis-url"}}, "index.redis_url_file", "`redis.url_file`"),
-    ({**MINIMAL, "index": {"key_prefix": "x:"}}, "index.key_prefix", "`redis.key_prefix`"),
-    ({**MINIMAL, "state": {"store": "memory"}}, "state", "under `index` now"),  # the old name of the section
-    ({**MINIMAL, "limits": {"max_retries": -1}}, "limits.max_retries", ">= 0"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    ("data", "key", "words"),
+    [
+        ({**MINIMAL, "listen": {"port": "80"}}, "listen.port", "integer"),
+        ({**MINIMAL, "listen": {"port": 70000}}, "listen.port", "65535"),
+        ({**MINIMAL, "listen": {"workers": 0}}, "listen.workers", "integer >= 1"),
+        ({**MINIMAL, "listen": {"workers": "2"}}, "listen.workers", "integer"),
+        ({**MINIMAL, "lsiten": {}}, "lsiten", "unknown key"),
+        ({"pools": {}}, "pools", "at least one"),
+        ({"pools": {"m": {"replicas": [{"url": "h:1"}]}}}, "pools.m.replicas[0].url", "http"),
+        ({"pools": {"m": {"replicas": [{"url": "http://h:1", "weight": 0}]}}}, "pools.m.replicas[0].weight", "> 0"),
+        (
+            {"pools": {"m": {"replicas": [{"url": "http://h:1"}, {"url": "http://h:1"}]}}},
+            "pools.m.replicas[1]",
+            "duplicate",
+        ),
+        ({"pools": {"m": {"replicas": []}}}, "pools.m.replicas", "at least one"),
+        (pool(routing={"policy": "fastest"}), "pools.m.routing.policy", "unknown policy"),
+        (pool(routing={"policy": "random", "params": {"seed": 1.5}}), "pools.m.routing.params.seed", "integer"),
+        ({**MINIMAL, "health": {"interval_s": 0}}, "health.interval_s", "> 0"),
+        ({**MINIMAL, "logging": {"level": "loud"}}, "logging.level", "one of"),
+        ({**MINIMAL, "redis": {"url": "mysql://x"}}, "redis.url", "redis://"),
+        ({**MINIMAL, "redis": {}}, "redis.url", "url or url_file"),
+        ({**MINIMAL, "redis": {"url": "redis://r:6379/0", "response_ttl_s": 0}}, "redis.response_ttl_s", "> 0"),
+        ({**MINIMAL, "index": {"store": "mysql"}}, "index.store", "one of"),
+        ({**MINIMAL, "index": {"store": "redis"}}, "index.store", "top-level `redis`"),
+        # The shared Redis was configured under `index` until it was named for what it is:
+        # each old key names its new one.
+        ({**MINIMAL, "index": {"store": "redis://r:6379/0"}}, "index.store", "`redis.url`"),
+        (
+            {**MINIMAL, "index": {"redis_url_file": "/run/secrets/redis-url"}},
+            "index.redis_url_file",
+            "`redis.url_file`",
+        ),
+        ({**MINIMAL, "index": {"key_prefix": "x:"}}, "index.key_prefix", "`redis.key_prefix`"),
+        ({**MINIMAL, "state": {"store": "memory"}}, "state", "under `index` now"),  # the old name of the section
+        ({**MINIMAL, "limits": {"max_retries": -1}}, "limits.max_retries", ">= 0"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_errors_name_file_and_key(tmp_path: Path, data: Any, key: str, words: str) -> None:
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as info:
@@ -93,19 +105,31 @@ def test_backend_key_from_env_and_file(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("AG_UNIT_KEY", "pool-key")
     key_file = tmp_path / "r.key"
     key_file.write_text(" replica-key\n")
-    data = {"pools": {"m": {"api_key_env": "AG_UNIT_KEY", "replicas": [
-        {"url": "http://h:1", "name": "a"}, {"url": "http://h:2", "name": "b", "api_key_file": str(key_file)}]}}}
+    data = {
+        "pools": {
+            "m": {
+                "api_key_env": "AG_UNIT_KEY",
+                "replicas": [
+                    {"url": "http://h:1", "name": "a"},
+                    {"url": "http://h:2", "name": "b", "api_key_file": str(key_file)},
+                ],
+            }
+        }
+    }
     config = load_config(write(tmp_path, data))
     assert config.pools["m"].backend_key("a") == "pool-key"
     assert config.pools["m"].backend_key("b") == "replica-key"
     assert config.pools["m"].backend_key("discovered:8000") == "pool-key"
 
 
-@pytest.mark.parametrize(("changes", "key"), [
-    ({"api_key_env": "AG_UNIT_SURELY_UNSET"}, "pools.m.api_key_env"),
-    ({"replicas": [{"url": "http://h:1", "api_key_file": "/nonexistent/key"}]}, "pools.m.replicas[0].api_key_file"),
-    ({"api_key_env": "AG_UNIT_SURELY_UNSET", "api_key_file": "/x"}, "pools.m.api_key_env"),
-])
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"api_key_env": "AG_UNIT_SURELY_UNSET"}, "pools.m.api_key_env"),
+        ({"replicas": [{"url": "http://h:1", "api_key_file": "/nonexistent/key"}]}, "pools.m.replicas[0].api_key_file"),
+        ({"api_key_env": "AG_UNIT_SURELY_UNSET", "api_key_file": "/x"}, "pools.m.api_key_env"),
+    ],
+)
 def test_backend_key_errors_name_the_key(tmp_path: Path, changes: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, pool(**changes)))

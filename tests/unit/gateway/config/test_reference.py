@@ -21,8 +21,13 @@ def test_the_reference_page_is_what_the_command_prints() -> None:
 
 def test_every_key_of_the_example_is_in_the_reference() -> None:
     page = markdown()
-    for section in ("## `pools.<model>.routing`", "## `pools.<model>.replicas[]`", "## `redis`",
-                    "## `pools.<model>.routing.params (prefix_affinity)`", "| `max_in_flight_per_replica` |"):
+    for section in (
+        "## `pools.<model>.routing`",
+        "## `pools.<model>.replicas[]`",
+        "## `redis`",
+        "## `pools.<model>.routing.params (prefix_affinity)`",
+        "| `max_in_flight_per_replica` |",
+    ):
         assert section in page
 
 

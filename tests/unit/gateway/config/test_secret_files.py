@@ -73,14 +73,18 @@ async def test_a_reload_reads_a_rotated_redis_url_file_and_rebuilds_the_index(tm
         await state.close()
 
 
-@pytest.mark.parametrize("redis,key,words", [
-    ({"url_file": "/nonexistent/redis-url"}, "redis.url_file", "cannot read file"),
-    ({"url_file": "EMPTY"}, "redis.url_file", "is empty"),
-    ({"url_file": "NOT_A_URL"}, "redis.url_file", "must hold a redis://"),
-    ({"url_file": "NOT_A_URL", "url": "redis://r:6379/0"}, "redis.url", "one of them"),
-])
-def test_a_bad_redis_url_file_is_an_error_naming_the_key_not_the_content(tmp_path: Path, redis: dict[str, str],
-                                                                         key: str, words: str) -> None:
+@pytest.mark.parametrize(
+    "redis,key,words",
+    [
+        ({"url_file": "/nonexistent/redis-url"}, "redis.url_file", "cannot read file"),
+        ({"url_file": "EMPTY"}, "redis.url_file", "is empty"),
+        ({"url_file": "NOT_A_URL"}, "redis.url_file", "must hold a redis://"),
+        ({"url_file": "NOT_A_URL", "url": "redis://r:6379/0"}, "redis.url", "one of them"),
+    ],
+)
+def test_a_bad_redis_url_file_is_an_error_naming_the_key_not_the_content(
+    tmp_path: Path, redis: dict[str, str], key: str, words: str
+) -> None:
     files = {"EMPTY": write(tmp_path, "empty", "\n"), "NOT_A_URL": write(tmp_path, "bad", "mysql://:pw-123@db\n")}
     redis = {k: files.get(v, v) for k, v in redis.items()}
     with pytest.raises(ConfigError) as err:
@@ -91,8 +95,15 @@ def test_a_bad_redis_url_file_is_an_error_naming_the_key_not_the_content(tmp_pat
 def test_a_sha256_file_holds_one_key_a_line_each_of_the_entrys_tenant(tmp_path: Path) -> None:
     old, new, ops = "old-key", "new-key", "ops-key"
     hashes = write(tmp_path, "hashes", f"# acme, rotating\n{hash_key(old)}\n\n{hash_key(new)}\n")
-    data = {**MINIMAL, "auth": {"keys": [{"sha256_file": hashes, "tenant": "acme", "requests_per_minute": 5},
-                                         {"sha256": hash_key(ops), "tenant": "ops", "admin": True}]}}
+    data = {
+        **MINIMAL,
+        "auth": {
+            "keys": [
+                {"sha256_file": hashes, "tenant": "acme", "requests_per_minute": 5},
+                {"sha256": hash_key(ops), "tenant": "ops", "admin": True},
+            ]
+        },
+    }
     auth = load_config(config_file(tmp_path, data), env={}).auth
     for key, tenant in ((old, "acme"), (new, "acme"), (ops, "ops")):
         caller = authenticate(auth, "/v1/models", {"Authorization": f"Bearer {key}"})
@@ -102,19 +113,25 @@ def test_a_sha256_file_holds_one_key_a_line_each_of_the_entrys_tenant(tmp_path: 
         authenticate(auth, "/v1/models", {"Authorization": "Bearer other"})
 
 
-@pytest.mark.parametrize("entry,key,words", [
-    ({"sha256_file": "BAD_LINE"}, "auth.keys[0].sha256_file line 2", "64 lowercase hex"),
-    ({"sha256_file": "COMMENTS"}, "auth.keys[0].sha256_file", "no digest"),
-    ({"sha256_file": "/nonexistent/hashes"}, "auth.keys[0].sha256_file", "cannot read file"),
-    ({"sha256_file": "BAD_LINE", "sha256": "0" * 64}, "auth.keys[0].sha256_file", "not both"),
-    ({}, "auth.keys[0].sha256", "missing"),
-    ({"sha256_file": "DUPLICATE"}, "auth.keys[0].sha256_file line 1", "twice"),
-])
-def test_a_bad_sha256_file_is_an_error_naming_the_key_and_line(tmp_path: Path, entry: dict[str, str], key: str,
-                                                               words: str) -> None:
-    files = {"BAD_LINE": write(tmp_path, "bad", f"{hash_key('a')}\nnot-a-digest\n"),
-             "COMMENTS": write(tmp_path, "comments", "# nobody yet\n"),
-             "DUPLICATE": write(tmp_path, "dup", f"{hash_key('b')}\n")}
+@pytest.mark.parametrize(
+    "entry,key,words",
+    [
+        ({"sha256_file": "BAD_LINE"}, "auth.keys[0].sha256_file line 2", "64 lowercase hex"),
+        ({"sha256_file": "COMMENTS"}, "auth.keys[0].sha256_file", "no digest"),
+        ({"sha256_file": "/nonexistent/hashes"}, "auth.keys[0].sha256_file", "cannot read file"),
+        ({"sha256_file": "BAD_LINE", "sha256": "0" * 64}, "auth.keys[0].sha256_file", "not both"),
+        ({}, "auth.keys[0].sha256", "missing"),
+        ({"sha256_file": "DUPLICATE"}, "auth.keys[0].sha256_file line 1", "twice"),
+    ],
+)
+def test_a_bad_sha256_file_is_an_error_naming_the_key_and_line(
+    tmp_path: Path, entry: dict[str, str], key: str, words: str
+) -> None:
+    files = {
+        "BAD_LINE": write(tmp_path, "bad", f"{hash_key('a')}\nnot-a-digest\n"),
+        "COMMENTS": write(tmp_path, "comments", "# nobody yet\n"),
+        "DUPLICATE": write(tmp_path, "dup", f"{hash_key('b')}\n"),
+    }
     keys = [{"tenant": "t", **{k: files.get(v, v) for k, v in entry.items()}}]
     if entry.get("sha256_file") == "DUPLICATE":
         keys.insert(0, {"sha256": hash_key("b"), "tenant": "u"})
@@ -144,21 +161,39 @@ def logs(capfd: pytest.CaptureFixture[str]) -> Any:
 
 @pytest.mark.parametrize("redis_from", ["env", "file"])
 async def test_secrets_reach_redis_replica_and_key_check_but_no_log_line_or_answer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replica: tuple[FakeReplica, str], logs: Any,
-        redis_from: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replica: tuple[FakeReplica, str], logs: Any, redis_from: str
+) -> None:
     fake, url = replica
-    redis_password, backend_key, client_key, admin_key = (f"{name}-{secrets.token_hex(8)}" for name in
-                                                          ("redispw", "backendkey", "clientkey", "adminkey"))
+    redis_password, backend_key, client_key, admin_key = (
+        f"{name}-{secrets.token_hex(8)}" for name in ("redispw", "backendkey", "clientkey", "adminkey")
+    )
     redis_url = f"redis://:{redis_password}@127.0.0.1:{free_port()}/0"  # nothing listens: the index degrades
     monkeypatch.setenv("AG_TEST_REDIS_URL", redis_url)
-    shared = ({"url": "${AG_TEST_REDIS_URL}"} if redis_from == "env"
-              else {"url_file": write(tmp_path, "redis-url", redis_url)})
-    data = {"pools": {MODEL: {"replicas": [{"url": url, "name": "r0"}], "routing": {"policy": "prefix_affinity"},
-                              "api_key_file": write(tmp_path, "backend-key", f"{backend_key}\n")}},
-            "redis": shared, "index": {"store": "redis", "mirror": False},
-            "auth": {"keys": [{"sha256_file": write(tmp_path, "hashes", f"{hash_key(client_key)}\n"), "tenant": "acme"},
-                              {"sha256": hash_key(admin_key), "tenant": "ops", "admin": True}]},
-            "health": {"interval_s": 0.05}, "load": {"interval_s": 0.05}, "logging": {"requests": True}}
+    shared = (
+        {"url": "${AG_TEST_REDIS_URL}"}
+        if redis_from == "env"
+        else {"url_file": write(tmp_path, "redis-url", redis_url)}
+    )
+    data = {
+        "pools": {
+            MODEL: {
+                "replicas": [{"url": url, "name": "r0"}],
+                "routing": {"policy": "prefix_affinity"},
+                "api_key_file": write(tmp_path, "backend-key", f"{backend_key}\n"),
+            }
+        },
+        "redis": shared,
+        "index": {"store": "redis", "mirror": False},
+        "auth": {
+            "keys": [
+                {"sha256_file": write(tmp_path, "hashes", f"{hash_key(client_key)}\n"), "tenant": "acme"},
+                {"sha256": hash_key(admin_key), "tenant": "ops", "admin": True},
+            ]
+        },
+        "health": {"interval_s": 0.05},
+        "load": {"interval_s": 0.05},
+        "logging": {"requests": True},
+    }
     path = config_file(tmp_path, data)
     setup_logging("debug", "json")
     config = load_config(path)
@@ -185,11 +220,18 @@ async def _every_route(client: TestClient[web.Request, web.Application], client_
     """The text of every route's answer, with the client key, the admin key and a wrong key."""
     user, admin = {"Authorization": f"Bearer {client_key}"}, {"Authorization": f"Bearer {admin_key}"}
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 50}]}
-    requests = [("GET", "/health", {}, None), ("GET", "/ready", {}, None), ("GET", "/metrics", {}, None),
-                ("GET", "/v1/models", user, None), ("POST", "/v1/chat/completions", user, chat),
-                ("POST", "/v1/chat/completions", {"Authorization": "Bearer wrong"}, chat),
-                ("GET", "/admin/replicas", admin, None), ("POST", "/admin/route/explain", admin, chat),
-                ("POST", "/admin/reload", admin, None), ("GET", "/metrics", {}, None)]
+    requests = [
+        ("GET", "/health", {}, None),
+        ("GET", "/ready", {}, None),
+        ("GET", "/metrics", {}, None),
+        ("GET", "/v1/models", user, None),
+        ("POST", "/v1/chat/completions", user, chat),
+        ("POST", "/v1/chat/completions", {"Authorization": "Bearer wrong"}, chat),
+        ("GET", "/admin/replicas", admin, None),
+        ("POST", "/admin/route/explain", admin, chat),
+        ("POST", "/admin/reload", admin, None),
+        ("GET", "/metrics", {}, None),
+    ]
     answers = []
     for method, route, headers, body in requests:
         response = await client.request(method, route, headers=headers, json=body)

@@ -18,17 +18,25 @@ def test_no_keys_means_open() -> None:
     assert authenticate(AuthConfig(), "/admin/replicas", {}) is ANONYMOUS
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {USER}"}, {"authorization": f"bearer  {USER}"},
-                                     {"X-API-Key": USER}])
+@pytest.mark.parametrize(
+    "headers", [{"Authorization": f"Bearer {USER}"}, {"authorization": f"bearer  {USER}"}, {"X-API-Key": USER}]
+)
 def test_a_configured_key_names_its_tenant(headers: dict[str, str]) -> None:
     from multidict import CIMultiDict
 
     assert authenticate(CONFIG, "/v1/chat/completions", CIMultiDict(headers)).tenant == "acme"
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer"}, {"Authorization": "Basic sk-user"},
-                                     {"Authorization": "Bearer sk-other"},
-                                     {"Authorization": f"Bearer {hash_key(USER)}"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer"},
+        {"Authorization": "Basic sk-user"},
+        {"Authorization": "Bearer sk-other"},
+        {"Authorization": f"Bearer {hash_key(USER)}"},
+    ],
+)
 def test_missing_or_unknown_keys_are_401(headers: dict[str, str]) -> None:
     with pytest.raises(AuthenticationError):
         authenticate(CONFIG, "/v1/completions", headers)
@@ -42,13 +50,16 @@ def test_admin_routes_need_an_admin_key_and_probes_are_open() -> None:
         assert authenticate(CONFIG, path, {}) is ANONYMOUS
 
 
-@pytest.mark.parametrize(("keys", "where"), [
-    ([{"sha256": "abc", "tenant": "t"}], "auth.keys[0].sha256"),
-    ([{"sha256": hash_key(USER).upper(), "tenant": "t"}], "auth.keys[0].sha256"),
-    ([{"sha256": hash_key(USER), "tenant": ""}], "auth.keys[0].tenant"),
-    ([{"sha256": hash_key(USER), "tenant": "t", "tokens_per_minute": -1}], "auth.keys[0].tokens_per_minute"),
-    ([{"sha256": hash_key(USER), "tenant": "a"}, {"sha256": hash_key(USER), "tenant": "b"}], "auth.keys[1].sha256"),
-])
+@pytest.mark.parametrize(
+    ("keys", "where"),
+    [
+        ([{"sha256": "abc", "tenant": "t"}], "auth.keys[0].sha256"),
+        ([{"sha256": hash_key(USER).upper(), "tenant": "t"}], "auth.keys[0].sha256"),
+        ([{"sha256": hash_key(USER), "tenant": ""}], "auth.keys[0].tenant"),
+        ([{"sha256": hash_key(USER), "tenant": "t", "tokens_per_minute": -1}], "auth.keys[0].tokens_per_minute"),
+        ([{"sha256": hash_key(USER), "tenant": "a"}, {"sha256": hash_key(USER), "tenant": "b"}], "auth.keys[1].sha256"),
+    ],
+)
 def test_bad_key_config_names_the_key(keys: list[dict[str, object]], where: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"pools": {"m": {"replicas": [{"url": "http://a:1"}]}}, "auth": {"keys": keys}})

@@ -32,15 +32,18 @@ def test_prompt_over_the_limit_is_400_naming_the_field() -> None:
     check_prompt(_view("completions", {"prompt": "x" * 10**5}), PrefixConfig(), LimitsConfig())  # 0 = no limit
 
 
-@pytest.mark.parametrize(("section", "key"), [
-    ({"limits": {"client_body_timeout_s": 0}}, "limits.client_body_timeout_s"),
-    ({"limits": {"max_prompt_tokens": -1}}, "limits.max_prompt_tokens"),
-    ({"health": {"failure_window_s": 0}}, "health.failure_window_s"),
-    ({"admission": {"max_queue": -1}}, "admission.max_queue"),
-    ({"admission": {"queue_timeout_s": 0}}, "admission.queue_timeout_s"),
-    ({"shutdown": {"grace_s": 0}}, "shutdown.grace_s"),
-    ({"shutdown": {"ready_delay_s": -1}}, "shutdown.ready_delay_s"),
-])
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ({"limits": {"client_body_timeout_s": 0}}, "limits.client_body_timeout_s"),
+        ({"limits": {"max_prompt_tokens": -1}}, "limits.max_prompt_tokens"),
+        ({"health": {"failure_window_s": 0}}, "health.failure_window_s"),
+        ({"admission": {"max_queue": -1}}, "admission.max_queue"),
+        ({"admission": {"queue_timeout_s": 0}}, "admission.queue_timeout_s"),
+        ({"shutdown": {"grace_s": 0}}, "shutdown.grace_s"),
+        ({"shutdown": {"ready_delay_s": -1}}, "shutdown.ready_delay_s"),
+    ],
+)
 def test_bad_values_name_their_key(section: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"pools": {"m": {"replicas": [{"url": "http://a:1"}]}}, **section})

@@ -20,18 +20,29 @@ def form(boundary: str, *parts: tuple[str, str | None, bytes]) -> bytes:
 
 def test_text_fields_are_read_and_the_file_is_not() -> None:
     audio = b"RIFF" + bytes(range(256)) * 4 + b"\r\n--not-the-boundary\r\n"
-    raw = form("xyz", ("file", "a.wav", audio), ("model", None, b"whisper"), ("stream", None, b"true"),
-               ("prompt", None, "caf\u00e9".encode()))
-    assert form_fields(raw, 'multipart/form-data; boundary="xyz"') == {"model": "whisper", "stream": True,
-                                                                     "prompt": "caf\u00e9"}
+    raw = form(
+        "xyz",
+        ("file", "a.wav", audio),
+        ("model", None, b"whisper"),
+        ("stream", None, b"true"),
+        ("prompt", None, "caf\u00e9".encode()),
+    )
+    assert form_fields(raw, 'multipart/form-data; boundary="xyz"') == {
+        "model": "whisper",
+        "stream": True,
+        "prompt": "caf\u00e9",
+    }
     assert form_fields(raw, "multipart/form-data; boundary=xyz")["stream"] is True
 
 
-@pytest.mark.parametrize(("raw", "content_type"), [
-    (b'{"model": "m"}', "application/json"),
-    (b"--b\r\nno headers here", "multipart/form-data; boundary=b"),
-    (b"", "multipart/form-data"),
-])
+@pytest.mark.parametrize(
+    ("raw", "content_type"),
+    [
+        (b'{"model": "m"}', "application/json"),
+        (b"--b\r\nno headers here", "multipart/form-data; boundary=b"),
+        (b"", "multipart/form-data"),
+    ],
+)
 def test_a_body_that_is_not_a_form_is_a_400(raw: bytes, content_type: str) -> None:
     with pytest.raises(BadRequestError):
         form_fields(raw, content_type)

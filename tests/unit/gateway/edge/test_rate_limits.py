@@ -134,11 +134,16 @@ async def test_with_redis_down_each_gateway_enforces_locally_and_says_so() -> No
 
 @pytest.mark.parametrize("step_s", [0.25, 5.0])
 async def test_two_gateways_admit_no_more_than_the_rate_in_any_window_across_a_minute_boundary(
-        redis_url: str, monkeypatch: pytest.MonkeyPatch, step_s: float) -> None:
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, step_s: float
+) -> None:
     # Issue 36: per wall-clock minute, 20 of 24 were admitted within 6.5 s across a minute's edge.
     now = [1_800_000_055.0]  # 5 s before a minute boundary; the fake clock is both gateways' wall and monotonic
-    for name in ("gateway.edge.shared_quota.time.time", "gateway.edge.shared_quota.time.monotonic",
-                 "gateway.edge.rate_limits.time.monotonic", "gateway.edge.rate_limits.time.time"):
+    for name in (
+        "gateway.edge.shared_quota.time.time",
+        "gateway.edge.shared_quota.time.monotonic",
+        "gateway.edge.rate_limits.time.monotonic",
+        "gateway.edge.rate_limits.time.time",
+    ):
         monkeypatch.setattr(name, lambda: now[0], raising=False)
     prefix = f"t{uuid.uuid4().hex}:"
     gateways = [RateLimits(SharedQuota(redis_url, prefix)) for _ in range(2)]
@@ -157,8 +162,9 @@ async def test_two_gateways_admit_no_more_than_the_rate_in_any_window_across_a_m
         await g.shared.close()
 
 
-async def test_a_lease_lives_one_bucket_and_gives_back_what_it_left(redis_url: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_lease_lives_one_bucket_and_gives_back_what_it_left(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     now = [1_800_000_030.0]
     for name in ("time.time", "time.monotonic"):
         monkeypatch.setattr(f"gateway.edge.shared_quota.{name}", lambda: now[0])

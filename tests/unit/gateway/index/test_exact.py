@@ -18,7 +18,8 @@ from gateway.index import MemoryIndex
 from gateway.index.exact import EVENTS, SPECULATIVE, ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
-from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
+from gateway.prompt.prompt_keys import PromptKeys
+from gateway.prompt.tokenizers import SimPromptTokenizer
 from gateway.request.decision import Candidate, Outcome
 from gateway.routing.policies.registry import build_policy
 from gateway.routing.router import CHARACTERS, HISTORY, Router
@@ -56,8 +57,8 @@ class Clock:
 def test_stored_blocks_get_the_requests_own_chain_keys_across_events() -> None:
     tables = ExactTables(prefix.model_seed(MODEL), BS)
     ids = tokens(5 * BS)
-    first = store(tables, "a", ids[:2 * BS])
-    store(tables, "a", ids[2 * BS:], parent=first[-1])  # a later step continues the chain
+    first = store(tables, "a", ids[: 2 * BS])
+    store(tables, "a", ids[2 * BS :], parent=first[-1])  # a later step continues the chain
     assert tables.size("a") == 5
     assert tables.match(own_chain(ids + tokens(BS, 999)), "a") == (5, EVENTS)
     assert tables.match(own_chain(tokens(5 * BS, 7)), "a") == (0, EVENTS)  # other tokens, other keys
@@ -67,7 +68,7 @@ def test_removed_block_ends_the_match_there_and_cleared_empties() -> None:
     tables = ExactTables(prefix.model_seed(MODEL), BS)
     ids = tokens(4 * BS)
     engine = store(tables, "a", ids)
-    store(tables, "a", ids[:2 * BS])  # a duplicate store under other engine hashes (e.g. another LoRA)
+    store(tables, "a", ids[: 2 * BS])  # a duplicate store under other engine hashes (e.g. another LoRA)
     tables.removed("a", [engine[1], 123456789])  # unknown hashes are ignored
     assert tables.match(own_chain(ids), "a") == (4, EVENTS)  # block 1 is still held by the duplicate
     tables.removed("a", [engine[2]])
@@ -98,6 +99,7 @@ def test_speculative_entries_count_until_they_expire() -> None:
 
 # -- the router's ladder: events where a certain feed exists, history (token keys) elsewhere --
 
+
 def chat(*contents: str, **extra: Any) -> RequestView:
     messages = [{"role": "system", "content": "You are terse. " * 30}]
     messages += [{"role": "user" if i % 2 == 0 else "assistant", "content": c} for i, c in enumerate(contents)]
@@ -113,9 +115,15 @@ def sim_tokens(view: RequestView) -> list[int]:
 
 def token_router(exact: ExactTables) -> Router:
     policy = build_policy("prefix_affinity", {"seed": 1}, "routing")
-    return Router(policy, PrefixConfig(tokenizer="sim", block_tokens=BS), MemoryIndex(10_000),
-                  RoutingMetrics(CollectorRegistry()), pool=MODEL, keys=PromptKeys(SimPromptTokenizer(), 5.0),
-                  exact=exact)
+    return Router(
+        policy,
+        PrefixConfig(tokenizer="sim", block_tokens=BS),
+        MemoryIndex(10_000),
+        RoutingMetrics(CollectorRegistry()),
+        pool=MODEL,
+        keys=PromptKeys(SimPromptTokenizer(), 5.0),
+        exact=exact,
+    )
 
 
 async def test_router_uses_events_for_covered_replicas_and_history_for_the_rest() -> None:
@@ -206,12 +214,16 @@ def test_a_stored_event_replaces_the_speculation_so_a_later_eviction_counts_at_o
     assert tables.match(own_chain(ids), "a") == (0, EVENTS)
 
 
-@pytest.mark.parametrize(("change", "key", "text"), [
-    ({"tokenizer": "/no/such/folder"}, "routing.prefix.tokenizer", "no such file"),
-    ({"kv_events_without_tokenizer": True}, "replicas[0].kv_events", "set routing.prefix.tokenizer"),
-])
-def test_config_names_the_key_of_a_bad_tokenizer_or_a_feed_without_one(tmp_path: Path, change: dict[str, Any],
-                                                                       key: str, text: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "key", "text"),
+    [
+        ({"tokenizer": "/no/such/folder"}, "routing.prefix.tokenizer", "no such file"),
+        ({"kv_events_without_tokenizer": True}, "replicas[0].kv_events", "set routing.prefix.tokenizer"),
+    ],
+)
+def test_config_names_the_key_of_a_bad_tokenizer_or_a_feed_without_one(
+    tmp_path: Path, change: dict[str, Any], key: str, text: str
+) -> None:
     replica: dict[str, Any] = {"url": "http://127.0.0.1:9", "kv_events": {"endpoint": "tcp://127.0.0.1:5557"}}
     prefix_section = {} if "kv_events_without_tokenizer" in change else {"tokenizer": change["tokenizer"]}
     pool = {"replicas": [replica], "routing": {"policy": "prefix_affinity", "prefix": prefix_section}}
@@ -226,6 +238,6 @@ async def test_stored_blocks_are_shared_with_the_history_index_when_asked() -> N
     history = MemoryIndex(10_000)
     tables = ExactTables(prefix.model_seed(MODEL), BS, share=history.record)
     ids = tokens(3 * BS)
-    first = store(tables, "a", ids[:2 * BS])
-    store(tables, "a", ids[2 * BS:], parent=first[-1])
+    first = store(tables, "a", ids[: 2 * BS])
+    store(tables, "a", ids[2 * BS :], parent=first[-1])
     assert await history.match(own_chain(ids), ["a", "b"]) == {"a": 3, "b": 0}

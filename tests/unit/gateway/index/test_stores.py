@@ -22,8 +22,13 @@ def chain(tag: int, n: int) -> list[int]:
     return [tag * 1_000_003 + i for i in range(n)]
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis),
-                        pytest.param("redis-lookups", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-lookups", marks=pytest.mark.redis),
+    ]
+)
 async def index(request: pytest.FixtureRequest) -> AsyncIterator[WarmIndex]:
     """Memory; Redis with its mirror; Redis asked on every lookup (`mirror: false`)."""
     url = None if request.param == "memory" else request.getfixturevalue("redis_url")
@@ -76,8 +81,11 @@ async def test_lru_evicts_least_recently_used_prefix(index: WarmIndex) -> None:
     index.record("a", chain(6, 4))  # touch: chain 6 is now the most recent
     index.record("a", chain(8, 2))  # evicts the two tail blocks of chain 7
     await index.flush()
-    got = await index.match(chain(6, 4), ["a"]), await index.match(chain(7, 4), ["a"]), \
-        await index.match(chain(8, 2), ["a"])
+    got = (
+        await index.match(chain(6, 4), ["a"]),
+        await index.match(chain(7, 4), ["a"]),
+        await index.match(chain(8, 2), ["a"]),
+    )
     assert [g["a"] for g in got] == [4, 2, 2]
 
 
@@ -97,6 +105,7 @@ async def test_memory_set_capacity_trims_now() -> None:
 
 
 # --- Redis only -------------------------------------------------------------------------------
+
 
 def redis_index(url: str, **kw: object) -> RedisIndex:
     params = IndexConfig(**kw)  # type: ignore[arg-type]
@@ -347,7 +356,6 @@ async def test_unreachable_redis_degrades_then_catches_up(redis_url: str) -> Non
         await index.close()
         if proc is not None:
             proc.stop()
-
 
 
 async def test_write_queue_is_bounded_during_outage() -> None:

@@ -54,7 +54,8 @@ def test_a_user_name_on_top_is_priced_at_the_prefill_rate_and_the_cache_discount
     tokens = row["recoverable_tokens"]
     assert tokens == pytest.approx(len(SYSTEM) / 4, rel=0.02)
     assert row["lost"]["prefill_s"] == pytest.approx(tokens * 0.001) and row["lost"]["cost"] == pytest.approx(
-        tokens * 1.5 / 1e6)
+        tokens * 1.5 / 1e6
+    )
     printed = table(report.report())
     assert "crm" in printed and "around" not in printed
 
@@ -79,8 +80,10 @@ def test_bounds_are_checked_by_key(name: str) -> None:
 
 def test_interleaved_system_prompts_of_one_tenant_each_meet_their_siblings() -> None:
     report = PrefixReport(PrefixReportConfig(samples=8))
-    prompts = ["\n".join(f"Desk {d} rule {i}: answer questions about product line {d} only." for i in range(60))
-               for d in range(6)]
+    prompts = [
+        "\n".join(f"Desk {d} rule {i}: answer questions about product line {d} only." for i in range(60))
+        for d in range(6)
+    ]
     for second in range(2):
         for prompt in prompts:  # six families in turn: each one's sibling is five prompts back
             offer(report, "acme", [{"role": "system", "content": f"Now: 12:00:0{second}\n{prompt}"}])

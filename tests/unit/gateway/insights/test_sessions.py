@@ -14,15 +14,38 @@ from gateway.view import RequestView
 pytestmark = pytest.mark.timeout(10)
 
 
-def view(request_id: str, session: str | None = None, blocks: tuple[int, ...] = (), preamble: int = 0,
-         tenant: str | None = None, endpoint: str = "chat") -> RequestView:
-    return RequestView(request_id, endpoint, "m", True, {}, b"", tenant=tenant, session_key=session,
-                       block_hashes=blocks, tokens_per_block=16.0, preamble_tokens=preamble)
+def view(
+    request_id: str,
+    session: str | None = None,
+    blocks: tuple[int, ...] = (),
+    preamble: int = 0,
+    tenant: str | None = None,
+    endpoint: str = "chat",
+) -> RequestView:
+    return RequestView(
+        request_id,
+        endpoint,
+        "m",
+        True,
+        {},
+        b"",
+        tenant=tenant,
+        session_key=session,
+        block_hashes=blocks,
+        tokens_per_block=16.0,
+        preamble_tokens=preamble,
+    )
 
 
 def hop(sessions: Sessions, v: RequestView, ttft: float = 0.1) -> None:
-    sessions.record(v, "m", "r0", 200, Usage(prompt_tokens=10, cached_tokens=4, completion_tokens=5),
-                    Timing.of(0.01, ttft, 0.5, True, 5))
+    sessions.record(
+        v,
+        "m",
+        "r0",
+        200,
+        Usage(prompt_tokens=10, cached_tokens=4, completion_tokens=5),
+        Timing.of(0.01, ttft, 0.5, True, 5),
+    )
 
 
 def test_sizes_are_bounded_and_totals_count_every_hop() -> None:

@@ -47,11 +47,12 @@ def test_prices_load_from_yaml_and_errors_name_the_key() -> None:
     assert config.pools["m"].prices == PRICES
     assert parse_config({"pools": {"m": base}}).pools["m"].prices is None
     for prices, key, says in (
-            ({"input": -1, "cached_input": 0, "output": 1}, "pools.m.prices.input", ">= 0"),
-            ({"input": 1, "cached_input": 2, "output": 1}, "pools.m.prices.cached_input", "must not exceed input"),
-            ({"input": 1, "output": 1}, "pools.m.prices.cached_input", "required"),
-            ({"input": 1, "cached_input": 0, "output": "x"}, "pools.m.prices.output", "expected a number"),
-            ({"input": 1, "cached_input": 0, "output": 1, "currency": "usd"}, "pools.m.prices.currency", "unknown")):
+        ({"input": -1, "cached_input": 0, "output": 1}, "pools.m.prices.input", ">= 0"),
+        ({"input": 1, "cached_input": 2, "output": 1}, "pools.m.prices.cached_input", "must not exceed input"),
+        ({"input": 1, "output": 1}, "pools.m.prices.cached_input", "required"),
+        ({"input": 1, "cached_input": 0, "output": "x"}, "pools.m.prices.output", "expected a number"),
+        ({"input": 1, "cached_input": 0, "output": 1, "currency": "usd"}, "pools.m.prices.currency", "unknown"),
+    ):
         with pytest.raises(ConfigError) as info:
             parse_config({"pools": {"m": {**base, "prices": prices}}})
         assert info.value.key == key and says in str(info.value), (prices, str(info.value))
@@ -68,8 +69,12 @@ async def test_counts_per_tenant_and_model_with_null_cost_where_unpriced(monkeyp
     assert report["source"] == "local" and not report["degraded"]
     rows = {(r["tenant"], r["model"]): r for r in report["usage"]}
     acme = rows[("acme", "m")]
-    assert (acme["requests"], acme["prompt_tokens"], acme["cached_tokens"], acme["completion_tokens"]) == \
-        (2, 2000, 800, 100)
+    assert (acme["requests"], acme["prompt_tokens"], acme["cached_tokens"], acme["completion_tokens"]) == (
+        2,
+        2000,
+        800,
+        100,
+    )
     assert acme["cost"] == pytest.approx(PRICES.cost(1000, 800, 50) + PRICES.cost(1000, 0, 50))
     assert acme["saved_by_cache"] == pytest.approx(PRICES.saved(800))
     free = rows[(ANONYMOUS, "free")]
@@ -106,8 +111,15 @@ async def test_the_window_counts_whole_minutes_and_old_buckets_are_dropped(monke
     assert await prompt_tokens({"since": "0"}) == 11
 
 
-@pytest.mark.parametrize("query, param", [({"window_s": "0"}, "window_s"), ({"window_s": "x"}, "window_s"),
-                                          ({"since": "nan"}, "since"), ({"since": "1", "window_s": "5"}, "window_s")])
+@pytest.mark.parametrize(
+    "query, param",
+    [
+        ({"window_s": "0"}, "window_s"),
+        ({"window_s": "x"}, "window_s"),
+        ({"since": "nan"}, "since"),
+        ({"since": "1", "window_s": "5"}, "window_s"),
+    ],
+)
 def test_bad_windows_are_400s_naming_the_parameter(query: dict[str, str], param: str) -> None:
     with pytest.raises(BadRequestError) as info:
         UsageQuery.parse(query, 1_800_000_000.0)

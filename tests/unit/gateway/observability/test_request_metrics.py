@@ -16,18 +16,36 @@ from gateway.view import RequestView
 CONFIG = parse_config({"pools": {"m1": {"replicas": [{"url": "http://127.0.0.1:9"}]}}})
 
 
-def _done(replica_id: str | None, status: int, failed: tuple[str, ...], usage: Usage, timing: Timing,
-          caller: Caller) -> FinishedRequest:
+def _done(
+    replica_id: str | None, status: int, failed: tuple[str, ...], usage: Usage, timing: Timing, caller: Caller
+) -> FinishedRequest:
     view = RequestView("id-1", "chat", "m1", True, {}, b"{}")
-    return FinishedRequest(view, CONFIG, "m1", RoutingConfig(), None, caller, replica_id,  # type: ignore[arg-type]
-                           None, failed, status, None, True, usage, timing, None, NO_TRACE)
+    return FinishedRequest(
+        view,
+        CONFIG,
+        "m1",
+        RoutingConfig(),
+        None,
+        caller,
+        replica_id,  # type: ignore[arg-type]
+        None,
+        failed,
+        status,
+        None,
+        True,
+        usage,
+        timing,
+        None,
+        NO_TRACE,
+    )
 
 
 def test_a_retried_stream_of_a_tenant_counts_its_outcome_retries_and_tokens() -> None:
     metrics = Metrics()
     usage = Usage(prompt_tokens=30, completion_tokens=11)
-    RequestMetrics(metrics).finished(_done("r1", 200, ("r0",), usage, Timing.of(0.0, 0.2, 1.2, True, 11),
-                                           Caller(ApiKeyConfig(tenant="t"))))
+    RequestMetrics(metrics).finished(
+        _done("r1", 200, ("r0",), usage, Timing.of(0.0, 0.2, 1.2, True, 11), Caller(ApiKeyConfig(tenant="t")))
+    )
     sample = metrics.registry.get_sample_value
     assert sample("affinity_gateway_requests_total", {"model_name": "m1", "replica": "r1", "status": "200"}) == 1
     assert sample("affinity_gateway_retries_total", {"model_name": "m1"}) == 1

@@ -34,10 +34,17 @@ Start = Callable[..., Awaitable[tuple[Client, InMemorySpanExporter]]]
 
 
 def config_data(urls: list[str], policy: str = "round_robin", **overrides: Any) -> dict[str, Any]:
-    return {"pools": {MODEL: {"replicas": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
-                              "routing": {"policy": policy}}},
-            "health": {"interval_s": 0.05, "timeout_s": 0.5, "unhealthy_after": 1},
-            "load": {"interval_s": 0.05}, **overrides}
+    return {
+        "pools": {
+            MODEL: {
+                "replicas": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
+                "routing": {"policy": policy},
+            }
+        },
+        "health": {"interval_s": 0.05, "timeout_s": 0.5, "unhealthy_after": 1},
+        "load": {"interval_s": 0.05},
+        **overrides,
+    }
 
 
 @pytest.fixture
@@ -46,8 +53,9 @@ async def traced() -> AsyncIterator[Start]:
     servers: list[TestServer] = []
     clients: list[Client] = []
 
-    async def start(*fakes: FakeReplica, sampling_ratio: float = 1.0,
-                    **overrides: Any) -> tuple[Client, InMemorySpanExporter]:
+    async def start(
+        *fakes: FakeReplica, sampling_ratio: float = 1.0, **overrides: Any
+    ) -> tuple[Client, InMemorySpanExporter]:
         app = make_app(parse_config(config_data(await serve_fakes(fakes, servers), **overrides)))
         exporter = InMemorySpanExporter()
         app[TRACING] = tracing = Tracing(TracingConfig(enabled=True, sampling_ratio=sampling_ratio), exporter)
@@ -74,8 +82,11 @@ def by_trace(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
 
 def children(spans: list[ReadableSpan], root: ReadableSpan, name_start: str) -> list[ReadableSpan]:
     assert root.context is not None
-    return [s for s in spans if s.name.startswith(name_start) and s.parent is not None
-            and s.parent.span_id == root.context.span_id]
+    return [
+        s
+        for s in spans
+        if s.name.startswith(name_start) and s.parent is not None and s.parent.span_id == root.context.span_id
+    ]
 
 
 async def test_one_trace_per_request_with_server_routing_and_attempt_spans(traced: Start) -> None:
@@ -83,8 +94,9 @@ async def test_one_trace_per_request_with_server_routing_and_attempt_spans(trace
     client, exporter = await traced(fake)
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         for _ in range(2):
-            resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
-                                     headers={"X-Request-Id": "req-1"})
+            resp = await client.post(
+                "/v1/chat/completions", json={**CHAT, "stream": True}, headers={"X-Request-Id": "req-1"}
+            )
             assert resp.status == 200
             await resp.read()
     traces = by_trace(exporter.get_finished_spans())
@@ -147,13 +159,17 @@ async def test_a_retry_is_a_second_attempt_span(traced: Start) -> None:
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         for _ in range(2):  # round robin: one of the two starts on the failing replica
             assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-    retried_ids = [trace_id for trace_id, spans in by_trace(exporter.get_finished_spans()).items()
-                   if len([s for s in spans if s.kind == SpanKind.CLIENT]) == 2]
+    retried_ids = [
+        trace_id
+        for trace_id, spans in by_trace(exporter.get_finished_spans()).items()
+        if len([s for s in spans if s.kind == SpanKind.CLIENT]) == 2
+    ]
     assert len(retried_ids) == 1
     assert [e["event"] for e in logs if e.get("trace_id") == retried_ids[0]] == ["upstream_retry", "request"]
     spans = by_trace(exporter.get_finished_spans())[retried_ids[0]]
-    attempts = sorted((s for s in spans if s.kind == SpanKind.CLIENT),
-                      key=lambda s: (s.attributes or {})["gateway.attempt"])
+    attempts = sorted(
+        (s for s in spans if s.kind == SpanKind.CLIENT), key=lambda s: (s.attributes or {})["gateway.attempt"]
+    )
     assert [(a.attributes or {})["gateway.replica"] for a in attempts] == ["r0", "r1"]
     assert [(a.attributes or {})["gateway.outcome"] for a in attempts] == ["http_500", "ok"]
     (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
@@ -183,29 +199,34 @@ async def test_tracing_off_forwards_the_clients_traceparent_as_it_came() -> None
 def test_disabled_tracing_needs_no_opentelemetry() -> None:
     """With opentelemetry made unimportable, the app builds and serves: the gateway imports none of it
     while tracing is off (redis-py imports it on its own when it is installed, so sys.modules cannot tell)."""
-    code = ("import sys, asyncio\n"
-            "sys.modules['opentelemetry'] = None  # any import of it raises ImportError\n"
-            "from aiohttp.test_utils import TestClient, TestServer\n"
-            "from gateway.config.loader import parse_config\n"
-            "from gateway.serving.app import make_app\n"
-            "async def main():\n"
-            "    app = make_app(parse_config({'pools': {'m': {'replicas': [{'url': 'http://127.0.0.1:9'}]}}}))\n"
-            "    async with TestClient(TestServer(app)) as client:\n"
-            "        resp = await client.post('/v1/chat/completions', json={'model': 'm', 'messages': []})\n"
-            "        print(resp.status)\n"
-            "asyncio.run(main())\n")
+    code = (
+        "import sys, asyncio\n"
+        "sys.modules['opentelemetry'] = None  # any import of it raises ImportError\n"
+        "from aiohttp.test_utils import TestClient, TestServer\n"
+        "from gateway.config.loader import parse_config\n"
+        "from gateway.serving.app import make_app\n"
+        "async def main():\n"
+        "    app = make_app(parse_config({'pools': {'m': {'replicas': [{'url': 'http://127.0.0.1:9'}]}}}))\n"
+        "    async with TestClient(TestServer(app)) as client:\n"
+        "        resp = await client.post('/v1/chat/completions', json={'model': 'm', 'messages': []})\n"
+        "        print(resp.status)\n"
+        "asyncio.run(main())\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20, check=True)
     assert out.stdout.splitlines()[-1] in ("502", "503"), out.stderr
 
 
-@pytest.mark.parametrize(("tracing", "key"), [
-    ({"endpoint": "collector:4318"}, "tracing.endpoint"),
-    ({"sampling_ratio": 1.5}, "tracing.sampling_ratio"),
-    ({"service_name": ""}, "tracing.service_name"),
-    ({"protocol": "grpc"}, "tracing.protocol"),
-    ({"enabled": "yes"}, "tracing.enabled"),
-    ({"sample": 1}, "tracing.sample"),
-])
+@pytest.mark.parametrize(
+    ("tracing", "key"),
+    [
+        ({"endpoint": "collector:4318"}, "tracing.endpoint"),
+        ({"sampling_ratio": 1.5}, "tracing.sampling_ratio"),
+        ({"service_name": ""}, "tracing.service_name"),
+        ({"protocol": "grpc"}, "tracing.protocol"),
+        ({"enabled": "yes"}, "tracing.enabled"),
+        ({"sample": 1}, "tracing.sample"),
+    ],
+)
 def test_config_errors_name_the_key(tracing: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(config_data(["http://127.0.0.1:9"], tracing=tracing))

@@ -32,14 +32,25 @@ def ids(tok: HFPromptTokenizer, messages: list[dict[str, Any]]) -> list[int]:
 
 
 def test_content_parts_join_with_a_newline(tok: HFPromptTokenizer) -> None:
-    parts = [{"role": "user", "content": [{"type": "text", "text": "first part"}, {"type": "image_url"},
-                                          {"type": "text", "text": "second part"}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "first part"},
+                {"type": "image_url"},
+                {"type": "text", "text": "second part"},
+            ],
+        }
+    ]
     assert ids(tok, parts) == ids(tok, [{"role": "user", "content": "first part\nsecond part"}])
 
 
 def test_developer_renders_as_one_merged_system_message(tok: HFPromptTokenizer) -> None:
-    developer = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                 {"role": "developer", "content": "Answer in French."}]
+    developer = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "developer", "content": "Answer in French."},
+    ]
     merged = [{"role": "system", "content": "Be brief.\n\nAnswer in French."}, {"role": "user", "content": "Hi"}]
     assert ids(tok, developer) == ids(tok, merged)
 
@@ -47,15 +58,18 @@ def test_developer_renders_as_one_merged_system_message(tok: HFPromptTokenizer) 
 def test_a_template_that_knows_developer_keeps_it() -> None:
     messages = [{"role": "user", "content": "Hi"}, {"role": "developer", "content": "x"}]
     assert vllm_conversation(messages, "{% if m.role == 'developer' %}") == messages
-    assert vllm_conversation(messages, "plain") == [{"role": "system", "content": "x"},
-                                                   {"role": "user", "content": "Hi"}]
+    assert vllm_conversation(messages, "plain") == [
+        {"role": "system", "content": "x"},
+        {"role": "user", "content": "Hi"},
+    ]
     lone = [{"role": "developer", "content": "x", "tools": []}, {"role": "user", "content": "Hi"}]
     assert vllm_conversation(lone, "plain") == [{"role": "system", "content": "x"}, {"role": "user", "content": "Hi"}]
 
 
 FIRST_REQUEST = """
 import asyncio
-from gateway.prompt.tokenizers import PromptKeys, build_prompt_tokenizer
+from gateway.prompt.prompt_keys import PromptKeys
+from gateway.prompt.tokenizers import build_prompt_tokenizer
 
 async def main():
     keys = PromptKeys(build_prompt_tokenizer("model:smollm2"), budget_s=0.01)  # the compile alone takes ~40 ms

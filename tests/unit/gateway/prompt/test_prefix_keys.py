@@ -77,23 +77,46 @@ def test_chain_names_the_whole_prefix() -> None:
 
 def test_content_parts_hash_like_plain_text() -> None:
     plain = {"messages": [{"role": "user", "content": SYSTEM}]}
-    parts = {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": SYSTEM[:100]}, {"type": "text", "text": SYSTEM[100:]}]}]}
+    parts = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": SYSTEM[:100]}, {"type": "text", "text": SYSTEM[100:]}],
+            }
+        ]
+    }
     assert hashes(plain) == hashes(parts) != ()
 
 
 def test_images_key_the_prefix() -> None:
     def body(url: str) -> dict[str, Any]:
-        return {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": SYSTEM}]}]}
+        return {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": SYSTEM}],
+                }
+            ]
+        }
+
     assert hashes(body("http://a/1.png"))[0] != hashes(body("http://a/2.png"))[0]
 
 
 def test_tools_render_first_and_canonically() -> None:
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}}}}
-    reordered = {"function": {"parameters": {"properties": {"unit": {"type": "string"}, "city": {"type": "string"}},
-                 "type": "object"}, "name": "get_weather"}, "type": "function"}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}},
+        },
+    }
+    reordered = {
+        "function": {
+            "parameters": {"properties": {"unit": {"type": "string"}, "city": {"type": "string"}}, "type": "object"},
+            "name": "get_weather",
+        },
+        "type": "function",
+    }
     msgs = turn(1)
     assert hashes({"tools": [tool], "messages": msgs}) == hashes({"tools": [reordered], "messages": msgs})
     other = {**tool, "function": {**tool["function"], "name": "get_time"}}
@@ -104,16 +127,24 @@ def test_tools_render_first_and_canonically() -> None:
 
 def test_tool_calls_are_part_of_the_prefix() -> None:
     def body(args: str) -> dict[str, Any]:
-        return {"messages": [
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": SYSTEM}]}
+        return {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": SYSTEM},
+            ]
+        }
+
     assert hashes(body('{"city": "Paris"}')) != hashes(body('{"city": "Rome"}'))
 
 
 def test_roles_are_part_of_the_prefix() -> None:
-    assert hashes({"messages": [{"role": "user", "content": SYSTEM}]}) != \
-        hashes({"messages": [{"role": "system", "content": SYSTEM}]})
+    assert hashes({"messages": [{"role": "user", "content": SYSTEM}]}) != hashes(
+        {"messages": [{"role": "system", "content": SYSTEM}]}
+    )
 
 
 @pytest.mark.parametrize("salt_by_tenant,shared", [(False, True), (True, False)], ids=["unsalted", "salted"])
@@ -177,9 +208,11 @@ def test_max_blocks_bounds_the_work() -> None:
     assert len(hashes({"prompt": "y" * 10_000}, params, endpoint="completions")) == 3
 
 
-@pytest.mark.parametrize("data,key", [({"block_chars": 0}, "p.block_chars"),
-                                      ({"chars_per_token": 0}, "p.chars_per_token"),
-                                      ({"bogus": 1}, "p.bogus")], ids=["block", "cpt", "unknown"])
+@pytest.mark.parametrize(
+    "data,key",
+    [({"block_chars": 0}, "p.block_chars"), ({"chars_per_token": 0}, "p.chars_per_token"), ({"bogus": 1}, "p.bogus")],
+    ids=["block", "cpt", "unknown"],
+)
 def test_params_validation_names_the_key(data: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         schema.build(PrefixConfig, data, "p")
@@ -192,11 +225,12 @@ def test_with_answer_equals_the_next_turns_chain(n: int) -> None:
     answer = "The sky turns red at sunset because light crosses more air. " * 3
     now = view({"messages": messages})
     now.block_hashes = prefix.compute(now, P).block_hashes
-    nxt = hashes({"messages": [*messages, {"role": "assistant", "content": answer},
-                               {"role": "user", "content": "thanks"}]})
+    nxt = hashes(
+        {"messages": [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "thanks"}]}
+    )
     extended = prefix.with_answer(now, P, answer)
     assert len(extended) > len(now.block_hashes)
-    assert nxt[:len(extended)] == extended
+    assert nxt[: len(extended)] == extended
 
 
 def test_with_answer_for_completions_appends_the_text() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 import shutil
 import time
@@ -15,12 +14,11 @@ from hypothesis import strategies as st
 
 from gateway.errors import ConfigError
 from gateway.prompt.sim_tokens import apply_chat_template
+from gateway.prompt.tokenized import TokenizedPrompt
 from gateway.prompt.tokenizers import (
     HFPromptTokenizer,
-    PromptKeys,
     PromptTokenizer,
     SimPromptTokenizer,
-    TokenizedPrompt,
     _prefix_keys,
     build_prompt_tokenizer,
 )
@@ -29,12 +27,34 @@ from tests.e2e.real_replica import require_model
 
 pytestmark = pytest.mark.timeout(120)
 
-WORDS = ["the", "sky", "is", "blue", "héllo", "🙂🙂", "naïve", "日本語", "<|im_end|>", "<|im_start|>", "a\n\n",
-         "  ", "\t", "", "don't", "x" * 19, "12345", "😀 ok", "\u200b", "end.", "ﬁ"]
+WORDS = [
+    "the",
+    "sky",
+    "is",
+    "blue",
+    "héllo",
+    "🙂🙂",
+    "naïve",
+    "日本語",
+    "<|im_end|>",
+    "<|im_start|>",
+    "a\n\n",
+    "  ",
+    "\t",
+    "",
+    "don't",
+    "x" * 19,
+    "12345",
+    "😀 ok",
+    "\u200b",
+    "end.",
+    "ﬁ",
+]
 
 
 def conversation(rng: random.Random, turns: int, system: bool = True) -> list[dict[str, Any]]:
     """A conversation whose contents join inside words, carry unicode, specials and empty strings."""
+
     def text() -> str:
         return "".join(rng.choice(WORDS) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(0, 30)))
 
@@ -57,8 +77,12 @@ def test_sim_chat_equals_the_stub() -> None:
         msgs = conversation(rng, seed % 7 + 1, system=seed % 2 == 0)
         out = SimPromptTokenizer().encode("chat", {"messages": msgs})
         assert out is not None and list(out.token_ids) == sim_ids(msgs)
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a b"}, {"type": "image_url"}, {"type": "text",
-                                                                                                  "text": "c"}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "a b"}, {"type": "image_url"}, {"type": "text", "text": "c"}],
+        }
+    ]
     assert list(SimPromptTokenizer().encode("chat", {"messages": parts}).token_ids) == sim_ids(parts)  # type: ignore[union-attr]
     none = [{"role": "assistant", "content": None}, {"role": "user", "content": ""}]
     assert list(SimPromptTokenizer().encode("chat", {"messages": none}).token_ids) == sim_ids(none)  # type: ignore[union-attr]
@@ -66,8 +90,11 @@ def test_sim_chat_equals_the_stub() -> None:
 
 def test_sim_preamble_and_generation_prompt() -> None:
     tok = SimPromptTokenizer()
-    msgs = [{"role": "system", "content": "be brief"}, {"role": "developer", "content": "x y"},
-            {"role": "user", "content": "hi"}]
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": "x y"},
+        {"role": "user", "content": "hi"},
+    ]
     out = tok.encode("chat", {"messages": msgs})
     assert out is not None and out.preamble_tokens == len(sim_ids(msgs[:2], add_generation_prompt=False))
     assert tok.encode("chat", {"messages": msgs[2:]}).preamble_tokens == 0  # type: ignore[union-attr]
@@ -80,13 +107,19 @@ def test_completions_and_other_shapes() -> None:
     prompt = "Once upon a time, héllo <|im_end|> world"
     assert tok.encode("completions", {"prompt": prompt}) == TokenizedPrompt(tuple(SimTokenizer().encode(prompt)), 0)
     assert tok.encode("completions", {"prompt": [prompt, "other"]}).token_ids == tuple(  # type: ignore[union-attr]
-        SimTokenizer().encode(prompt))
+        SimTokenizer().encode(prompt)
+    )
     assert tok.encode("completions", {"prompt": [5, 6, 7]}) == TokenizedPrompt((5, 6, 7), 0)
     assert tok.encode("completions", {"prompt": [[1, 2], [3]]}) == TokenizedPrompt((1, 2), 0)
-    for endpoint, body in [("completions", {"prompt": [1.5]}), ("completions", {}), ("embeddings", {"input": "x"}),
-                           ("chat", {"messages": []}), ("chat", {"messages": [{"content": "no role"}]}),
-                           ("chat", {"messages": [{"role": "user", "content": 3}]}),
-                           ("chat", {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True})]:
+    for endpoint, body in [
+        ("completions", {"prompt": [1.5]}),
+        ("completions", {}),
+        ("embeddings", {"input": "x"}),
+        ("chat", {"messages": []}),
+        ("chat", {"messages": [{"content": "no role"}]}),
+        ("chat", {"messages": [{"role": "user", "content": 3}]}),
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}),
+    ]:
         assert tok.encode(endpoint, body) is None
 
 
@@ -115,8 +148,7 @@ def test_sim_incremental_equals_scratch_and_hits() -> None:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.text(alphabet=st.sampled_from(list("ab é🙂<|>_imstrend\n ")), max_size=40), min_size=1,
-                max_size=6))
+@given(st.lists(st.text(alphabet=st.sampled_from(list("ab é🙂<|>_imstrend\n ")), max_size=40), min_size=1, max_size=6))
 def test_sim_incremental_property(contents: list[str]) -> None:
     msgs = [{"role": ["system", "user", "assistant"][min(i, 1 + i % 2)], "content": c} for i, c in enumerate(contents)]
     tok = SimPromptTokenizer()
@@ -177,14 +209,16 @@ def test_hf_equals_transformers_and_the_stub(model_folder: Path, hf: Any) -> Non
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     msgs = conversation(rng, 3)
     assert list(tok.encode("chat", {"messages": msgs, "tools": tools}).token_ids) == hf_ids(  # type: ignore[union-attr]
-        hf, msgs, tools=tools)
+        hf, msgs, tools=tools
+    )
     for prompt in ["Once upon a time", " leading space héllo 🙂", "<|im_start|>user\nhi<|im_end|>", ""]:
         assert list(tok.encode("completions", {"prompt": prompt}).token_ids) == stub.encode(prompt)  # type: ignore[union-attr]
 
 
 @pytest.mark.model
-def test_a_gguf_file_gives_the_same_tokens_as_the_converted_model(model_folder: Path, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gguf_file_gives_the_same_tokens_as_the_converted_model(
+    model_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from replica_stub.engine.model import gguf_path
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -244,10 +278,14 @@ def hf_tok(model_folder: Path) -> HFPromptTokenizer:
 
 
 @pytest.mark.model
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(st.lists(st.text(alphabet=st.sampled_from(list("ab é🙂日<|>_imstrend'sl09\n \t")), max_size=40), min_size=1,
-                max_size=6))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.text(alphabet=st.sampled_from(list("ab é🙂日<|>_imstrend'sl09\n \t")), max_size=40), min_size=1, max_size=6
+    )
+)
 def test_hf_incremental_property(hf_tok: HFPromptTokenizer, contents: list[str]) -> None:
     msgs = [{"role": ["system", "user", "assistant"][min(i, 1 + i % 2)], "content": c} for i, c in enumerate(contents)]
     for n in range(1, len(msgs) + 1):
@@ -263,8 +301,10 @@ def test_hf_encode_timing(model_folder: Path) -> None:
     rng, words = random.Random(2), ["the", "sky", "is", "blue", "über", "naïve", "cache", "token"]
     msgs = [{"role": "system", "content": "You are a careful assistant. " * 40}]
     while True:
-        msgs += [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(300))},
-                 {"role": "assistant", "content": " ".join(rng.choice(words) for _ in range(300))}]
+        msgs += [
+            {"role": "user", "content": " ".join(rng.choice(words) for _ in range(300))},
+            {"role": "assistant", "content": " ".join(rng.choice(words) for _ in range(300))},
+        ]
         out = tok.encode("chat", {"messages": msgs})
         if out is not None and len(out.token_ids) >= 8000:
             break
@@ -281,8 +321,10 @@ def test_hf_encode_timing(model_folder: Path) -> None:
         tok._cache.pop(own_entry)  # ...but not this one
     t2 = time.perf_counter()
     assert cold == warm and cold is not None
-    print(f"\n{len(cold.token_ids)} tokens: from scratch {(t1 - t0) / runs * 1e3:.2f} ms, "
-          f"incremental {(t2 - t1) / runs * 1e3:.2f} ms")
+    print(
+        f"\n{len(cold.token_ids)} tokens: from scratch {(t1 - t0) / runs * 1e3:.2f} ms, "
+        f"incremental {(t2 - t1) / runs * 1e3:.2f} ms"
+    )
 
 
 # --- building and the async wrapper ------------------------------------------------------------------------------
@@ -295,66 +337,3 @@ def test_build_prompt_tokenizer_errors(tmp_path: Path) -> None:
     assert missing.value.key == "pools.a.routing.tokenizer"
     with pytest.raises(ConfigError, match="no tokenizer.json"):
         build_prompt_tokenizer(str(tmp_path))
-
-
-class Slow(SimPromptTokenizer):
-    def encode(self, endpoint: str, body: Any) -> TokenizedPrompt | None:
-        time.sleep(0.3)
-        return super().encode(endpoint, body)
-
-
-class Broken(SimPromptTokenizer):
-    def render(self, *args: Any, **kwargs: Any) -> str:
-        raise ValueError("template failed")
-
-
-async def test_prompt_keys_budget_and_errors() -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}]}
-    keys = PromptKeys(SimPromptTokenizer())
-    assert await keys.encode("chat", body) == SimPromptTokenizer().encode("chat", body)
-    await keys.close()
-    slow = PromptKeys(Slow(), budget_s=0.02)
-    assert await slow.encode("chat", body) is None
-    assert (slow.over_budget, slow.errors) == (1, 0)
-    await slow.close()
-    broken = PromptKeys(Broken())
-    assert await broken.encode("chat", body) is None
-    assert (broken.errors, broken.over_budget) == (1, 0)
-    assert await broken.encode("completions", {"prompt": "fine"}) is not None
-    await broken.close()
-
-
-class Steady(SimPromptTokenizer):
-    def encode(self, endpoint: str, body: Any) -> TokenizedPrompt | None:
-        time.sleep(0.1)
-        return super().encode(endpoint, body)
-
-
-async def test_background_encodes_never_queue_more_than_one_job_ahead_of_a_request() -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}]}
-    keys = PromptKeys(Steady(), budget_s=0.45, max_later=6)  # one job ahead: 0.2 s; all six: 0.7 s
-    later = [asyncio.create_task(keys.encode_later("chat", body)) for _ in range(6)]
-    await asyncio.sleep(0.01)  # the first background job is in the worker now
-    assert await keys.encode_later("chat", body) is None and keys.dropped_later == 1  # six already waiting
-    assert await keys.encode("chat", body) is not None  # waited for that one job only, not six
-    assert all(r is not None for r in await asyncio.gather(*later))
-    await keys.close()
-
-
-async def test_a_client_gone_as_its_prompt_is_encoded_is_not_routed() -> None:
-    """The handler's cancel (the client disconnected) lands in the loop turn where the encode
-    completes: Python 3.11's wait_for returned the result and dropped the cancel (bpo-42130), so
-    the request went on to a replica for a client that was gone."""
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    class Remote:  # the replica's /tokenize: any awaitable
-        def encode(self, endpoint: str, body: dict[str, Any]) -> asyncio.Future[None]:
-            return done
-
-    keys = PromptKeys(Remote(), budget_s=5.0)  # type: ignore[arg-type]
-    request = asyncio.create_task(keys.encode("chat", {}))
-    await asyncio.sleep(0.01)
-    done.set_result(None)
-    request.cancel()
-    await asyncio.gather(request, return_exceptions=True)
-    assert request.cancelled()

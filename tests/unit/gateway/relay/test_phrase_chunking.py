@@ -25,18 +25,30 @@ def sse(payload: Any) -> bytes:
     return b"data: " + (payload if isinstance(payload, bytes) else orjson.dumps(payload)) + b"\n\n"
 
 
-def chat(text: str | None, index: int = 0, role: str | None = None, finish: str | None = None,
-         **more: Any) -> bytes:
+def chat(text: str | None, index: int = 0, role: str | None = None, finish: str | None = None, **more: Any) -> bytes:
     delta: dict[str, Any] = {"role": role} if role else {}
     if text is not None:
         delta["content"] = text
-    return sse({"id": "c1", "object": "chat.completion.chunk", "model": "m",
-                "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}], **more})
+    return sse(
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            **more,
+        }
+    )
 
 
 def completion(text: str, finish: str | None = None) -> bytes:
-    return sse({"id": "c1", "object": "text_completion", "model": "m",
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
+    return sse(
+        {
+            "id": "c1",
+            "object": "text_completion",
+            "model": "m",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+    )
 
 
 def events(out: bytes) -> list[Any]:
@@ -154,17 +166,20 @@ def test_choices_are_merged_each_on_its_own() -> None:
     chunker = PhraseChunker(PHRASE)
     out = run(chunker, chat("zero", 0), chat("one", 1), chat(" 0.", 0), chat(" 1", 1), chat(" more.", 1))
     assert texts(out, 0) == ["zero 0."] and texts(out, 1) == ["one 1 more."]
-    two = sse({"id": "c1", "choices": [{"index": 0, "delta": {"content": "x"}},
-                                       {"index": 1, "delta": {"content": "y,"}}]})
+    two = sse(
+        {"id": "c1", "choices": [{"index": 0, "delta": {"content": "x"}}, {"index": 1, "delta": {"content": "y,"}}]}
+    )
     out = run(chunker, two) + chunker.flush()
-    assert [e["choices"] for e in events(out)] == [[{"index": 1, "delta": {"content": "y,"}}],
-                                                    [{"index": 0, "delta": {"content": "x"}}]]
+    assert [e["choices"] for e in events(out)] == [
+        [{"index": 1, "delta": {"content": "y,"}}],
+        [{"index": 0, "delta": {"content": "x"}}],
+    ]
 
 
 def test_utf8_split_across_chunks_is_reassembled() -> None:
     chunker = PhraseChunker(PHRASE)
     wire = chat("Grüße, ") + chat("日本語。") + chat("🙂!")
-    out = run(chunker, *(wire[i:i + 1] for i in range(len(wire))))
+    out = run(chunker, *(wire[i : i + 1] for i in range(len(wire))))
     assert texts(out) == ["Grüße,", " 日本語。🙂!"]
 
 
@@ -177,8 +192,18 @@ def test_error_events_pass_after_a_flush() -> None:
 
 def test_tool_calls_and_logprobs_flush_and_pass_unchanged() -> None:
     chunker = PhraseChunker(PHRASE)
-    tool = sse({"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
-        "name": "f", "arguments": "{"}}]}, "finish_reason": None}]})
+    tool = sse(
+        {
+            "id": "c1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{"}}]},
+                    "finish_reason": None,
+                }
+            ],
+        }
+    )
     logprobs = sse({"id": "c1", "choices": [{"index": 0, "text": "x", "logprobs": {"tokens": ["x"]}}]})
     out = run(chunker, chat("thinking"), tool, logprobs)
     assert out == chat("thinking") + tool + logprobs
@@ -222,7 +247,7 @@ def test_an_oversized_event_is_relayed_raw_and_parsing_resumes_after_it() -> Non
 
 def test_finish_sends_pending_text_then_an_unfinished_event() -> None:
     chunker = PhraseChunker(PHRASE)
-    assert run(chunker, chat("left"), b"data: {\"cut") == b""
+    assert run(chunker, chat("left"), b'data: {"cut') == b""
     out = chunker.finish()
     assert out.endswith(b'\n\ndata: {"cut') and texts(out.rsplit(b"data: {", 1)[0]) == ["left"]
 
@@ -261,14 +286,17 @@ def test_the_header_opts_in_or_out_over_the_pool() -> None:
     assert err.value.status == 400 and err.value.param == "X-Stream-Chunking"
 
 
-@pytest.mark.parametrize(("setting", "key"), [
-    ({"mode": "words"}, "pools.m.stream_chunking.mode"),
-    ({"boundaries": ""}, "pools.m.stream_chunking.boundaries"),
-    ({"max_wait_ms": 0}, "pools.m.stream_chunking.max_wait_ms"),
-    ({"max_chars": 0}, "pools.m.stream_chunking.max_chars"),
-    ({"max_chars": "many"}, "pools.m.stream_chunking.max_chars"),
-    ({"phrases": True}, "pools.m.stream_chunking.phrases"),
-])
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ({"mode": "words"}, "pools.m.stream_chunking.mode"),
+        ({"boundaries": ""}, "pools.m.stream_chunking.boundaries"),
+        ({"max_wait_ms": 0}, "pools.m.stream_chunking.max_wait_ms"),
+        ({"max_chars": 0}, "pools.m.stream_chunking.max_chars"),
+        ({"max_chars": "many"}, "pools.m.stream_chunking.max_chars"),
+        ({"phrases": True}, "pools.m.stream_chunking.phrases"),
+    ],
+)
 def test_pool_settings_are_validated_at_load(setting: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"pools": {"m": {"replicas": [{"url": "http://h:1"}], "stream_chunking": setting}}})
@@ -276,8 +304,16 @@ def test_pool_settings_are_validated_at_load(setting: dict[str, Any], key: str) 
 
 
 def test_pool_settings_load() -> None:
-    config = parse_config({"pools": {"m": {"replicas": [{"url": "http://h:1"}], "stream_chunking": {
-        "mode": "phrase", "boundaries": ".\n", "max_wait_ms": 120, "max_chars": 80}}}})
+    config = parse_config(
+        {
+            "pools": {
+                "m": {
+                    "replicas": [{"url": "http://h:1"}],
+                    "stream_chunking": {"mode": "phrase", "boundaries": ".\n", "max_wait_ms": 120, "max_chars": 80},
+                }
+            }
+        }
+    )
     assert config.pools["m"].stream_chunking == StreamChunkingConfig("phrase", ".\n", 120.0, 80)
 
 
@@ -292,8 +328,13 @@ class _Protocol:
     def resume_reading(self, resume_parser: bool = True) -> None: ...
 
 
-async def _relay(reader: aiohttp.StreamReader, chunker: PhraseChunker, written: list[tuple[float, bytes]],
-                 seen: list[bytes], first: list[float]) -> None:
+async def _relay(
+    reader: aiohttp.StreamReader,
+    chunker: PhraseChunker,
+    written: list[tuple[float, bytes]],
+    seen: list[bytes],
+    first: list[float],
+) -> None:
     loop = asyncio.get_running_loop()
 
     async def on_seen(chunk: bytes) -> None:
@@ -311,8 +352,9 @@ async def test_the_relay_sends_pending_text_at_max_wait_while_upstream_is_silent
     written: list[tuple[float, bytes]] = []
     seen: list[bytes] = []
     first: list[float] = []
-    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)),
-                                      written, seen, first))
+    task = asyncio.create_task(
+        _relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)), written, seen, first)
+    )
     start = loop.time()
     reader.feed_data(chat("no boundary"))
     await asyncio.sleep(0.3)  # nothing more comes: the timer, not a new chunk, sends the text
@@ -343,8 +385,9 @@ async def test_the_relay_keeps_max_wait_while_upstream_never_pauses() -> None:
     loop = asyncio.get_running_loop()
     reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
     written: list[tuple[float, bytes]] = []
-    task = asyncio.create_task(_relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)),
-                                      written, [], []))
+    task = asyncio.create_task(
+        _relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)), written, [], [])
+    )
     for _ in range(25):  # a piece every 20 ms, never a boundary: only the deadline sends text
         reader.feed_data(chat("ab"))
         await asyncio.sleep(0.02)

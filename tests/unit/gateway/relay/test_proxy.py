@@ -27,8 +27,9 @@ CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 async def _serve(fake: FakeReplica) -> AsyncIterator[tuple[str, Replica]]:
     upstream = TestServer(fake.app, handler_cancellation=True)
     await upstream.start_server()
-    config = parse_config({"pools": {"m1": {"replicas": [{"url": str(upstream.make_url("")).rstrip("/"),
-                                                          "name": "r0"}]}}})
+    config = parse_config(
+        {"pools": {"m1": {"replicas": [{"url": str(upstream.make_url("")).rstrip("/"), "name": "r0"}]}}}
+    )
     app = make_app(config)
     gateway = TestServer(app, handler_cancellation=True)
     await gateway.start_server()
@@ -53,7 +54,8 @@ async def served(fake: FakeReplica) -> AsyncIterator[tuple[str, Replica]]:
 
 
 async def test_disconnect_while_waiting_for_first_byte_cancels_upstream(
-        fake: FakeReplica, served: tuple[str, Replica]) -> None:
+    fake: FakeReplica, served: tuple[str, Replica]
+) -> None:
     fake.stall_s = 30
     url, replica = served
     async with aiohttp.ClientSession() as session:
@@ -76,15 +78,17 @@ async def test_disconnect_mid_stream_cancels_upstream(fake: FakeReplica, served:
     fake.hold.set()
 
 
-
 @pytest.mark.parametrize("chunk_pad", [2000, 65536], ids=["small-chunks", "chunks-over-high-water"])
 async def test_client_that_stops_reading_is_dropped_and_upstream_closed(chunk_pad: int) -> None:
     fake = FakeReplica("r0", chunks=20_000, chunk_pad=chunk_pad)
     upstream = TestServer(fake.app, handler_cancellation=True)
     await upstream.start_server()
-    config = parse_config({"pools": {"m1": {"replicas": [{"url": str(upstream.make_url("")).rstrip("/"),
-                                                          "name": "r0"}]}},
-                           "limits": {"client_write_timeout_s": 0.3}})
+    config = parse_config(
+        {
+            "pools": {"m1": {"replicas": [{"url": str(upstream.make_url("")).rstrip("/"), "name": "r0"}]}},
+            "limits": {"client_write_timeout_s": 0.3},
+        }
+    )
     app = make_app(config)
     gateway = TestServer(app, handler_cancellation=True)
     await gateway.start_server()
@@ -95,8 +99,10 @@ async def test_client_that_stops_reading_is_dropped_and_upstream_closed(chunk_pa
     try:
         sock.connect(("127.0.0.1", gateway.port))
         body = orjson.dumps({**CHAT, "stream": True})
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         await until(lambda: fake.active == 1)
         await until(lambda: fake.active == 0 and replica.in_flight == 0, timeout_s=10)  # never read a byte
     finally:
@@ -106,7 +112,8 @@ async def test_client_that_stops_reading_is_dropped_and_upstream_closed(chunk_pa
 
 
 async def test_a_client_gone_while_a_library_dropped_its_cancel_is_not_forwarded(
-        fake: FakeReplica, served: tuple[str, Replica], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake: FakeReplica, served: tuple[str, Replica], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """redis-py's socket writes run in Python 3.11's wait_for, which can drop the cancel of a client
     that disconnected as a lookup completed (bpo-42130): routing then returns as if nothing happened.
     The request must still stop before any replica sees it."""

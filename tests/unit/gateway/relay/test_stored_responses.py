@@ -38,12 +38,16 @@ def test_usage_reads_the_response_id_whole_and_streamed() -> None:
     assert whole.response_id == "resp_1" and whole.prompt_tokens == 3
     streamed = Usage()
     scanner = SSEUsageScanner(streamed)
-    scanner.feed(b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2",'
-                 b'"object":"response","usage":null}}\n\n')
+    scanner.feed(
+        b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2",'
+        b'"object":"response","usage":null}}\n\n'
+    )
     scanner.flush()
     assert streamed.response_id is None  # not parsed: no usage in it
-    scanner.feed(b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_2",'
-                 b'"object":"response","usage":{"input_tokens":5,"output_tokens":1}}}\n\n')
+    scanner.feed(
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"resp_2",'
+        b'"object":"response","usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+    )
     scanner.flush()
     assert streamed.response_id == "resp_2" and streamed.completion_tokens == 1
     chat = Usage()

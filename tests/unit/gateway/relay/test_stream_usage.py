@@ -24,14 +24,17 @@ def view(body: dict[str, Any], endpoint: str = "chat") -> RequestView:
     return RequestView("r", endpoint, "m", bool(body.get("stream")), body, orjson.dumps(body))
 
 
-@pytest.mark.parametrize(("body", "endpoint", "asked"), [
-    ({"stream": True}, "chat", True),
-    ({"stream": True, "stream_options": {"continuous_usage_stats": False}}, "completions", True),
-    ({"stream": True, "stream_options": {"include_usage": True}}, "chat", False),
-    ({"stream": False}, "chat", False),
-    ({"stream": True}, "embeddings", False),
-    ({"stream": True, "stream_options": "nonsense"}, "chat", False),  # the replica's 400 to give
-])
+@pytest.mark.parametrize(
+    ("body", "endpoint", "asked"),
+    [
+        ({"stream": True}, "chat", True),
+        ({"stream": True, "stream_options": {"continuous_usage_stats": False}}, "completions", True),
+        ({"stream": True, "stream_options": {"include_usage": True}}, "chat", False),
+        ({"stream": False}, "chat", False),
+        ({"stream": True}, "embeddings", False),
+        ({"stream": True, "stream_options": "nonsense"}, "chat", False),  # the replica's 400 to give
+    ],
+)
 def test_only_a_stream_without_usage_is_asked_for_it(body: dict[str, Any], endpoint: str, asked: bool) -> None:
     v = view(dict(body), endpoint)
     before = v.raw
@@ -39,8 +42,9 @@ def test_only_a_stream_without_usage_is_asked_for_it(body: dict[str, Any], endpo
     if asked:
         sent = orjson.loads(v.raw)
         assert sent["stream_options"]["include_usage"] is True
-        assert {k: x for k, x in sent["stream_options"].items() if k != "include_usage"} == \
-            (body.get("stream_options") or {})
+        assert {k: x for k, x in sent["stream_options"].items() if k != "include_usage"} == (
+            body.get("stream_options") or {}
+        )
     else:
         assert v.raw == before
 
@@ -73,4 +77,4 @@ def test_the_usage_event_goes_and_every_other_byte_stays_however_the_reads_split
 def test_a_stream_framed_otherwise_passes_whole() -> None:
     crlf = CONTENT.replace(b"\n\n", b"\r\n\r\n") + USAGE.replace(b"\n\n", b"\r\n\r\n")
     assert stripped([crlf]) == crlf
-    assert stripped([CONTENT, b"data: {\"unfinished"]) == CONTENT + b"data: {\"unfinished"
+    assert stripped([CONTENT, b'data: {"unfinished']) == CONTENT + b'data: {"unfinished'

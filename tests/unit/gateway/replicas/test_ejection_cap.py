@@ -26,8 +26,10 @@ def open_breakers(pool: ReplicaPool, health: HealthConfig) -> list[str | None]:
     return [pool.fault(r, health, "status 502") for r in pool]
 
 
-@pytest.mark.parametrize(("replicas", "percent", "ejected"),
-                         [(3, 50, 1), (4, 50, 2), (2, 50, 1), (1, 50, 1), (10, 10, 1), (5, 0, 1), (3, 100, 3)])
+@pytest.mark.parametrize(
+    ("replicas", "percent", "ejected"),
+    [(3, 50, 1), (4, 50, 2), (2, 50, 1), (1, 50, 1), (10, 10, 1), (5, 0, 1), (3, 100, 3)],
+)
 def test_the_breakers_eject_at_most_the_share_and_at_least_one(replicas: int, percent: int, ejected: int) -> None:
     pool = pool_of(replicas)
     verdicts = open_breakers(pool, dataclasses.replace(HEALTH, max_ejection_percent=percent))

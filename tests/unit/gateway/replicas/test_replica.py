@@ -92,12 +92,16 @@ garbage line here
 """
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    (VLLM_METRICS, (5, 4, 0.375, 4096, 16)),
-    ("vllm:gpu_cache_usage_perc 0.7\nvllm:num_requests_waiting 1\n", (0, 1, 0.7, None, None)),
-    ("sglang:num_running_reqs 2\nsglang:num_queue_reqs 3\nsglang:token_usage 0.1\n", (2, 3, 0.1, None, None)),
-    ("", (0, 0, 0.0, None, None)),
-], ids=["vllm-v1-two-engines", "old-vllm-name", "sglang", "empty"])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (VLLM_METRICS, (5, 4, 0.375, 4096, 16)),
+        ("vllm:gpu_cache_usage_perc 0.7\nvllm:num_requests_waiting 1\n", (0, 1, 0.7, None, None)),
+        ("sglang:num_running_reqs 2\nsglang:num_queue_reqs 3\nsglang:token_usage 0.1\n", (2, 3, 0.1, None, None)),
+        ("", (0, 0, 0.0, None, None)),
+    ],
+    ids=["vllm-v1-two-engines", "old-vllm-name", "sglang", "empty"],
+)
 def test_parse_metrics_is_tolerant(text: str, expected: tuple[object, ...]) -> None:
     load = parse_metrics(text)
     assert (load.running, load.waiting, load.kv_usage, load.num_gpu_blocks, load.block_size) == expected
@@ -108,8 +112,7 @@ async def test_probe_and_scrape_against_a_replica() -> None:
     server = TestServer(fake.app)
     await server.start_server()
     replica = Replica("a", str(server.make_url("")).rstrip("/"))
-    config = parse_config({"pools": {"m": {"replicas": [{"url": replica.url}]}},
-                           "health": {"unhealthy_after": 1}})
+    config = parse_config({"pools": {"m": {"replicas": [{"url": replica.url}]}}, "health": {"unhealthy_after": 1}})
     async with ClientSession() as session:
         assert await scrape(session, replica, "/metrics", 1.0)
         assert replica.load.running == 5 and replica.load.num_gpu_blocks == 4096

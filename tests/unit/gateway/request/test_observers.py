@@ -36,9 +36,18 @@ class Recorder(RequestObserver):
 async def test_an_observer_registered_on_the_app_hears_first_byte_retries_and_the_finished_record() -> None:
     servers: list[TestServer] = []
     urls = await serve_fakes((FakeReplica("r0", status=503), FakeReplica("r1")), servers)
-    app = make_app(parse_config({"pools": {"m1": {
-        "replicas": [{"url": url, "name": f"r{i}"} for i, url in enumerate(urls)],
-        "routing": {"policy": "round_robin"}}}}))
+    app = make_app(
+        parse_config(
+            {
+                "pools": {
+                    "m1": {
+                        "replicas": [{"url": url, "name": f"r{i}"} for i, url in enumerate(urls)],
+                        "routing": {"policy": "round_robin"},
+                    }
+                }
+            }
+        )
+    )
     recorder = Recorder()
     app[OBSERVERS].add(recorder)
     gateway = TestServer(app)
@@ -46,8 +55,10 @@ async def test_an_observer_registered_on_the_app_hears_first_byte_retries_and_th
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(2):  # round robin: one of the two starts on r0, which answers 503
-                async with session.post(gateway.make_url("/v1/chat/completions"), json={
-                        "model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as resp:
+                async with session.post(
+                    gateway.make_url("/v1/chat/completions"),
+                    json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+                ) as resp:
                     assert resp.status == 200
                     await resp.read()
     finally:
@@ -58,7 +69,9 @@ async def test_an_observer_registered_on_the_app_hears_first_byte_retries_and_th
     assert [replica for replica, _ in recorder.first_bytes] == ["r1", "r1"]
     assert all(ttft is not None and ttft > 0 for _, ttft in recorder.first_bytes)
     assert [(d.replica_id, d.status, d.model, d.failed_replicas) for d in recorder.done] in (
-        [("r1", 200, "m1", ("r0",)), ("r1", 200, "m1", ())], [("r1", 200, "m1", ()), ("r1", 200, "m1", ("r0",))])
+        [("r1", 200, "m1", ("r0",)), ("r1", 200, "m1", ())],
+        [("r1", 200, "m1", ()), ("r1", 200, "m1", ("r0",))],
+    )
     for done in recorder.done:
         assert done.ok and done.streamed and done.decision is not None and done.decision.replica_id == "r1"
         assert done.timing.ttft_s is not None and done.timing.total_s >= done.timing.ttft_s

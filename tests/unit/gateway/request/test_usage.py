@@ -20,7 +20,7 @@ def test_body_usage() -> None:
     usage.read_body(orjson.dumps({"choices": [], "usage": USAGE}))
     assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (40, 5, 32)
     blank = Usage()
-    blank.read_body(b"not json with \"usage\"")
+    blank.read_body(b'not json with "usage"')
     assert blank == Usage()
 
 
@@ -30,7 +30,7 @@ def test_stream_usage_found_across_any_split(split: int) -> None:
     usage = Usage()
     scanner = SSEUsageScanner(usage)
     for i in range(0, len(stream), split):
-        scanner.feed(stream[i:i + split])
+        scanner.feed(stream[i : i + split])
     scanner.flush()
     assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
 
@@ -45,13 +45,17 @@ def test_stream_without_usage_leaves_none() -> None:
 
 @pytest.mark.parametrize("split", [1, 9, 10_000])
 def test_answer_text_collected_from_stream_only_when_asked(split: int) -> None:
-    stream = sse({"choices": [{"delta": {"role": "assistant"}}]}, {"choices": [{"delta": {"content": "Hel"}}]},
-                 {"choices": [{"delta": {"content": "lo"}}], "usage": None}, {"choices": [], "usage": USAGE})
+    stream = sse(
+        {"choices": [{"delta": {"role": "assistant"}}]},
+        {"choices": [{"delta": {"content": "Hel"}}]},
+        {"choices": [{"delta": {"content": "lo"}}], "usage": None},
+        {"choices": [], "usage": USAGE},
+    )
     asked, not_asked = Usage(answer=[]), Usage()
     for usage in (asked, not_asked):
         scanner = SSEUsageScanner(usage)
         for i in range(0, len(stream), split):
-            scanner.feed(stream[i:i + split])
+            scanner.feed(stream[i : i + split])
         scanner.flush()
     assert "".join(asked.answer or []) == "Hello" and asked.cached_tokens == 32
     assert not_asked.answer is None and not_asked.cached_tokens == 32
@@ -66,8 +70,11 @@ def test_answer_text_from_whole_bodies() -> None:
 
 def test_one_broken_event_costs_only_itself() -> None:
     """The events of a batch are parsed together; one that is not JSON is skipped, the others still count."""
-    stream = sse({"choices": [{"delta": {"content": "Hel"}}]}) + b'data: {"choices": [broken\n\n' + \
-        sse({"choices": [{"delta": {"content": "lo"}}]}, {"choices": [], "usage": USAGE})
+    stream = (
+        sse({"choices": [{"delta": {"content": "Hel"}}]})
+        + b'data: {"choices": [broken\n\n'
+        + sse({"choices": [{"delta": {"content": "lo"}}]}, {"choices": [], "usage": USAGE})
+    )
     usage = Usage(answer=[])
     scanner = SSEUsageScanner(usage)
     scanner.feed(stream)
@@ -82,7 +89,7 @@ def test_a_long_stream_is_read_in_batches_to_the_same_counts(collect: bool) -> N
     usage = Usage(answer=[] if collect else None)
     scanner = SSEUsageScanner(usage)
     for i in range(0, len(stream), 333):
-        scanner.feed(stream[i:i + 333])
+        scanner.feed(stream[i : i + 333])
     scanner.flush()
     assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
     assert "".join(usage.answer or []) == ("".join(f"w{i} " for i in range(5000)) if collect else "")

@@ -26,11 +26,22 @@ BS = 16
 
 
 def pools(**extra: Any) -> dict[str, Any]:
-    return {"pools": {"base": {"replicas": [{"url": "http://a:1", "name": "a", "adapters": ["only-a"]},
-                                            {"url": "http://b:1", "name": "b"}, {"url": "http://c:1", "name": "c"}],
-                               "adapters": ["everywhere"], "aliases": ["alias"],
-                               "routing": {"policy": "prefix_affinity"}},
-                      "other": {"replicas": [{"url": "http://d:1", "name": "d"}]}}, **extra}
+    return {
+        "pools": {
+            "base": {
+                "replicas": [
+                    {"url": "http://a:1", "name": "a", "adapters": ["only-a"]},
+                    {"url": "http://b:1", "name": "b"},
+                    {"url": "http://c:1", "name": "c"},
+                ],
+                "adapters": ["everywhere"],
+                "aliases": ["alias"],
+                "routing": {"policy": "prefix_affinity"},
+            },
+            "other": {"replicas": [{"url": "http://d:1", "name": "d"}]},
+        },
+        **extra,
+    }
 
 
 async def started(tmp_path: Path, data: dict[str, Any]) -> GatewayState:
@@ -45,12 +56,15 @@ def view(model: str, text: str = "x" * 640) -> RequestView:
     return RequestView("r", "completions", model, False, {"model": model, "prompt": text}, b"raw")
 
 
-@pytest.mark.parametrize(("adapters", "key", "words"), [
-    ({"base": ["other"]}, "pools.base.adapters[0]", "a pool or an exact alias"),
-    ({"base": ["alias"]}, "pools.base.adapters[0]", "a pool or an exact alias"),
-    ({"base": ["x"], "other": ["x"]}, "pools.other.adapters[0]", "an adapter of pool 'base'"),
-    ({"base": [" "]}, "pools.base.adapters[0]", "non-empty"),
-])
+@pytest.mark.parametrize(
+    ("adapters", "key", "words"),
+    [
+        ({"base": ["other"]}, "pools.base.adapters[0]", "a pool or an exact alias"),
+        ({"base": ["alias"]}, "pools.base.adapters[0]", "a pool or an exact alias"),
+        ({"base": ["x"], "other": ["x"]}, "pools.other.adapters[0]", "an adapter of pool 'base'"),
+        ({"base": [" "]}, "pools.base.adapters[0]", "non-empty"),
+    ],
+)
 def test_declared_adapters_are_names_of_their_own(adapters: dict[str, list[str]], key: str, words: str) -> None:
     data = pools()
     for pool, names in adapters.items():
@@ -76,10 +90,16 @@ async def test_declared_and_discovered_adapters_resolve_to_their_pool(tmp_path: 
     state.after_scrape()
     m = state.adapters
     assert m.pool_of == {"only-a": "base", "found": "base", "everywhere": "base", "d-only": "other"}
-    assert m.servers == {"only-a": frozenset({"a"}), "found": frozenset({"b"}), "everywhere": None,
-                         "d-only": frozenset({"d"})}
-    assert m.roots == {"base": {"only-a": None, "found": "/loras/found", "everywhere": None},
-                       "other": {"d-only": "/loras/d"}}
+    assert m.servers == {
+        "only-a": frozenset({"a"}),
+        "found": frozenset({"b"}),
+        "everywhere": None,
+        "d-only": frozenset({"d"}),
+    }
+    assert m.roots == {
+        "base": {"only-a": None, "found": "/loras/found", "everywhere": None},
+        "other": {"d-only": "/loras/d"},
+    }
     assert state.route_for("found").model == "base" and state.route_for("alias").model == "base"
     with pytest.raises(NotFoundError):
         state.route_for("gone")
@@ -113,8 +133,10 @@ async def test_only_replicas_serving_the_adapter_are_candidates(tmp_path: Path) 
     a = route.pool.get("a")
     assert a is not None
     a.healthy = False  # the one replica serving it is down: no candidate (503), not a 404
-    assert await admission.choose(route, request, state.adapters.excluded(request, route, set()),
-                                  AdmissionConfig()) is None
+    assert (
+        await admission.choose(route, request, state.adapters.excluded(request, route, set()), AdmissionConfig())
+        is None
+    )
     await state.close()
 
 
@@ -134,8 +156,10 @@ def test_the_same_prompt_for_two_adapters_gets_two_chains() -> None:
 def test_kv_events_keep_each_adapters_blocks_apart() -> None:
     ids = list(range(1, 4 * BS + 1))
     root = prefix.model_seed("base")
-    keys = {adapter: prefix.chain_hash_tokens(ids, BS, root if adapter is None else prefix.adapter_seed(root, adapter),
-                                              100) for adapter in (None, "sql", "chat")}
+    keys = {
+        adapter: prefix.chain_hash_tokens(ids, BS, root if adapter is None else prefix.adapter_seed(root, adapter), 100)
+        for adapter in (None, "sql", "chat")
+    }
     tables = ExactTables(root, BS)
     tables.stored("a", [1, 2, 3, 4], None, ids, BS, lora_id=1, lora_name="sql")
     assert tables.match(keys["sql"], "a") == (4, EVENTS)
@@ -143,8 +167,9 @@ def test_kv_events_keep_each_adapters_blocks_apart() -> None:
     tables.stored("a", [5, 6, 7, 8], None, ids, BS, lora_id=2)  # an id alone (vLLM <= 0.11): kept apart
     tables.stored("a", [9], 4, list(range(100, 100 + BS)), BS)  # continues sql's chain through its parent
     assert tables.match(keys[None], "a")[0] == tables.match(keys["chat"], "a")[0] == 0
-    assert tables.match(keys["sql"] + prefix.chain_hash_tokens(list(range(100, 100 + BS)), BS, keys["sql"][-1], 1),
-                        "a") == (5, EVENTS)
+    assert tables.match(
+        keys["sql"] + prefix.chain_hash_tokens(list(range(100, 100 + BS)), BS, keys["sql"][-1], 1), "a"
+    ) == (5, EVENTS)
 
 
 def test_decoded_events_carry_the_adapter_in_either_encoding() -> None:
@@ -153,8 +178,16 @@ def test_decoded_events_carry_the_adapter_in_either_encoding() -> None:
     from gateway.index.kv_events.decode import Stored, decode_batch
 
     array = ["BlockStored", [1], None, list(range(BS)), BS, 3, "GPU"]
-    newer = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": list(range(BS)),
-             "block_size": BS, "lora_id": 3, "medium": "GPU", "lora_name": "sql"}
+    newer = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": list(range(BS)),
+        "block_size": BS,
+        "lora_id": 3,
+        "medium": "GPU",
+        "lora_name": "sql",
+    }
     base = {**newer, "lora_id": None, "lora_name": None}
     events = decode_batch(msgpack.packb([0.0, [array, newer, base], None]))
     assert [(e.lora_id, e.lora_name) for e in events if isinstance(e, Stored)] == [(3, None), (3, "sql"), (None, None)]
@@ -168,10 +201,17 @@ async def test_a_replicas_card_and_adapters_come_from_its_model_list_and_survive
     from gateway.replicas import Replica
     from gateway.replicas.models import list_models
 
-    answers = [{"data": [{"id": "base", "parent": None, "root": "/m", "max_model_len": 4096, "owned_by": "vllm"},
-                         {"id": "sql", "parent": "base",
-                                                                         "root": "/loras/sql"},
-                         {"id": "chat", "parent": "base"}, "junk"]}, {"error": "down"}]
+    answers = [
+        {
+            "data": [
+                {"id": "base", "parent": None, "root": "/m", "max_model_len": 4096, "owned_by": "vllm"},
+                {"id": "sql", "parent": "base", "root": "/loras/sql"},
+                {"id": "chat", "parent": "base"},
+                "junk",
+            ]
+        },
+        {"error": "down"},
+    ]
     seen: list[str | None] = []
 
     async def models(request: web.Request) -> web.Response:
@@ -192,16 +232,23 @@ async def test_a_replicas_card_and_adapters_come_from_its_model_list_and_survive
 async def test_adapter_requests_use_the_history_where_events_name_adapters_by_id_only() -> None:
     from gateway.config.pools import PrefixConfig
     from gateway.index import MemoryIndex
-    from gateway.prompt.tokenizers import PromptKeys, SimPromptTokenizer
+    from gateway.prompt.prompt_keys import PromptKeys
+    from gateway.prompt.tokenizers import SimPromptTokenizer
     from gateway.request.decision import Candidate
     from gateway.routing.policies.registry import build_policy
     from gateway.routing.router import HISTORY, Router
 
     params = PrefixConfig(tokenizer="sim", block_tokens=BS)
     exact = ExactTables(prefix.model_seed("base"), BS)
-    router = Router(build_policy("prefix_affinity", {}, "p"), params, MemoryIndex(10_000),
-                    RoutingMetrics(CollectorRegistry()), pool="base", keys=PromptKeys(SimPromptTokenizer(), 5.0),
-                    exact=exact)
+    router = Router(
+        build_policy("prefix_affinity", {}, "p"),
+        params,
+        MemoryIndex(10_000),
+        RoutingMetrics(CollectorRegistry()),
+        pool="base",
+        keys=PromptKeys(SimPromptTokenizer(), 5.0),
+        exact=exact,
+    )
 
     def adapter_view() -> RequestView:
         request = view("base", " ".join(f"w{i}" for i in range(100)))

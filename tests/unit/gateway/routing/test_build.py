@@ -18,8 +18,9 @@ async def built(prefix_section: dict[str, Any], kv_events: bool = False) -> Rout
     replica: dict[str, Any] = {"url": "http://a:1", "name": "a"}
     if kv_events:
         replica["kv_events"] = {"endpoint": "tcp://127.0.0.1:5557"}
-    config = parse_config({"pools": {"m": {"replicas": [replica],
-                                           "routing": {"policy": "prefix_affinity", "prefix": prefix_section}}}})
+    config = parse_config(
+        {"pools": {"m": {"replicas": [replica], "routing": {"policy": "prefix_affinity", "prefix": prefix_section}}}}
+    )
     router = build_router("m", config.pools["m"], config, RoutingMetrics(CollectorRegistry()), lambda: ["http://a:1"])
     await router.close()
     return router

@@ -22,8 +22,9 @@ def router(block_tokens: int | None) -> tuple[Router, ExactTables, CollectorRegi
     registry = CollectorRegistry()
     params = PrefixConfig(block_tokens=block_tokens)
     exact = ExactTables(prefix.model_seed(MODEL), params.block)
-    built = Router(build_policy("prefix_affinity", {}, "p"), params, metrics=RoutingMetrics(registry), pool=MODEL,
-                   exact=exact)
+    built = Router(
+        build_policy("prefix_affinity", {}, "p"), params, metrics=RoutingMetrics(registry), pool=MODEL, exact=exact
+    )
     return built, exact, registry
 
 

@@ -20,8 +20,12 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def router() -> Router:
-    return Router(build_policy("round_robin", {}, "p"), index=MemoryIndex(10_000), pool="m",
-                  exact=ExactTables(prefix.model_seed("m"), 16))
+    return Router(
+        build_policy("round_robin", {}, "p"),
+        index=MemoryIndex(10_000),
+        pool="m",
+        exact=ExactTables(prefix.model_seed("m"), 16),
+    )
 
 
 def members() -> list[ReplicaConfig]:

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def config(routes: dict[str, Any] | None = None, **aliases: list[str]) -> Any:
-    pools = {name: {"replicas": [{"url": f"http://h{i}:1"}], "aliases": names}
-             for i, (name, names) in enumerate(aliases.items())}
+    pools = {
+        name: {"replicas": [{"url": f"http://h{i}:1"}], "aliases": names}
+        for i, (name, names) in enumerate(aliases.items())
+    }
     return parse_config({"pools": pools, **({"routes": routes} if routes else {})})
 
 
@@ -35,22 +37,27 @@ def test_without_a_default_an_unknown_name_names_no_pool() -> None:
     assert config(small=["a*"]).model_names.pool_for("b") is None
 
 
-@pytest.mark.parametrize(("aliases", "routes", "key", "words"), [
-    ({"a": ["x"], "b": ["x"]}, None, "pools.b.aliases[0]", "an alias of pool 'a'"),
-    ({"a": ["b"], "b": []}, None, "pools.a.aliases[0]", "pool 'b'"),
-    ({"a": [""]}, None, "pools.a.aliases[0]", "non-empty"),
-    ({"a": []}, {"default_pool": "c"}, "routes.default_pool", "no pool named 'c'"),
-])
+@pytest.mark.parametrize(
+    ("aliases", "routes", "key", "words"),
+    [
+        ({"a": ["x"], "b": ["x"]}, None, "pools.b.aliases[0]", "an alias of pool 'a'"),
+        ({"a": ["b"], "b": []}, None, "pools.a.aliases[0]", "pool 'b'"),
+        ({"a": [""]}, None, "pools.a.aliases[0]", "non-empty"),
+        ({"a": []}, {"default_pool": "c"}, "routes.default_pool", "no pool named 'c'"),
+    ],
+)
 def test_a_name_that_is_taken_or_a_missing_default_is_an_error_naming_the_key(
-        aliases: dict[str, list[str]], routes: dict[str, Any] | None, key: str, words: str) -> None:
+    aliases: dict[str, list[str]], routes: dict[str, Any] | None, key: str, words: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         config(routes, **aliases)
     assert err.value.key == key and words in err.value.reason
 
 
 def test_a_renamed_request_goes_on_under_the_pool_name_and_only_patterns_stay_unlisted() -> None:
-    view = RequestView("r", "chat", "gpt-4o", False, {"model": "gpt-4o", "messages": [], "temperature": 0.5},
-                       b'{"model":"gpt-4o"}')
+    view = RequestView(
+        "r", "chat", "gpt-4o", False, {"model": "gpt-4o", "messages": [], "temperature": 0.5}, b'{"model":"gpt-4o"}'
+    )
     renamed(view, "small")
     assert view.model == "small" and view.raw == b'{"model":"small","messages":[],"temperature":0.5}'
     assert exact_aliases(["a", "b-*", "c?", "[de]", "f"]) == ["a", "f"]

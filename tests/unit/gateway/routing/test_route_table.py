@@ -18,8 +18,11 @@ from gateway.routing.route_table import GatewayState
 
 
 def config_data(policy: str = "round_robin", replicas: tuple[str, ...] = ("a", "b")) -> dict[str, Any]:
-    return {"pools": {"m": {"replicas": [{"url": f"http://{r}:1", "name": r} for r in replicas],
-                            "routing": {"policy": policy}}}}
+    return {
+        "pools": {
+            "m": {"replicas": [{"url": f"http://{r}:1", "name": r} for r in replicas], "routing": {"policy": policy}}
+        }
+    }
 
 
 async def started(tmp_path: Path, data: dict[str, Any]) -> tuple[GatewayState, Path]:

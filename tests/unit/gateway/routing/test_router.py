@@ -44,14 +44,23 @@ def candidates(loads: Sequence[int] = (0, 0, 0, 0)) -> list[Candidate]:
 
 
 def make_router(policy: str = "prefix_affinity", index: Any = None, **params: Any) -> Router:
-    return Router(build_policy(policy, params, "routing"), PrefixConfig(), index or MemoryIndex(10_000),
-                  RoutingMetrics(CollectorRegistry()))
+    return Router(
+        build_policy(policy, params, "routing"),
+        PrefixConfig(),
+        index or MemoryIndex(10_000),
+        RoutingMetrics(CollectorRegistry()),
+    )
 
 
 def sample(router: Router, name: str, **labels: str) -> float:
     assert router.metrics is not None
-    for metric in [router.metrics.decisions, router.metrics.matched_tokens, router.metrics.cached_error,
-                   router.metrics.ttft_error, router.metrics.index_fallbacks]:
+    for metric in [
+        router.metrics.decisions,
+        router.metrics.matched_tokens,
+        router.metrics.cached_error,
+        router.metrics.ttft_error,
+        router.metrics.index_fallbacks,
+    ]:
         for family in metric.collect():
             for s in family.samples:
                 if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
@@ -74,8 +83,11 @@ async def test_next_turn_goes_where_the_conversation_is_warm() -> None:
     assert second.replica_id == first.replica_id and second.reason == "prefix_hit"
     row = {s.replica_id: s for s in second.scores}
     assert row[first.replica_id].cached_tokens > 0
-    assert all(row[r].cached_tokens == row[IDS[0] if first.replica_id != IDS[0] else IDS[1]].cached_tokens
-               for r in IDS if r != first.replica_id)  # others hold only the shared system prompt, or nothing
+    assert all(
+        row[r].cached_tokens == row[IDS[0] if first.replica_id != IDS[0] else IDS[1]].cached_tokens
+        for r in IDS
+        if r != first.replica_id
+    )  # others hold only the shared system prompt, or nothing
     await router.close()
 
 
@@ -145,8 +157,11 @@ async def test_finished_measures_prediction_and_forgets_the_request() -> None:
     view = chat_view(conversation(2, "f"))
     decision = await router.route(view, candidates())
     predicted = {s.replica_id: s for s in decision.scores}[decision.replica_id]
-    router.finished(view, decision.replica_id,
-                    Outcome(ok=True, ttft_s=0.3, prompt_tokens=view.prompt_tokens_estimate, cached_tokens=0))
+    router.finished(
+        view,
+        decision.replica_id,
+        Outcome(ok=True, ttft_s=0.3, prompt_tokens=view.prompt_tokens_estimate, cached_tokens=0),
+    )
     assert view.request_id not in router._predicted
     assert 128 < predicted.cached_tokens <= 512  # the replica reported 0 cached: error = the prediction
     error = "affinity_gateway_route_cached_tokens_error_tokens_bucket"
@@ -275,8 +290,11 @@ async def test_a_conversations_own_system_prompt_is_never_spread(block_chars: in
     several turns, and the preamble, seen on every turn, looked like a popular one that wants more
     replicas: the conversation was moved off its home (re-prefilling everything) while its home
     was a request busier than the rest."""
-    router = Router(build_policy("prefix_affinity", {"seed": 1}, "routing"), PrefixConfig(block_chars=block_chars),
-                    MemoryIndex(10_000))
+    router = Router(
+        build_policy("prefix_affinity", {"seed": 1}, "routing"),
+        PrefixConfig(block_chars=block_chars),
+        MemoryIndex(10_000),
+    )
     system = "You are the archivist of one family's letters; " + "answer from the letters only. " * 60
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     homes = []
@@ -304,8 +322,9 @@ async def test_a_prompt_stays_warm_where_a_request_of_it_runs_though_history_tri
     home = (await router.route(running, candidates())).replica_id
     only_home = [Candidate(home)]
     for i in range(4):  # other prompts sent there since: the table's LRU trims the running one
-        await turn_done(router, chat_view([{"role": "user", "content": f"filler {i} " + "other words " * 60}]),
-                        only_home)
+        await turn_done(
+            router, chat_view([{"role": "user", "content": f"filler {i} " + "other words " * 60}]), only_home
+        )
     assert router.index.match_now(running.block_hashes, [home])[home] == 0
     again = chat_view(prompt)
     decision = await router.decide(again, [Candidate(r, in_flight=int(r == home)) for r in IDS])

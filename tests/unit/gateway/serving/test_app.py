@@ -26,8 +26,12 @@ Gateway = Callable[..., Awaitable[tuple[Client, list[FakeReplica]]]]
 
 def gateway_config(urls: list[str], policy: str = "round_robin", **overrides: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "pools": {MODEL: {"replicas": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
-                          "routing": {"policy": policy}}},
+        "pools": {
+            MODEL: {
+                "replicas": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
+                "routing": {"policy": policy},
+            }
+        },
         "health": {"interval_s": 0.05, "timeout_s": 0.5, "unhealthy_after": 1},
         "load": {"interval_s": 0.05},
         "logging": {"requests": True},
@@ -61,9 +65,16 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 async def test_chat_is_forwarded_byte_for_byte(gateway: Gateway) -> None:
     client, (fake,) = await gateway(FakeReplica("r0"))
     raw = b'{"model":"m1",  "messages":[{"role":"user","content":"hi"}], "extra": 1}'
-    resp = await client.post("/v1/chat/completions", data=raw,
-                             headers={"Content-Type": "application/json", "X-Request-Id": "abc",
-                                      "Connection": "keep-alive, X-Drop", "X-Drop": "1"})
+    resp = await client.post(
+        "/v1/chat/completions",
+        data=raw,
+        headers={
+            "Content-Type": "application/json",
+            "X-Request-Id": "abc",
+            "Connection": "keep-alive, X-Drop",
+            "X-Drop": "1",
+        },
+    )
     assert resp.status == 200
     assert (await resp.json())["choices"][0]["message"]["content"] == "hello from r0"
     assert resp.headers["X-Request-Id"] == "abc" and resp.headers["X-Custom"] == "kept"
@@ -75,8 +86,9 @@ async def test_chat_is_forwarded_byte_for_byte(gateway: Gateway) -> None:
 
 async def test_stream_is_relayed_with_usage_read(gateway: Gateway) -> None:
     client, _ = await gateway(FakeReplica("r0", chunks=4))
-    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True,
-                                                           "stream_options": {"include_usage": True}})
+    resp = await client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    )
     text = await resp.text()
     assert resp.headers["Content-Type"] == "text/event-stream"
     assert text.count("data: ") == 6 and text.endswith("data: [DONE]\n\n")
@@ -102,15 +114,19 @@ async def test_models_health_ready_admin_metrics(gateway: Gateway) -> None:
     assert "affinity_gateway_replica_in_flight" in metrics and "affinity_gateway_ttft_seconds_bucket" in metrics
 
 
-@pytest.mark.parametrize(("body", "status", "param"), [
-    (b"{not json", 400, None),
-    (b"[1, 2]", 400, None),
-    (b'{"messages": []}', 400, "model"),
-    (b'{"model": 7}', 400, "model"),
-    (b'{"model": "m1", "stream": "yes"}', 400, "stream"),
-    (b'{"model": "nope"}', 404, "model"),
-    (b'{"model": "m1", "pad": "' + b"x" * 2000 + b'"}', 413, None),
-], ids=["malformed", "not-object", "no-model", "model-not-str", "stream-not-bool", "unknown-model", "too-large"])
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (b'{"messages": []}', 400, "model"),
+        (b'{"model": 7}', 400, "model"),
+        (b'{"model": "m1", "stream": "yes"}', 400, "stream"),
+        (b'{"model": "nope"}', 404, "model"),
+        (b'{"model": "m1", "pad": "' + b"x" * 2000 + b'"}', 413, None),
+    ],
+    ids=["malformed", "not-object", "no-model", "model-not-str", "stream-not-bool", "unknown-model", "too-large"],
+)
 async def test_client_errors_have_openai_shape(gateway: Gateway, body: bytes, status: int, param: str | None) -> None:
     client, _ = await gateway(FakeReplica("r0"), limits={"max_body_bytes": 1000})
     resp = await client.post("/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
@@ -204,7 +220,6 @@ async def test_unexpected_exception_is_500_json(gateway: Gateway, monkeypatch: p
     assert resp.status == 500 and orjson.loads(await resp.read())["error"]["type"] == "InternalServerError"
 
 
-
 async def test_retries_never_repeat_a_replica(gateway: Gateway) -> None:
     client, fakes = await gateway(*(FakeReplica(f"r{i}", status=503) for i in range(3)), limits={"max_retries": 5})
     resp = await client.post("/v1/chat/completions", json=CHAT)
@@ -233,8 +248,7 @@ async def test_no_retry_once_bytes_went_out(gateway: Gateway) -> None:
     assert text.endswith('"code":502}}\n\ndata: [DONE]\n\n') and not fakes[1].seen
 
 
-async def test_api_key_gives_the_tenant_and_is_not_forwarded(gateway: Gateway,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_api_key_gives_the_tenant_and_is_not_forwarded(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     client, (fake,) = await gateway(FakeReplica("r0"), auth={"keys": [{"sha256": hash_key("sk-1"), "tenant": "acme"}]})
     router = client.app[STATE].routes[MODEL].router
     tenants: list[str | None] = []

@@ -46,7 +46,8 @@ async def gateway(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Re
 
 @pytest.mark.parametrize("gateway", [(500, 200)], indirect=True)
 async def test_a_retried_5xx_is_taken_back_from_the_router_and_charged_once_the_request_succeeds(
-        gateway: tuple[str, ReplicaPool, list[FakeReplica]], monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway: tuple[str, ReplicaPool, list[FakeReplica]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, pool, fakes = gateway
     failed: list[str] = []
     taken_back = Router.failed
@@ -67,7 +68,8 @@ async def test_a_retried_5xx_is_taken_back_from_the_router_and_charged_once_the_
 
 @pytest.mark.parametrize("gateway", [(500, 500)], indirect=True)
 async def test_a_second_5xx_answers_the_client_and_charges_no_breaker(
-        gateway: tuple[str, ReplicaPool, list[FakeReplica]]) -> None:
+    gateway: tuple[str, ReplicaPool, list[FakeReplica]],
+) -> None:
     url, pool, fakes = gateway
     async with aiohttp.ClientSession() as session:
         async with session.post(url + "/v1/chat/completions", json=CHAT) as resp:
@@ -77,16 +79,26 @@ async def test_a_second_5xx_answers_the_client_and_charges_no_breaker(
 
 
 async def test_a_client_that_leaves_during_routing_leaves_no_warm_prefix_and_nothing_in_flight(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The client leaves as the router decides and the cancel is swallowed (asyncio.wait_for drops one on
     Python 3.11: bpo-42130), so the request only notices once the decision is made. The decision was never
     committed: no replica holds a warm-prefix record of the prompt, nothing is in flight, no replica saw it."""
     fake = FakeReplica("r0")
     upstream = TestServer(fake.app)
     await upstream.start_server()
-    app = make_app(parse_config({"pools": {"m1": {
-        "replicas": [{"url": str(upstream.make_url("")).rstrip("/"), "name": "r0"}],
-        "routing": {"policy": "prefix_affinity"}}}}))
+    app = make_app(
+        parse_config(
+            {
+                "pools": {
+                    "m1": {
+                        "replicas": [{"url": str(upstream.make_url("")).rstrip("/"), "name": "r0"}],
+                        "routing": {"policy": "prefix_affinity"},
+                    }
+                }
+            }
+        )
+    )
     server = TestServer(app)
     await server.start_server()
     decide, seen = Router.decide, []
@@ -101,8 +113,10 @@ async def test_a_client_that_leaves_during_routing_leaves_no_warm_prefix_and_not
     try:
         async with aiohttp.ClientSession() as session:
             with contextlib.suppress(aiohttp.ClientError):
-                async with session.post(server.make_url("/v1/chat/completions"),
-                                        json={**CHAT, "messages": [{"role": "user", "content": "hello " * 300}]}):
+                async with session.post(
+                    server.make_url("/v1/chat/completions"),
+                    json={**CHAT, "messages": [{"role": "user", "content": "hello " * 300}]},
+                ):
                     pass
         route = app[STATE].routes["m1"]
         (view,) = seen
@@ -117,8 +131,14 @@ async def test_a_client_that_leaves_during_routing_leaves_no_warm_prefix_and_not
 
 async def _answer_over(replica_urls: list[str]) -> tuple[int, bytes, ReplicaPool]:
     replicas = [{"url": url, "name": f"r{n}"} for n, url in enumerate(replica_urls)]
-    app = make_app(parse_config({"pools": {"m1": {"replicas": replicas, "routing": {"policy": "round_robin"}}},
-                                 "health": {"interval_s": 60.0}}))
+    app = make_app(
+        parse_config(
+            {
+                "pools": {"m1": {"replicas": replicas, "routing": {"policy": "round_robin"}}},
+                "health": {"interval_s": 60.0},
+            }
+        )
+    )
     server = TestServer(app)
     await server.start_server()
     try:

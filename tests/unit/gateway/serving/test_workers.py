@@ -29,8 +29,9 @@ def test_merge_labels_every_sample_with_its_worker_and_lists_each_family_once() 
     text = merge({0: _worker_body(3), 1: _worker_body(5), 2: None}).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert text.count("# TYPE affinity_gateway_requests_total counter") == 1
-    requests = {s.labels["worker"]: s.value for s in families["affinity_gateway_requests"].samples
-                if s.name.endswith("_total")}
+    requests = {
+        s.labels["worker"]: s.value for s in families["affinity_gateway_requests"].samples if s.name.endswith("_total")
+    }
     assert requests == {"0": 3.0, "1": 5.0}
     up = {s.labels["worker"]: s.value for s in families["affinity_gateway_worker_up"].samples}
     assert up == {"0": 1.0, "1": 1.0, "2": 0.0}  # worker 2 did not answer: reported, not hidden
@@ -48,8 +49,9 @@ def test_each_worker_has_its_own_abstract_socket_named_by_its_supervisor() -> No
     assert spec.socket() == "\0affinity-gateway-42-worker-1" and spec.socket(0) == "\0affinity-gateway-42-worker-0"
 
 
-@pytest.mark.parametrize(("value", "words"), [("0", "must be an integer >= 1, got 0"),
-                                              ("two", "expected an integer, got 'two'")])
+@pytest.mark.parametrize(
+    ("value", "words"), [("0", "must be an integer >= 1, got 0"), ("two", "expected an integer, got 'two'")]
+)
 def test_env_workers_is_checked_and_named(value: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(POOLS, {"AFFINITY_GATEWAY_WORKERS": value})
@@ -63,8 +65,9 @@ def test_env_workers_overrides_the_file() -> None:
 
 @pytest.mark.parametrize("command", ["serve", "up"])
 @pytest.mark.parametrize("value", ["0", "-1", "x"])
-def test_workers_flag_must_be_an_integer_of_at_least_one(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                         command: str, value: str) -> None:
+def test_workers_flag_must_be_an_integer_of_at_least_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, value: str
+) -> None:
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(POOLS))
     with pytest.raises(SystemExit) as info:
@@ -73,8 +76,9 @@ def test_workers_flag_must_be_an_integer_of_at_least_one(tmp_path: Path, capsys:
     assert "argument --workers: must be an integer >= 1" in capsys.readouterr().err
 
 
-def test_serve_reports_a_bad_env_workers_as_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_reports_a_bad_env_workers_as_a_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(POOLS))
     monkeypatch.setenv("AFFINITY_GATEWAY_WORKERS", "0")
@@ -87,8 +91,9 @@ def test_up_passes_workers_to_every_gateway() -> None:
     assert command[-6:] == ["--config", "/tmp/g.yaml", "--port", "8101", "--workers", "3"]
 
 
-def test_workers_without_a_config_file_is_refused(capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_without_a_config_file_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The supervisor starts its workers on the file; a config-free start has none to give them."""
     monkeypatch.setenv("AFFINITY_GATEWAY_WORKERS", "1")  # undone after the test, as serve sets it from the flag
     assert main(["serve", "--replica", "http://127.0.0.1:9001", "--model", "m", "--workers", "2"]) == 2

@@ -49,8 +49,16 @@ def test_array_batch_with_array_events_and_int_hashes() -> None:
 
 def test_map_batch_with_map_events_bytes_hashes_and_extra_fields() -> None:
     events = [
-        {"type": "BlockStored", "block_hashes": [D1], "parent_block_hash": None, "token_ids": [1, 2],
-         "block_size": 2, "lora_name": None, "group_idx": 0, "some_future_field": {"x": 1}},
+        {
+            "type": "BlockStored",
+            "block_hashes": [D1],
+            "parent_block_hash": None,
+            "token_ids": [1, 2],
+            "block_size": 2,
+            "lora_name": None,
+            "group_idx": 0,
+            "some_future_field": {"x": 1},
+        },
         {"type": "BlockRemoved", "block_hashes": [D1, D2], "medium": None},
         {"type": "AllBlocksCleared"},
     ]
@@ -76,26 +84,32 @@ def test_unknown_types_and_offload_tiers_are_ignored() -> None:
     assert decode_batch(msgpack.packb([1.0, events, None])) == [Stored((H2,), None, (0, 1, 2, 3), 4)]
 
 
-@pytest.mark.parametrize("payload", [
-    b"\xc1garbage",
-    b"",
-    msgpack.packb("just a string"),
-    msgpack.packb([1.0, "not a list"]),
-    msgpack.packb([1.0, [["BlockStored", "not hashes", None, [], 4]]]),
-    msgpack.packb([1.0, [["BlockStored", [1.5], None, [], 4]]]),
-    msgpack.packb([1.0, [["BlockStored", [1], None, ["a"], 4]]]),
-    msgpack.packb([1.0, [["BlockStored", [1], None, [1], 0]]]),
-    msgpack.packb([1.0, [[3, [1]]]]),
-    msgpack.packb([1.0, [42]]),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1garbage",
+        b"",
+        msgpack.packb("just a string"),
+        msgpack.packb([1.0, "not a list"]),
+        msgpack.packb([1.0, [["BlockStored", "not hashes", None, [], 4]]]),
+        msgpack.packb([1.0, [["BlockStored", [1.5], None, [], 4]]]),
+        msgpack.packb([1.0, [["BlockStored", [1], None, ["a"], 4]]]),
+        msgpack.packb([1.0, [["BlockStored", [1], None, [1], 0]]]),
+        msgpack.packb([1.0, [[3, [1]]]]),
+        msgpack.packb([1.0, [42]]),
+    ],
+)
 def test_malformed_batches_raise_decode_error(payload: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_batch(payload)
 
 
 def test_config_validation() -> None:
-    config = build(KVEventsConfig, {"endpoint": "tcp://10.0.0.5:5557", "replay_endpoint": "tcp://10.0.0.5:5558",
-                                    "topic": "kv-events"}, "pools.m.replicas[0].kv_events")
+    config = build(
+        KVEventsConfig,
+        {"endpoint": "tcp://10.0.0.5:5557", "replay_endpoint": "tcp://10.0.0.5:5558", "topic": "kv-events"},
+        "pools.m.replicas[0].kv_events",
+    )
     assert config.topic == "kv-events"
     with pytest.raises(ConfigError) as err:
         build(KVEventsConfig, {"endpoint": "http://10.0.0.5:5557"}, "r.kv_events")
@@ -155,9 +169,16 @@ class RecordingSink:
         self.calls: list[tuple[Any, ...]] = []
         self.certain = False
 
-    def stored(self, replica_id: str, block_hashes: Sequence[EngineHash], parent: EngineHash | None,
-               token_ids: Sequence[int], block_size: int, lora_id: int | None = None,
-               lora_name: str | None = None) -> None:
+    def stored(
+        self,
+        replica_id: str,
+        block_hashes: Sequence[EngineHash],
+        parent: EngineHash | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+    ) -> None:
         self.calls.append(("stored", replica_id, tuple(block_hashes), parent))
 
     def removed(self, replica_id: str, block_hashes: Sequence[EngineHash]) -> None:
@@ -186,8 +207,9 @@ async def publisher() -> Any:
     ctx.destroy(linger=0)
 
 
-async def subscribe(pub: FakePublisher, *, replay: bool = True,
-                    topic: str = "kv") -> tuple[KVEventSubscriber, RecordingSink]:
+async def subscribe(
+    pub: FakePublisher, *, replay: bool = True, topic: str = "kv"
+) -> tuple[KVEventSubscriber, RecordingSink]:
     """A started subscriber past its start-up sync and (slow joiner) connected for live batches."""
     sink = RecordingSink()
     config = KVEventsConfig(pub.endpoint, pub.replay_endpoint if replay else None, topic)
@@ -199,7 +221,8 @@ async def subscribe(pub: FakePublisher, *, replay: bool = True,
 
 
 async def test_initial_replay_from_zero_makes_the_table_certain_then_live_batches_follow(
-        publisher: FakePublisher) -> None:
+    publisher: FakePublisher,
+) -> None:
     await publisher.publish(stored(H1, H2))
     await publisher.publish(removed(H2), stored(D1, parent=H1))
     sub, sink = await subscribe(publisher)
@@ -216,8 +239,17 @@ async def test_initial_replay_from_zero_makes_the_table_certain_then_live_batche
             ("stored", "r1", (H2,), None),
         ]
         assert sink.certain and sub.describe() | {"endpoint": "-", "replay_endpoint": "-"} == {
-            "endpoint": "-", "replay_endpoint": "-", "certain": True, "last_seq": 2, "batches": 3, "gaps": 0,
-            "replays": 1, "replay_failures": 0, "resets": 0, "duplicates": 0, "decode_errors": 0,
+            "endpoint": "-",
+            "replay_endpoint": "-",
+            "certain": True,
+            "last_seq": 2,
+            "batches": 3,
+            "gaps": 0,
+            "replays": 1,
+            "replay_failures": 0,
+            "resets": 0,
+            "duplicates": 0,
+            "decode_errors": 0,
         }
     finally:
         await sub.close()
@@ -268,8 +300,13 @@ async def test_a_gap_the_buffer_no_longer_holds_starts_over_uncertain() -> None:
             await pub.publish(stored(i), send=False)
         await pub.publish(stored(4))  # the buffer now holds seqs 3 and 4 only
         await until(lambda: sub.last_seq == 4)
-        assert sink.calls == [("cleared", "r1"), ("stored", "r1", (0,), None), ("cleared", "r1"),
-                              ("stored", "r1", (3,), None), ("stored", "r1", (4,), None)]
+        assert sink.calls == [
+            ("cleared", "r1"),
+            ("stored", "r1", (0,), None),
+            ("cleared", "r1"),
+            ("stored", "r1", (3,), None),
+            ("stored", "r1", (4,), None),
+        ]
         assert not sink.certain and sub.gaps == 1
         await sub.close()
     finally:

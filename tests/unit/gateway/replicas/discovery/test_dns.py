@@ -70,7 +70,8 @@ async def until(check: Callable[[], bool], timeout: float = 2.0) -> None:
 def test_a_pool_may_be_discovery_only_but_needs_something() -> None:
     config = parse_config(data())
     assert config.pools["m"].replicas == () and config.pools["m"].discovery == DiscoveryConfig(
-        dns="replicas", port=8000, interval_s=0.02)
+        dns="replicas", port=8000, interval_s=0.02
+    )
     with pytest.raises(ConfigError, match=r"pools\.m\.replicas: a pool needs at least one replica \(or `discovery`\)"):
         parse_config(data(dns=None))
 
@@ -87,7 +88,9 @@ def test_addresses_become_host_port_replicas() -> None:
     spec = DiscoveryConfig(dns="r", port=9000, scheme="https", weight=2.0)
     replicas = replica_configs(spec, ["10.0.0.2", "fd00::1", "10.0.0.2"])
     assert [(r.url, r.replica_id, r.weight) for r in replicas] == [
-        ("https://10.0.0.2:9000", "10.0.0.2:9000", 2.0), ("https://[fd00::1]:9000", "[fd00::1]:9000", 2.0)]
+        ("https://10.0.0.2:9000", "10.0.0.2:9000", 2.0),
+        ("https://[fd00::1]:9000", "[fd00::1]:9000", 2.0),
+    ]
 
 
 async def test_system_resolver_reads_a_records_off_the_loop() -> None:

@@ -30,8 +30,9 @@ def data(discovery: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_kubernetes_discovery_loads_and_is_exclusive_with_dns() -> None:
-    config = parse_config(data({"kubernetes": {"service": "vllm", "namespace": "ml", "port_name": "http",
-                                               "labels": {"tier": "gpu"}}}))
+    config = parse_config(
+        data({"kubernetes": {"service": "vllm", "namespace": "ml", "port_name": "http", "labels": {"tier": "gpu"}}})
+    )
     spec = config.pools["m"].discovery
     assert spec is not None and spec.kubernetes == KubernetesDiscoveryConfig("vllm", "ml", "http", {"tier": "gpu"})
     with pytest.raises(ConfigError, match=r"pools\.m\.discovery\.kubernetes: set exactly one of"):
@@ -40,8 +41,9 @@ def test_kubernetes_discovery_loads_and_is_exclusive_with_dns() -> None:
         parse_config(data({"port": 8000}))
 
 
-@pytest.mark.parametrize(("key", "value"), [("service", "Not_A_Name"), ("namespace", "a/b"), ("retry_s", 0),
-                                            ("nope", 1)])
+@pytest.mark.parametrize(
+    ("key", "value"), [("service", "Not_A_Name"), ("namespace", "a/b"), ("retry_s", 0), ("nope", 1)]
+)
 def test_bad_kubernetes_values_name_their_key(key: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=rf"pools\.m\.discovery\.kubernetes\.{key}"):
         parse_config(data({"kubernetes": {"service": "vllm", key: value}}))
@@ -65,7 +67,9 @@ def test_pods_become_named_replicas_and_unready_ones_are_marked() -> None:
     found = endpoints_of(a, spec) + endpoints_of(b, spec) + endpoints_of(other_port, spec)
     replicas, unready = replica_configs(spec, found)
     assert [(r.replica_id, r.url, r.kv_events and r.kv_events.endpoint) for r in replicas] == [
-        ("vllm-0", "http://10.0.0.2:8000", "tcp://10.0.0.2:5557"), ("vllm-1", "http://10.0.0.3:8000", "tcp://10.0.0.3:5557")]
+        ("vllm-0", "http://10.0.0.2:8000", "tcp://10.0.0.2:5557"),
+        ("vllm-1", "http://10.0.0.3:8000", "tcp://10.0.0.3:5557"),
+    ]
     assert unready == frozenset()  # ready in one slice is ready
     replicas, unready = replica_configs(spec, endpoints_of(a, spec))
     assert unready == {"vllm-1"}
@@ -94,8 +98,9 @@ async def until(check: Callable[[], bool], timeout: float = 3.0) -> None:
 async def watching(api: FakeSliceAPI, tmp_path: Path, apply: Recorder) -> asyncio.Task[None]:
     path = tmp_path / "kubeconfig"
     path.write_text(api.kubeconfig())
-    spec = DiscoveryConfig(kubernetes=KubernetesDiscoveryConfig("vllm", port_name="http", kubeconfig=str(path),
-                                                                retry_s=0.05))
+    spec = DiscoveryConfig(
+        kubernetes=KubernetesDiscoveryConfig("vllm", port_name="http", kubeconfig=str(path), retry_s=0.05)
+    )
     listed = asyncio.Event()
     task = asyncio.create_task(watch_slices("m", spec, apply, listed))
     await asyncio.wait_for(listed.wait(), 5)

@@ -50,12 +50,16 @@ def test_random_is_weighted_and_seeded() -> None:
     assert picks(again, [Candidate("a", weight=3), Candidate("b", weight=1)], 4000) == counts
 
 
-@pytest.mark.parametrize(("cands", "expected"), [
-    ([Candidate("a", in_flight=3), Candidate("b", in_flight=1)], "b"),
-    ([Candidate("a", in_flight=0, running=5), Candidate("b", in_flight=2)], "b"),
-    ([Candidate("a", in_flight=2, weight=2), Candidate("b", in_flight=2)], "a"),
-    ([Candidate("a", kv_usage=0.9), Candidate("b", kv_usage=0.1)], "b"),
-], ids=["in-flight", "scraped-queue", "weight", "kv-tie-break"])
+@pytest.mark.parametrize(
+    ("cands", "expected"),
+    [
+        ([Candidate("a", in_flight=3), Candidate("b", in_flight=1)], "b"),
+        ([Candidate("a", in_flight=0, running=5), Candidate("b", in_flight=2)], "b"),
+        ([Candidate("a", in_flight=2, weight=2), Candidate("b", in_flight=2)], "a"),
+        ([Candidate("a", kv_usage=0.9), Candidate("b", kv_usage=0.1)], "b"),
+    ],
+    ids=["in-flight", "scraped-queue", "weight", "kv-tie-break"],
+)
 def test_least_loaded_picks_lowest_load(cands: list[Candidate], expected: str) -> None:
     decision = build_policy("least_loaded", {}, "routing").choose(make_view(), cands)
     assert decision.replica_id == expected and decision.reason == "least_loaded"
@@ -81,11 +85,14 @@ def test_power_of_two_single_candidate() -> None:
     assert decision.replica_id == "a" and decision.reason == "only_candidate"
 
 
-@pytest.mark.parametrize(("type_", "params", "key"), [
-    ("round_robin", {"x": 1}, "pools.m.routing.params.x"),
-    ("random", {"seed": "one"}, "pools.m.routing.params.seed"),
-    ("nope", {}, "pools.m.routing.policy"),
-])
+@pytest.mark.parametrize(
+    ("type_", "params", "key"),
+    [
+        ("round_robin", {"x": 1}, "pools.m.routing.params.x"),
+        ("random", {"seed": "one"}, "pools.m.routing.params.seed"),
+        ("nope", {}, "pools.m.routing.policy"),
+    ],
+)
 def test_bad_policy_config_names_the_key(type_: str, params: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         build_policy(type_, params, "pools.m.routing")

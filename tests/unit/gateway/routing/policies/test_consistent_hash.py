@@ -11,8 +11,8 @@ from tests.unit.gateway.routing.policies.test_prefix_affinity import IDS, make_c
 def test_ring_is_balanced_and_stable() -> None:
     policy = build_policy("consistent_hash", {}, "r")
     counts = collections.Counter(
-        policy.choose(make_view(session=f"k{i}"), make_candidates(in_flight=[0] * 4)).replica_id
-        for i in range(8000))
+        policy.choose(make_view(session=f"k{i}"), make_candidates(in_flight=[0] * 4)).replica_id for i in range(8000)
+    )
     assert max(counts.values()) < 1.2 * 2000 and min(counts.values()) > 0.8 * 2000
     other = build_policy("consistent_hash", {}, "r")
     same = other.choose(make_view(session="k1"), make_candidates(in_flight=[0] * 4)).replica_id

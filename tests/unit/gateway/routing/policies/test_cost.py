@@ -92,10 +92,15 @@ def test_learning_can_be_disabled() -> None:
     assert cost.prefill_s_per_token("a") == CostModelConfig().prefill_s_per_token
 
 
-@pytest.mark.parametrize("data,key", [({"prefill_s_per_token": 0}, "c.prefill_s_per_token"),
-                                      ({"learn_alpha": 2}, "c.learn_alpha"),
-                                      ({"per_request_tokens": -1}, "c.per_request_tokens")],
-                         ids=["prefill", "alpha", "req"])
+@pytest.mark.parametrize(
+    "data,key",
+    [
+        ({"prefill_s_per_token": 0}, "c.prefill_s_per_token"),
+        ({"learn_alpha": 2}, "c.learn_alpha"),
+        ({"per_request_tokens": -1}, "c.per_request_tokens"),
+    ],
+    ids=["prefill", "alpha", "req"],
+)
 def test_params_validation(data: dict[str, float], key: str) -> None:
     with pytest.raises(ConfigError) as err:
         schema.build(CostModelConfig, data, "c")
@@ -139,14 +144,19 @@ def test_predict_many_is_predict_for_each_candidate(calibrate: str) -> None:
     cost.dispatched("a", 3000)
     cost.dispatched("c", 10)
     clock.now += 0.5  # c's queue has drained, a's has not
-    candidates = [Candidate("a", in_flight=2, cached_tokens=500), Candidate("b", waiting=3, running=1, weight=2.0),
-                  Candidate("c", cached_tokens=5000), Candidate("d", in_flight=1, waiting=4, cached_tokens=900)]
+    candidates = [
+        Candidate("a", in_flight=2, cached_tokens=500),
+        Candidate("b", waiting=3, running=1, weight=2.0),
+        Candidate("c", cached_tokens=5000),
+        Candidate("d", in_flight=1, waiting=4, cached_tokens=900),
+    ]
     waits, ttfts, per_token = cost.predict_many(candidates, [c.load for c in candidates], 1000, clock.now)
     for c, wait, ttft, s_per_token in zip(candidates, waits, ttfts, per_token):
         foreign = min(c.waiting, max(0, c.running + c.waiting - c.in_flight))
-        expected_wait = (max(max(0.0, cost._drain_at.get(c.replica_id, clock.now) - clock.now),
-                             foreign * cost._mean_prefill_s)
-                         + cost.params.per_request_tokens * cost.prefill_s_per_token(c.replica_id) * c.load)
+        expected_wait = (
+            max(max(0.0, cost._drain_at.get(c.replica_id, clock.now) - clock.now), foreign * cost._mean_prefill_s)
+            + cost.params.per_request_tokens * cost.prefill_s_per_token(c.replica_id) * c.load
+        )
         assert wait == expected_wait and wait == wait_s(cost, c, clock.now)
         assert s_per_token == cost.prefill_s_per_token(c.replica_id)
         assert ttft == expected_wait + cost._base_s + s_per_token * max(0, 1000 - c.cached_tokens)

@@ -24,8 +24,17 @@ _ids = iter(range(10**9))
 
 
 def make_view(prompt_tokens: int = 2100, session: str | None = None, hashes: tuple[int, ...] = ()) -> RequestView:
-    return RequestView(f"req-{next(_ids)}", "chat", "m", False, {}, b"", session_key=session,
-                       prompt_tokens_estimate=prompt_tokens, block_hashes=hashes)
+    return RequestView(
+        f"req-{next(_ids)}",
+        "chat",
+        "m",
+        False,
+        {},
+        b"",
+        session_key=session,
+        prompt_tokens_estimate=prompt_tokens,
+        block_hashes=hashes,
+    )
 
 
 def make_candidates(**kw: Sequence[Any]) -> list[Candidate]:
@@ -49,6 +58,7 @@ def dispatch(policy: Policy, view: RequestView, candidates: list[Candidate]) -> 
 
 # --- prefix_affinity ----------------------------------------------------------------------------
 
+
 def test_distinct_warm_prefix_wins_at_equal_load() -> None:
     decision = prefix_policy().choose(make_view(), make_candidates(cached_tokens=[0, 1500, 0, 300]))
     assert decision.replica_id == "b" and decision.reason == "prefix_hit"
@@ -59,7 +69,8 @@ def test_distinct_warm_prefix_wins_at_equal_load() -> None:
 def test_overlap_every_candidate_holds_gives_no_preference() -> None:
     policy = prefix_policy()
     counts = collections.Counter(
-        policy.choose(make_view(), make_candidates(cached_tokens=[2000] * 4)).replica_id for _ in range(400))
+        policy.choose(make_view(), make_candidates(cached_tokens=[2000] * 4)).replica_id for _ in range(400)
+    )
     assert set(counts) == set(IDS) and min(counts.values()) > 60
     # ...so the least loaded replica takes it, exactly as with no shared prefix at all.
     decision = policy.choose(make_view(), make_candidates(cached_tokens=[2000] * 4, in_flight=[3, 3, 2, 3]))
@@ -68,7 +79,8 @@ def test_overlap_every_candidate_holds_gives_no_preference() -> None:
 
 def test_one_overloaded_replica_does_not_switch_off_affinity_for_others() -> None:
     decision = prefix_policy().choose(
-        make_view(), make_candidates(cached_tokens=[0, 1800, 0, 0], in_flight=[2, 2, 2, 40]))
+        make_view(), make_candidates(cached_tokens=[0, 1800, 0, 0], in_flight=[2, 2, 2, 40])
+    )
     assert decision.replica_id == "b" and decision.reason == "prefix_hit"
 
 
@@ -123,8 +135,15 @@ def test_load_bound_holds_for_random_fleets() -> None:
     kept = 0
     for _ in range(500):
         n = rng.randint(1, 6)
-        candidates = [Candidate(f"r{i}", in_flight=rng.randint(0, 12), weight=rng.choice([1.0, 2.0]),
-                                cached_tokens=rng.choice([0, 500, 2000])) for i in range(n)]
+        candidates = [
+            Candidate(
+                f"r{i}",
+                in_flight=rng.randint(0, 12),
+                weight=rng.choice([1.0, 2.0]),
+                cached_tokens=rng.choice([0, 500, 2000]),
+            )
+            for i in range(n)
+        ]
         decision = policy.choose(make_view(), candidates)
         room = has_room(candidates, 0.25, policy.params.min_bound_requests)
         chosen = [c.replica_id for c in candidates].index(decision.replica_id)
@@ -136,17 +155,24 @@ def test_load_bound_holds_for_random_fleets() -> None:
     assert 0 < kept < 250
 
 
-
 def test_has_room_is_the_bound_per_candidate() -> None:
     """The bound's limit is computed once per distinct weight: the same answers as per candidate."""
     rng = random.Random(2)
     for _ in range(300):
-        candidates = [Candidate(f"r{i}", in_flight=rng.randint(0, 12), running=rng.randint(0, 3),
-                                weight=rng.choice([1.0, 1.0, 0.5, 2.0, 3.0])) for i in range(rng.randint(1, 8))]
+        candidates = [
+            Candidate(
+                f"r{i}",
+                in_flight=rng.randint(0, 12),
+                running=rng.randint(0, 3),
+                weight=rng.choice([1.0, 1.0, 0.5, 2.0, 3.0]),
+            )
+            for i in range(rng.randint(1, 8))
+        ]
         epsilon, floor = rng.choice([0.0, 0.25, 1.0]), rng.choice([0, 2, 4])
         mean = (sum(c.load * c.weight for c in candidates) + 1) / sum(c.weight for c in candidates)
-        expected = [c.load * c.weight + 1 <= max(math.ceil((1 + epsilon) * mean * c.weight - 1e-9), floor)
-                    for c in candidates]
+        expected = [
+            c.load * c.weight + 1 <= max(math.ceil((1 + epsilon) * mean * c.weight - 1e-9), floor) for c in candidates
+        ]
         assert has_room(candidates, epsilon, floor) == expected
         assert has_room_loads([c.load for c in candidates], [c.weight for c in candidates], epsilon, floor) == expected
 
@@ -156,17 +182,26 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
     p, now = policy.params, policy.cost.clock()
     prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
     has_home = max(c.cached_tokens for c in candidates) > view.preamble_tokens + view.tokens_per_block
-    discount = 1.0 - p.preamble_weight if not has_home and policy._spread(
-        view, [c.cached_tokens for c in candidates], now) else 0.0
-    effective = [predict(policy.cost, c, prompt, now)[1] + discount * min(c.cached_tokens, view.preamble_tokens)
-                 * policy.cost.prefill_s_per_token(c.replica_id)
-                 + p.eviction_weight * c.cache_fill * policy.cost.prefill_s_per_token(c.replica_id)
-                 * max(0, view.preamble_tokens - c.cached_tokens) for c in candidates]
+    discount = (
+        1.0 - p.preamble_weight
+        if not has_home and policy._spread(view, [c.cached_tokens for c in candidates], now)
+        else 0.0
+    )
+    effective = [
+        predict(policy.cost, c, prompt, now)[1]
+        + discount * min(c.cached_tokens, view.preamble_tokens) * policy.cost.prefill_s_per_token(c.replica_id)
+        + p.eviction_weight
+        * c.cache_fill
+        * policy.cost.prefill_s_per_token(c.replica_id)
+        * max(0, view.preamble_tokens - c.cached_tokens)
+        for c in candidates
+    ]
     waits = [predict(policy.cost, c, prompt, now)[0] for c in candidates]
     ttfts = [predict(policy.cost, c, prompt, now)[1] for c in candidates]
     home = policy._homes.get(view.preamble_key) if view.preamble_tokens else None
-    home_held = home in [c.replica_id for c in candidates] and max(
-        x.cached_tokens for x in candidates) < view.preamble_tokens
+    home_held = (
+        home in [c.replica_id for c in candidates] and max(x.cached_tokens for x in candidates) < view.preamble_tokens
+    )
     for i, c in enumerate(candidates):  # what its prefill delays the requests behind it there
         n = c.cached_tokens
         if home_held and c.replica_id == home:
@@ -211,24 +246,45 @@ def test_choice_and_rows_match_the_rule_per_candidate(preamble_weight: float) ->
         now += rng.choice([0.0, 0.01, 0.5])
         view = make_view(prompt_tokens=rng.choice([100, 2000, 8000]))
         view.preamble_tokens, view.preamble_key, view.tokens_per_block = rng.choice([(0, 0), (512, 42)]) + (16.0,)
-        candidates = [Candidate(r, in_flight=rng.randint(0, 8), waiting=rng.choice([0, 0, 2]),
-                                weight=rng.choice([1.0, 1.0, 2.0]),
-                                cached_tokens=rng.choice([0, view.preamble_tokens, rng.randint(0, 8000)]),
-                                cache_fill=rng.choice([0.0, 1.0]))
-                      for r in rng.sample(ids, rng.randint(1, len(ids)))]
+        candidates = [
+            Candidate(
+                r,
+                in_flight=rng.randint(0, 8),
+                waiting=rng.choice([0, 0, 2]),
+                weight=rng.choice([1.0, 1.0, 2.0]),
+                cached_tokens=rng.choice([0, view.preamble_tokens, rng.randint(0, 8000)]),
+                cache_fill=rng.choice([0.0, 1.0]),
+            )
+            for r in rng.sample(ids, rng.randint(1, len(ids)))
+        ]
         expected = reference_choice(policy, view, candidates)
         decision = policy.choose(view, candidates)
         prompt = max(view.prompt_tokens_estimate, max(c.cached_tokens for c in candidates))
-        assert decision.scores == tuple(Score(c.replica_id, predict(policy.cost, c, prompt, now)[1], c.load,
-                                              c.cached_tokens, predict(policy.cost, c, prompt, now)[0])
-                                        for c in candidates)
+        assert decision.scores == tuple(
+            Score(
+                c.replica_id,
+                predict(policy.cost, c, prompt, now)[1],
+                c.load,
+                c.cached_tokens,
+                predict(policy.cost, c, prompt, now)[0],
+            )
+            for c in candidates
+        )
         if expected[0] != "tie":
             assert (decision.replica_id, decision.reason) == expected
         policy.on_dispatched(view, decision)
         if rng.random() < 0.3:
-            policy.on_finished(view, decision.replica_id, Outcome(
-                ok=True, ttft_s=rng.random(), prompt_tokens=view.prompt_tokens_estimate,
-                predicted=next(s for s in decision.scores if s.replica_id == decision.replica_id)))
+            policy.on_finished(
+                view,
+                decision.replica_id,
+                Outcome(
+                    ok=True,
+                    ttft_s=rng.random(),
+                    prompt_tokens=view.prompt_tokens_estimate,
+                    predicted=next(s for s in decision.scores if s.replica_id == decision.replica_id),
+                ),
+            )
+
 
 def test_near_ties_go_to_the_less_loaded() -> None:
     policy = prefix_policy(per_request_tokens=0.0)
@@ -257,8 +313,9 @@ def test_learns_from_finished_requests() -> None:
     view = make_view(prompt_tokens=1000)
     chosen = dispatch(policy, view, make_candidates(cached_tokens=[0, 0, 0, 0]))
     predicted = Score(chosen, 0.2, cached_tokens=0, wait_s=0.0)
-    policy.on_finished(view, chosen, Outcome(ok=True, ttft_s=0.5, prompt_tokens=1000, cached_tokens=0,
-                                             predicted=predicted))
+    policy.on_finished(
+        view, chosen, Outcome(ok=True, ttft_s=0.5, prompt_tokens=1000, cached_tokens=0, predicted=predicted)
+    )
     assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
     policy.on_finished(view, chosen, Outcome(ok=False, ttft_s=9.0, predicted=predicted))
     assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
@@ -270,19 +327,26 @@ def test_prefill_cost_is_learned_only_from_requests_sent_to_an_idle_replica() ->
     policy = prefix_policy(learn_alpha=1.0)
     busy = make_view(prompt_tokens=1000)
     chosen = dispatch(policy, busy, make_candidates(in_flight=[3, 3, 3, 3]))
-    policy.on_finished(busy, chosen, Outcome(ok=True, ttft_s=5.0, prompt_tokens=1000, cached_tokens=0,
-                                             predicted=Score(chosen, 0.3, wait_s=0.03)))
+    policy.on_finished(
+        busy,
+        chosen,
+        Outcome(ok=True, ttft_s=5.0, prompt_tokens=1000, cached_tokens=0, predicted=Score(chosen, 0.3, wait_s=0.03)),
+    )
     assert policy.cost.prefill_s_per_token(chosen) == 0.0002
     idle = make_view(prompt_tokens=1000)
     chosen = dispatch(policy, idle, make_candidates(in_flight=[0, 0, 0, 0]))
-    policy.on_finished(idle, chosen, Outcome(ok=True, ttft_s=0.5, prompt_tokens=1000, cached_tokens=0,
-                                             predicted=Score(chosen, 0.2, wait_s=0.0)))
+    policy.on_finished(
+        idle,
+        chosen,
+        Outcome(ok=True, ttft_s=0.5, prompt_tokens=1000, cached_tokens=0, predicted=Score(chosen, 0.2, wait_s=0.0)),
+    )
     assert policy.cost.prefill_s_per_token(chosen) == pytest.approx(0.0005)
 
 
 @pytest.mark.parametrize("delay_weight, expected", [(1.0, "a"), (0.0, "b")])
 def test_near_saturation_a_preamble_goes_back_to_its_last_replica_instead_of_a_copy(
-        delay_weight: float, expected: str) -> None:
+    delay_weight: float, expected: str
+) -> None:
     """Every replica gets a request a second and the index thinks group 7's 2000-token prompt was
     evicted everywhere. b would answer 40 ms sooner; but re-prefilling it on b (0.42 s) delays the
     ~0.5 requests arriving at b meanwhile, and copies the group to a second cache. Its last replica

@@ -16,11 +16,23 @@ pytestmark = pytest.mark.timeout(10)
 
 def choose(fill: float, cached: int, in_flight: int = 21, **params: float) -> tuple[str, str]:
     policy = build_policy("prefix_affinity", {"seed": 7, "min_bound_requests": 2, **params}, "routing")
-    view = RequestView("r", "completions", "m", False, {}, b"", prompt_tokens_estimate=2100, preamble_tokens=2000,
-                       preamble_key=42, tokens_per_block=16)
+    view = RequestView(
+        "r",
+        "completions",
+        "m",
+        False,
+        {},
+        b"",
+        prompt_tokens_estimate=2100,
+        preamble_tokens=2000,
+        preamble_key=42,
+        tokens_per_block=16,
+    )
     # a: the prompt's home, 21 requests deep (over the bound; 0.23 s predicted against 0.42 s elsewhere)
-    candidates = [Candidate("a", in_flight=in_flight, cached_tokens=cached, cache_fill=fill),
-                  *(Candidate(r, cache_fill=fill) for r in "bcd")]
+    candidates = [
+        Candidate("a", in_flight=in_flight, cached_tokens=cached, cache_fill=fill),
+        *(Candidate(r, cache_fill=fill) for r in "bcd"),
+    ]
     decision = policy.choose(view, candidates)
     return decision.replica_id, decision.reason
 

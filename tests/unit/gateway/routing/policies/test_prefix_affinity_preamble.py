@@ -35,7 +35,8 @@ def test_warm_popular_preamble_does_not_pin_new_conversations() -> None:
     """`a` alone holds a popular system prompt: with equal waits, a and b tie for a new conversation."""
     picks = collections.Counter(
         popular_preamble_policy(seed=seed).choose(preamble_view(), make_candidates(cached_tokens=[500, 0])).replica_id
-        for seed in range(40))
+        for seed in range(40)
+    )
     assert picks["a"] > 5 and picks["b"] > 5
     decision = popular_preamble_policy().choose(preamble_view(), make_candidates(cached_tokens=[500, 0]))
     assert decision.reason == "least_wait"
@@ -97,8 +98,7 @@ def test_a_shared_preamble_is_not_duplicated_into_a_full_cache_for_less_than_it_
     is full, so writing it there evicts as much someone re-prefills later: a is the cheaper home."""
     view = make_view(prompt_tokens=2100)
     view.preamble_tokens, view.preamble_key, view.tokens_per_block = 2000, 42, 16.0
-    candidates = [Candidate("a", in_flight=50, cached_tokens=2000, cache_fill=1.0),
-                  Candidate("b", cache_fill=1.0)]
+    candidates = [Candidate("a", in_flight=50, cached_tokens=2000, cache_fill=1.0), Candidate("b", cache_fill=1.0)]
     assert prefix_policy(load_epsilon=100.0).choose(view, candidates).replica_id == "a"
     assert prefix_policy(load_epsilon=100.0, eviction_weight=0.0).choose(view, candidates).replica_id == "b"
     candidates[1].cache_fill = 0.0  # room to spare on b: nothing is evicted, the faster TTFT wins
@@ -107,18 +107,27 @@ def test_a_shared_preamble_is_not_duplicated_into_a_full_cache_for_less_than_it_
 
 def continuing_view() -> RequestView:
     view = make_view()
-    view.body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                              {"role": "user", "content": "more"}]}
+    view.body = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"},
+        ]
+    }
     return view
 
 
-@pytest.mark.parametrize("params,conversational,always_b", [
-    ({}, True, True),  # later turns are most of the traffic: the least full cache takes the new conversation
-    ({}, False, False),  # single requests: a new prompt brings no later turns, the tie stays a tie
-    ({"conversation_share": 1.0}, True, False),  # switched off
-])
+@pytest.mark.parametrize(
+    "params,conversational,always_b",
+    [
+        ({}, True, True),  # later turns are most of the traffic: the least full cache takes the new conversation
+        ({}, False, False),  # single requests: a new prompt brings no later turns, the tie stays a tie
+        ({"conversation_share": 1.0}, True, False),  # switched off
+    ],
+)
 def test_a_new_conversation_goes_to_the_least_full_cache_when_conversations_come_back(
-        params: dict[str, Any], conversational: bool, always_b: bool) -> None:
+    params: dict[str, Any], conversational: bool, always_b: bool
+) -> None:
     picks: collections.Counter[str] = collections.Counter()
     for seed in range(20):
         policy = prefix_policy(seed=seed, **params)

@@ -27,7 +27,7 @@ from gateway.replicas import Replica
 from gateway.request.keys import REQUEST_ID
 from gateway.routing.adapters import named
 from gateway.routing.model_route import ModelRoute
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 
 log = structlog.get_logger("gateway.admin")
 
@@ -37,7 +37,7 @@ class OpsParts:
     """What the gateway's own routes read, handed over once by the app that owns it (`gateway.serving.app`):
     admin imports no part of serving."""
 
-    state: GatewayState
+    state: RouteTable
     metrics: Metrics
     token_costs: TokenCosts
     prefix_report: PrefixReport
@@ -118,7 +118,7 @@ async def admin_replicas(request: web.Request) -> web.Response:
     )
 
 
-def _describe(state: GatewayState, route: ModelRoute, replica: Replica) -> dict[str, Any]:
+def _describe(state: RouteTable, route: ModelRoute, replica: Replica) -> dict[str, Any]:
     """A replica's health and load, and its KV-event feed with the exact table it fills, if any."""
     feed = state.kv_feeds.get(route.model, replica.replica_id)
     if feed is None or route.router.exact is None:

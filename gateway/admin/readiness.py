@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.routing.route_table import GatewayState
+    from gateway.routing.route_table import RouteTable
 
 
 def report(
-    state: GatewayState,
+    state: RouteTable,
     model: str | None,
     draining: bool,
     queued: Mapping[str, int],

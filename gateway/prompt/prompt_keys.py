@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from gateway.prompt.tokenized import TokenizedPrompt
+from gateway.prompt.tokenizers import PromptTokenizer
 
 if TYPE_CHECKING:
     from gateway.prompt.replica_tokenizer import ReplicaTokenizer
-    from gateway.prompt.tokenizers import PromptTokenizer
 
 log = structlog.get_logger("gateway.prompt.prompt_keys")
 

@@ -32,7 +32,7 @@ from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.routing.model_route import ModelRoute
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 
@@ -179,7 +179,7 @@ async def _ask_replicas(
 def add_by_id_routes(
     app: web.Application,
     homes: ResponseHomes,
-    state: Callable[[], GatewayState],
+    state: Callable[[], RouteTable],
     session: Callable[[], aiohttp.ClientSession],
 ) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
@@ -190,7 +190,7 @@ def add_by_id_routes(
 
 
 async def _by_id(
-    request: web.Request, homes: ResponseHomes, state: GatewayState, session: aiohttp.ClientSession
+    request: web.Request, homes: ResponseHomes, state: RouteTable, session: aiohttp.ClientSession
 ) -> web.StreamResponse:
     """The home first if known, else every available replica in turn; the first answer that is not
     a 404 is relayed as it comes (a `?stream=true` retrieval streams)."""
@@ -216,7 +216,7 @@ async def _by_id(
 
 
 async def _send(
-    request: web.Request, body: bytes, model: str, replica: Replica, state: GatewayState, session: aiohttp.ClientSession
+    request: web.Request, body: bytes, model: str, replica: Replica, state: RouteTable, session: aiohttp.ClientSession
 ) -> web.StreamResponse | None:
     """One replica's answer relayed, or None when it does not have the response (404)."""
     config = state.config

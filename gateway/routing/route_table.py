@@ -38,7 +38,7 @@ from gateway.routing.router import Router
 log = structlog.get_logger("gateway.routing.route_table")
 
 
-class GatewayState:
+class RouteTable:
     def __init__(self, config: Config, config_path: str | Path | None, routing_metrics: RoutingMetrics) -> None:
         self.config = config
         self.config_path = str(config_path) if config_path is not None else None

@@ -50,7 +50,7 @@ from gateway.request.observers import Observers
 from gateway.routing.adapters import named
 from gateway.routing.feedback import RoutingFeedback
 from gateway.routing.model_route import ModelRoute
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 from gateway.serving import attempts
 from gateway.serving.admission import Admission
 from gateway.serving.app_keys import (
@@ -62,8 +62,8 @@ from gateway.serving.app_keys import (
     PREFIX_REPORT,
     PROXY,
     RATE_LIMITS,
+    ROUTE_TABLE,
     SESSIONS,
-    STATE,
     TOKEN_COSTS,
     TRACING,
 )
@@ -76,7 +76,7 @@ log = structlog.get_logger("gateway.serving.app")
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware])  # limits: read_view, live config
     app[METRICS] = registry = Metrics()
-    app[STATE] = state = GatewayState(config, config_path, registry.routing)
+    app[ROUTE_TABLE] = state = RouteTable(config, config_path, registry.routing)
     registry.watch(state.pools)
     registry.watch_feeds(state.kv_feeds.all)
     app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
@@ -98,7 +98,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
     add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
-    add_by_id_routes(app, app[HOMES], lambda: app[STATE], lambda: app[PROXY].session)
+    add_by_id_routes(app, app[HOMES], lambda: app[ROUTE_TABLE], lambda: app[PROXY].session)
     add_ops_routes(
         app,
         OpsParts(  # /v1/models, /health, /ready, /metrics, /admin/*
@@ -151,7 +151,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
     """The request's story, top to bottom (its caller is authenticated already: `auth_middleware`)."""
     started = time.perf_counter()
     app, caller = request.app, request[CALLER]
-    state = app[STATE]
+    state = app[ROUTE_TABLE]
     config = state.config
     view = await read_view(
         request, endpoint, config.limits, request[REQUEST_ID], caller.tenant, config.headers.session
@@ -172,7 +172,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
             app[OBSERVERS].finished(exchange.finished(config, route.model, route.routing, caller))
 
 
-def _resolved(view: RequestView, state: GatewayState) -> ModelRoute:
+def _resolved(view: RequestView, state: RouteTable) -> ModelRoute:
     """The route of the body's model; an alias, a pattern or the default pool renames the view to its pool
     (an adapter keeps its name)."""
     route = state.route_for(view.model)
@@ -260,7 +260,7 @@ async def auth_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Who is calling, before anything else is read; the key itself goes no further than this."""
-    request[CALLER] = authenticate(request.app[STATE].config.auth, request.path, request.headers, _OPEN_PATHS)
+    request[CALLER] = authenticate(request.app[ROUTE_TABLE].config.auth, request.path, request.headers, _OPEN_PATHS)
     return await handler(request)
 
 
@@ -279,7 +279,7 @@ def _error(request: web.Request, status: int, body: bytes, headers: dict[str, st
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     """One shared ClientSession for the app's life; the monitor's tasks start and stop with it."""
-    config = app[STATE].config
+    config = app[ROUTE_TABLE].config
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
         timeout=attempt_timeout(config.timeouts.connect_s),
@@ -292,7 +292,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         lambda replica_id, kind: metrics.upstream_errors.labels(replica_id, kind).inc(),
         metrics.poison_requests.inc,
     )
-    state = app[STATE]
+    state = app[ROUTE_TABLE]
     await state.start()
     app[LIFECYCLE].cut_streams = partial(app[PROXY].watches.cut, "shutdown")
     monitor = Monitor(

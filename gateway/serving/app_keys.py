@@ -15,10 +15,10 @@ from gateway.observability.tracing import Tracing
 from gateway.relay.proxy import Proxy
 from gateway.relay.stored_responses import ResponseHomes
 from gateway.request.observers import Observers
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 from gateway.serving.admission import Admission
 
-STATE = web.AppKey("state", GatewayState)
+ROUTE_TABLE = web.AppKey("route_table", RouteTable)
 METRICS = web.AppKey("metrics", Metrics)
 PROXY = web.AppKey("proxy", Proxy)
 ADMISSION = web.AppKey("admission", Admission)

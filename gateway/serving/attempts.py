@@ -25,7 +25,7 @@ from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
 from gateway.routing.model_route import ModelRoute
-from gateway.serving.app_keys import ADMISSION, HOMES, OBSERVERS, PROXY, STATE
+from gateway.serving.app_keys import ADMISSION, HOMES, OBSERVERS, PROXY, ROUTE_TABLE
 from gateway.support.cancel import raise_lost_cancel
 from gateway.view import RequestView
 
@@ -106,4 +106,4 @@ def _narrowed(request: web.Request, view: RequestView, route: ModelRoute, exclud
     """`exclude`, with the replicas this request may never use: an adapter's non-servers, a follow-up's
     non-homes (what tells the last attempt, whose 5xx is the client's answer, from a retry)."""
     app = request.app
-    return app[STATE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))
+    return app[ROUTE_TABLE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))

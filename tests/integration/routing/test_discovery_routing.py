@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config.loader import parse_config
 from gateway.replicas.discovery.dns import NameNotFound
-from gateway.serving.app import STATE, make_app
+from gateway.serving.app import ROUTE_TABLE, make_app
 from tests.helpers import Proc, free_port, python_module, wait_http
 
 NAME = "replica.affinity.svc.cluster.local"
@@ -89,7 +89,7 @@ async def test_routing_follows_the_records(stubs: int) -> None:
         }
     )
     app = make_app(config)
-    app[STATE].resolver = resolve
+    app[ROUTE_TABLE].resolver = resolve
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
 
         async def served(n: int) -> Counter[str]:
@@ -103,7 +103,7 @@ async def test_routing_follows_the_records(stubs: int) -> None:
             return seen
 
         def pool() -> set[str]:
-            return {r.url for r in app[STATE].route_for("stub-model").pool}
+            return {r.url for r in app[ROUTE_TABLE].route_for("stub-model").pool}
 
         assert (await client.get("/ready")).status == 200  # resolved before the gateway served
         assert set(await served(6)) == {"127.0.0.2", "127.0.0.3"}
@@ -156,7 +156,7 @@ async def test_discovered_replicas_get_their_kv_event_feeds(stubs: int) -> None:
         }
     )
     app = make_app(config)
-    app[STATE].resolver = resolve
+    app[ROUTE_TABLE].resolver = resolve
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
 
         async def feeds() -> dict[str, bool]:
@@ -168,5 +168,5 @@ async def test_discovered_replicas_get_their_kv_event_feeds(stubs: int) -> None:
             assert asyncio.get_running_loop().time() < deadline, await feeds()
             await asyncio.sleep(0.05)
         records[NAME] = ["127.0.0.3"]  # a pod goes away: so does its feed
-        await until(lambda: [model for model, *_ in app[STATE].kv_feeds.all()] == ["stub-model"])
+        await until(lambda: [model for model, *_ in app[ROUTE_TABLE].kv_feeds.all()] == ["stub-model"])
         assert await feeds() == {"127.0.0.3": True}

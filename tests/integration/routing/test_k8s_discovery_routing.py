@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config.loader import parse_config
-from gateway.serving.app import STATE, make_app
+from gateway.serving.app import ROUTE_TABLE, make_app
 from tests.helpers import free_port
 from tests.k8s_api import FakeSliceAPI, endpoint_slice
 
@@ -99,7 +99,7 @@ async def test_the_pool_follows_pods_added_readied_unreadied_and_removed(replica
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
 
             def pool() -> dict[str, bool]:
-                return {r.replica_id: r.is_available() for r in app[STATE].route_for("m").pool}
+                return {r.replica_id: r.is_available() for r in app[ROUTE_TABLE].route_for("m").pool}
 
             async def listed() -> dict[str, dict[str, Any]]:
                 answer = await (await client.get("/admin/replicas")).json()
@@ -118,7 +118,7 @@ async def test_the_pool_follows_pods_added_readied_unreadied_and_removed(replica
                     seen.add(answer.headers["X-Replica-Id"])
                 return seen
 
-            index = app[STATE].route_for("m").router.index
+            index = app[ROUTE_TABLE].route_for("m").router.index
             forgotten: list[str] = []
             forget = index.forget
 

@@ -18,7 +18,7 @@ from gateway.config.pools import DiscoveryConfig, ReplicaConfig
 from gateway.errors import ConfigError
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.replicas.discovery.kubernetes import endpoints_of, replica_configs
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 from tests.k8s_api import endpoint_slice
 
 pytestmark = pytest.mark.timeout(30)
@@ -106,7 +106,7 @@ async def test_a_discovered_pods_labels_reach_the_adapter_map_and_admin(tmp_path
     path.write_text(
         yaml.safe_dump({"pools": {"base": {"discovery": {"dns": "replicas"}, "routing": {"policy": "round_robin"}}}})
     )
-    state = GatewayState(load_config(path), path, RoutingMetrics(CollectorRegistry()))
+    state = RouteTable(load_config(path), path, RoutingMetrics(CollectorRegistry()))
 
     async def no_records(name: str, port: int) -> list[str]:
         return []

@@ -26,7 +26,7 @@ from gateway.errors import AuthenticationError, ConfigError
 from gateway.index.redis_store import RedisIndex
 from gateway.log import setup_logging
 from gateway.observability.routing_metrics import RoutingMetrics
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 from gateway.serving.app import make_app
 from tests.helpers import free_port
 from tests.upstream import FakeReplica, until
@@ -59,7 +59,7 @@ def test_redis_url_file_is_the_shared_redis_and_each_pool_gets_it_resolved(tmp_p
 async def test_a_reload_reads_a_rotated_redis_url_file_and_rebuilds_the_index(tmp_path: Path) -> None:
     url_file = write(tmp_path, "redis-url", "redis://:old@127.0.0.1:1/0")
     path = config_file(tmp_path, {**MINIMAL, "redis": {"url_file": url_file}, "index": {"store": "redis"}})
-    state = GatewayState(load_config(path, env={}), path, RoutingMetrics(CollectorRegistry()))
+    state = RouteTable(load_config(path, env={}), path, RoutingMetrics(CollectorRegistry()))
     await state.start()
     try:
         old = state.routes[MODEL].router

@@ -18,7 +18,7 @@ from gateway.config.loader import parse_config
 from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.routing.router import Router
-from gateway.serving.app import STATE, make_app
+from gateway.serving.app import ROUTE_TABLE, make_app
 from tests.upstream import FakeReplica, until
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
@@ -33,7 +33,7 @@ async def _serve(fake: FakeReplica) -> AsyncIterator[tuple[str, Replica]]:
     app = make_app(config)
     gateway = TestServer(app, handler_cancellation=True)
     await gateway.start_server()
-    replica = app[STATE].routes["m1"].pool.get("r0")
+    replica = app[ROUTE_TABLE].routes["m1"].pool.get("r0")
     assert replica is not None
     try:
         yield str(gateway.make_url("")).rstrip("/"), replica
@@ -92,7 +92,7 @@ async def test_client_that_stops_reading_is_dropped_and_upstream_closed(chunk_pa
     app = make_app(config)
     gateway = TestServer(app, handler_cancellation=True)
     await gateway.start_server()
-    replica = app[STATE].routes["m1"].pool.get("r0")
+    replica = app[ROUTE_TABLE].routes["m1"].pool.get("r0")
     assert replica is not None
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window fills fast

@@ -17,7 +17,7 @@ from gateway.index.exact import EVENTS, ExactTables
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.prompt import prefix_keys as prefix
 from gateway.routing.adapters import named
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 from gateway.serving.admission import Admission
 from gateway.view import RequestView
 
@@ -44,10 +44,10 @@ def pools(**extra: Any) -> dict[str, Any]:
     }
 
 
-async def started(tmp_path: Path, data: dict[str, Any]) -> GatewayState:
+async def started(tmp_path: Path, data: dict[str, Any]) -> RouteTable:
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(data))
-    state = GatewayState(load_config(path), path, RoutingMetrics(CollectorRegistry()))
+    state = RouteTable(load_config(path), path, RoutingMetrics(CollectorRegistry()))
     await state.start()
     return state
 

@@ -14,7 +14,7 @@ from gateway.config.loader import load_config
 from gateway.errors import ConfigError, NotFoundError
 from gateway.index import MemoryIndex
 from gateway.observability.routing_metrics import RoutingMetrics
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 
 
 def config_data(policy: str = "round_robin", replicas: tuple[str, ...] = ("a", "b")) -> dict[str, Any]:
@@ -25,10 +25,10 @@ def config_data(policy: str = "round_robin", replicas: tuple[str, ...] = ("a", "
     }
 
 
-async def started(tmp_path: Path, data: dict[str, Any]) -> tuple[GatewayState, Path]:
+async def started(tmp_path: Path, data: dict[str, Any]) -> tuple[RouteTable, Path]:
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(data))
-    state = GatewayState(load_config(path), path, RoutingMetrics(CollectorRegistry()))
+    state = RouteTable(load_config(path), path, RoutingMetrics(CollectorRegistry()))
     await state.start()
     return state, path
 

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config.loader import parse_config
 from gateway.edge.auth import hash_key
-from gateway.serving.app import STATE, make_app
+from gateway.serving.app import ROUTE_TABLE, make_app
 from tests.upstream import FakeReplica, serve_fakes, until
 
 MODEL = "m1"
@@ -94,7 +94,7 @@ async def test_stream_is_relayed_with_usage_read(gateway: Gateway) -> None:
     assert text.count("data: ") == 6 and text.endswith("data: [DONE]\n\n")
     unasked = await (await client.post("/v1/chat/completions", json={**CHAT, "stream": True})).text()
     assert unasked.count("data: ") == 5 and '"choices":[]' not in unasked  # the usage event it did not ask for
-    replica = client.app[STATE].routes[MODEL].pool.get("r0")
+    replica = client.app[ROUTE_TABLE].routes[MODEL].pool.get("r0")
     assert replica is not None and replica.in_flight == 0
 
 
@@ -144,7 +144,7 @@ async def test_unknown_route_is_openai_404(gateway: Gateway) -> None:
 
 async def test_no_healthy_replica_panics_to_every_one_and_none_ready_is_503(gateway: Gateway) -> None:
     client, _ = await gateway(FakeReplica("r0", healthy=False))
-    pool = client.app[STATE].routes[MODEL].pool
+    pool = client.app[ROUTE_TABLE].routes[MODEL].pool
     await until(lambda: pool.num_available() == 0)
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 200 and pool.panic, "every replica ejected: the pool routes to all of them"
@@ -170,7 +170,7 @@ async def test_5xx_without_other_replica_is_passed_through(gateway: Gateway) -> 
 
 async def test_connection_refused_is_502(gateway: Gateway) -> None:
     client, _ = await gateway(FakeReplica("r0"), health={"interval_s": 60})
-    replica = client.app[STATE].routes[MODEL].pool.get("r0")
+    replica = client.app[ROUTE_TABLE].routes[MODEL].pool.get("r0")
     assert replica is not None
     await until(lambda: replica.probe_passes > 0)
     replica.url = "http://127.0.0.1:9"  # discard port: nothing listens
@@ -193,7 +193,7 @@ async def test_body_broken_after_headers(gateway: Gateway, partial: str, status:
 
 async def test_reload_swaps_policy_and_bad_file_keeps_config(gateway: Gateway, tmp_path: Path) -> None:
     client, _ = await gateway(FakeReplica("r0"), FakeReplica("r1"))
-    state = client.app[STATE]
+    state = client.app[ROUTE_TABLE]
     path = Path(state.config_path or "")
     data = yaml.safe_load(path.read_text())
     data["pools"][MODEL]["routing"] = {"policy": "least_loaded"}
@@ -215,7 +215,7 @@ async def test_unexpected_exception_is_500_json(gateway: Gateway, monkeypatch: p
     async def broken(*args: Any) -> Any:
         raise ZeroDivisionError
 
-    monkeypatch.setattr(client.app[STATE].routes[MODEL].router, "decide", broken)
+    monkeypatch.setattr(client.app[ROUTE_TABLE].routes[MODEL].router, "decide", broken)
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status == 500 and orjson.loads(await resp.read())["error"]["type"] == "InternalServerError"
 
@@ -250,7 +250,7 @@ async def test_no_retry_once_bytes_went_out(gateway: Gateway) -> None:
 
 async def test_api_key_gives_the_tenant_and_is_not_forwarded(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     client, (fake,) = await gateway(FakeReplica("r0"), auth={"keys": [{"sha256": hash_key("sk-1"), "tenant": "acme"}]})
-    router = client.app[STATE].routes[MODEL].router
+    router = client.app[ROUTE_TABLE].routes[MODEL].router
     tenants: list[str | None] = []
     decide = router.decide
 

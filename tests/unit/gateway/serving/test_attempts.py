@@ -19,7 +19,7 @@ from gateway.replicas import ReplicaPool
 from gateway.request.decision import Decision
 from gateway.routing.router import Router
 from gateway.serving.app import make_app
-from gateway.serving.app_keys import STATE
+from gateway.serving.app_keys import ROUTE_TABLE
 from gateway.view import RequestView
 from tests.upstream import FakeReplica
 
@@ -37,7 +37,7 @@ async def gateway(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Re
     server = TestServer(app)
     await server.start_server()
     try:
-        yield str(server.make_url("")).rstrip("/"), app[STATE].routes["m1"].pool, fakes
+        yield str(server.make_url("")).rstrip("/"), app[ROUTE_TABLE].routes["m1"].pool, fakes
     finally:
         await server.close()
         for upstream in upstreams:
@@ -118,7 +118,7 @@ async def test_a_client_that_leaves_during_routing_leaves_no_warm_prefix_and_not
                     json={**CHAT, "messages": [{"role": "user", "content": "hello " * 300}]},
                 ):
                     pass
-        route = app[STATE].routes["m1"]
+        route = app[ROUTE_TABLE].routes["m1"]
         (view,) = seen
         assert view.block_hashes and (await route.router.index.match(view.block_hashes, ["r0"]))["r0"] == 0
         assert route.router.in_flight.match(view.block_hashes, "r0") == 0
@@ -144,7 +144,7 @@ async def _answer_over(replica_urls: list[str]) -> tuple[int, bytes, ReplicaPool
     try:
         async with aiohttp.ClientSession() as session:
             async with session.post(server.make_url("/v1/chat/completions"), json=CHAT) as resp:
-                return resp.status, await resp.read(), app[STATE].routes["m1"].pool
+                return resp.status, await resp.read(), app[ROUTE_TABLE].routes["m1"].pool
     finally:
         await server.close()
 

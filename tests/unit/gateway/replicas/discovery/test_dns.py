@@ -18,7 +18,7 @@ from gateway.errors import ConfigError
 from gateway.index import MemoryIndex
 from gateway.observability.routing_metrics import RoutingMetrics
 from gateway.replicas.discovery.dns import Discovery, NameNotFound, replica_configs, resolve_dns
-from gateway.routing.route_table import GatewayState
+from gateway.routing.route_table import RouteTable
 
 
 class FakeDNS:
@@ -47,16 +47,16 @@ def data(*, static: tuple[str, ...] = (), dns: str | None = "replicas", policy: 
     return {"pools": {"m": pool}}
 
 
-async def started(tmp_path: Path, config: dict[str, Any], dns: FakeDNS) -> tuple[GatewayState, Path]:
+async def started(tmp_path: Path, config: dict[str, Any], dns: FakeDNS) -> tuple[RouteTable, Path]:
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(config))
-    state = GatewayState(load_config(path), path, RoutingMetrics(CollectorRegistry()))
+    state = RouteTable(load_config(path), path, RoutingMetrics(CollectorRegistry()))
     state.resolver = dns.resolve
     await state.start()
     return state, path
 
 
-def ids(state: GatewayState) -> list[str]:
+def ids(state: RouteTable) -> list[str]:
     return sorted(r.replica_id for r in state.routes["m"].pool)
 
 

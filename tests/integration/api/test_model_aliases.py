@@ -34,7 +34,8 @@ def test_aliases_patterns_and_the_default_pool_reach_the_pool(tmp_path: Path) ->
             listed = [m["id"] for m in http.get("/v1/models").json()["data"]]
             assert sorted(listed) == sorted([MODEL, "gpt-4o-mini", "other-model"])  # patterns are not names
             metrics = http.get("/metrics").text
-            assert 'model="gpt-4o-mini"' not in metrics and 'model="nobody-knows"' not in metrics
+            assert 'model_name="gpt-4o-mini"' not in metrics and 'model_name="nobody-knows"' not in metrics
+            assert f'model_name="{MODEL}"' in metrics  # the pool's name is what the series carry
 
 
 def test_without_a_default_an_unknown_model_is_404_naming_the_served_ones(tmp_path: Path) -> None:

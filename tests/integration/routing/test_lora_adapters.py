@@ -105,7 +105,11 @@ def test_adapters_route_to_their_replicas_and_never_share_cached_tokens(tmp_path
             with pytest.raises(openai.NotFoundError, match="`nope`"):
                 client.completions.create(model="nope", prompt="x", max_tokens=2)
             metrics = http.get("/metrics").text
-            assert f'model="{MODEL}"' in metrics and 'model="sql"' not in metrics and 'model="chat"' not in metrics
+            assert (
+                f'model_name="{MODEL}"' in metrics
+                and 'model_name="sql"' not in metrics
+                and 'model_name="chat"' not in metrics
+            )
 
 
 def test_declared_adapters_and_no_healthy_replica_serving_one(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ def tenant_bursts(
     system_tokens: int = 1500,
     question_tokens: int = 80,
     answer_tokens: int = 32,
-    waves: int = 12,
+    waves: int = 30,
     wave_s: float = 4.0,
     bursting: int = 3,
     burst_s: float = 1.5,

@@ -121,7 +121,11 @@ def add_bench(p: argparse.ArgumentParser) -> None:
 
 def add_simulate(p: argparse.ArgumentParser) -> None:
     _workload_args(p)
-    p.add_argument("--policies", default="all", help=f"comma-separated ('all' = {','.join(ALL_POLICIES)})")
+    p.add_argument(
+        "--policies",
+        default="all",
+        help=f"comma-separated ('all' = {','.join(ALL_POLICIES)}; 'oracle' is the lab's yardstick, lab/oracle.py)",
+    )
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--num-gpu-blocks", type=int, default=4096, help="KV capacity per replica in 16-token blocks")
     p.add_argument("--max-num-seqs", type=int, default=256)

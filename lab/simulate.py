@@ -23,7 +23,6 @@ import dataclasses
 import heapq
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import xxhash
 
@@ -35,8 +34,10 @@ from gateway.request.decision import Candidate, Outcome
 from gateway.routing.router import Router
 from gateway.view import RequestView
 from lab import workloads
+from lab.oracle import OraclePolicy
 from lab.results import Result
 from lab.sim_spec import SimSpec, build_policy_for, run_sync
+from lab.sim_state import Active, DecodeRun, SimReplica
 from lab.workloads import Session
 from replica_stub.block_pool import BlockPool, BlockRemoved, BlockStored, KVEvent
 from replica_stub.engine.simulated import SimEngine
@@ -45,46 +46,6 @@ from replica_stub.request import Request, SamplingParams
 from replica_stub.scheduler import Scheduler, SchedulerOutput
 
 OnResult = Callable[[Result], None]
-
-
-@dataclass(slots=True)
-class _Replica:
-    name: str
-    scheduler: Scheduler
-    in_flight: int = 0
-    running: int = 0  # as last scraped
-    waiting: int = 0
-    kv_usage: float = 0.0
-    busy: bool = False
-
-
-@dataclass(slots=True)
-class _DecodeRun:
-    """Plain decode steps of one replica, fast-forwarded (`Scheduler.decode_only_steps`): each step
-    still has its own event at its own time, but the scheduler is only brought up to date (tokens,
-    inter-token gaps) when the run ends."""
-
-    requests: list[Request]
-    contexts: list[int]  # each request's context in the run's first step
-    steps: int  # at most this many
-    times: list[float]  # when the run started, then when each step ended
-
-
-@dataclass(slots=True)
-class _Active:
-    """A session in flight: its history so far, in stub tokens and in chat messages."""
-
-    session: Session
-    turn: int
-    messages: list[dict[str, str]]
-    token_ids: list[int]
-    answer_rng: random.Random
-    view: RequestView | None = None
-    replica: _Replica | None = None
-    request: Request | None = None  # the one in flight
-    result: Result | None = None
-    last_token_s: float = 0.0
-    answer_ids: list[int] = field(default_factory=list)
 
 
 class Simulation:
@@ -108,7 +69,7 @@ class Simulation:
             else None
         )
         self.replicas = {
-            name: _Replica(
+            name: SimReplica(
                 name,
                 Scheduler(
                     KVCacheManager(BlockPool(stub.num_gpu_blocks, stub.block_size, self._event_sink(name))),
@@ -120,10 +81,13 @@ class Simulation:
             for name in (f"replica-{i}" for i in range(spec.replicas))
         }
         self.router = Router(build_policy_for(spec, self.clock), self.prefix, pool=spec.model, exact=self.exact)
+        self.routing_prompt: list[int] = []  # the prompt being routed, in stub tokens
+        if isinstance(self.router.policy, OraclePolicy):
+            self.router.policy.bind(self)  # it reads the replicas' true state
         for name in self.replicas:
             self.router.calibration.set_capacity(name, stub.num_gpu_blocks * stub.block_size)
-        self._active: dict[str, _Active] = {}
-        self._by_request: dict[str, _Active] = {}
+        self._active: dict[str, Active] = {}
+        self._by_request: dict[str, Active] = {}
         self._vocab_ids = [self.tokenizer.encode(w)[0] for w in self.engine.vocab]
         self._word = dict(zip(self._vocab_ids, self.engine.vocab))
         self._generation_prompt = self.tokenizer.encode(f"{IM_START}assistant\n")
@@ -187,7 +151,7 @@ class Simulation:
         seed = xxhash.xxh3_64_intdigest(f"{self.spec.seed}:{session.session_id}".encode())
         messages = [{"role": "system", "content": session.system}] if session.system else []
         tokens = [t for m in messages for t in self._encode_message(m, cache=True)]
-        active = _Active(session, 0, messages, tokens, random.Random(seed))
+        active = Active(session, 0, messages, tokens, random.Random(seed))
         self._active[session.session_id] = active
         self._send(active)
 
@@ -202,7 +166,7 @@ class Simulation:
             ids = self._encoded[text] = self.tokenizer.encode(text)
         return ids
 
-    def _send(self, active: _Active) -> None:
+    def _send(self, active: Active) -> None:
         session, spec = active.session, self.spec
         message = {"role": "user", "content": session.user_turns[active.turn]}
         active.messages.append(message)
@@ -235,6 +199,7 @@ class Simulation:
         if self.exact is not None:  # token keys, as a gateway with the model's tokenizer computes them
             system = len(self._encode_message(active.messages[0], cache=True)) if session.system else 0
             prefix.attach(view, prefix.from_tokens(view, self.prefix, TokenizedPrompt(tuple(prompt_ids), system)))
+        self.routing_prompt = prompt_ids  # what the lab's oracle reads; a product policy sees only `view`
         candidates = [
             Candidate(r.name, 1.0, r.in_flight, r.running, r.waiting, r.kv_usage) for r in self.replicas.values()
         ]
@@ -260,40 +225,36 @@ class Simulation:
         if not replica.busy:
             self._step(replica)
 
-    def _step(self, replica: _Replica) -> None:
+    def _step(self, replica: SimReplica) -> None:
         if self.fast_forward:
             steps = replica.scheduler.decode_only_steps()
             if steps:
                 running = list(replica.scheduler.running)
-                replica.busy = True
-                self._decode_step(
-                    replica, _DecodeRun(running, [r.num_computed_tokens for r in running], steps, [self.now])
-                )
+                replica.busy, replica.step = True, None
+                replica.run = DecodeRun(running, [r.num_computed_tokens for r in running], steps, [self.now])
+                self._decode_step(replica, replica.run)
                 return
         out = replica.scheduler.schedule()
+        replica.run = None
         if not out.scheduled:
-            replica.busy = False
+            replica.busy, replica.step = False, None
             return
-        replica.busy = True
+        replica.busy, replica.step = True, out
         engine = self.engine
         self._seq += 1
-        heapq.heappush(
-            self._heap,
-            (self.now + engine.step_ms(out) / 1000 / engine.speedup, self._seq, lambda: self._step_done(replica, out)),
-        )
+        replica.busy_until = self.now + engine.step_ms(out) / 1000 / engine.speedup
+        heapq.heappush(self._heap, (replica.busy_until, self._seq, lambda: self._step_done(replica, out)))
 
-    def _decode_step(self, replica: _Replica, run: _DecodeRun) -> None:
+    def _decode_step(self, replica: SimReplica, run: DecodeRun) -> None:
         """Start the run's next step: what `_step` does for it (the engine's cost of a decode-only step)."""
         done = len(run.times) - 1
         engine = self.engine
         step_ms = engine.timing.step_ms((), [context + done for context in run.contexts])
         self._seq += 1
-        heapq.heappush(
-            self._heap,
-            (self.now + step_ms / 1000 / engine.speedup, self._seq, lambda: self._decode_step_done(replica, run)),
-        )
+        replica.busy_until = self.now + step_ms / 1000 / engine.speedup
+        heapq.heappush(self._heap, (replica.busy_until, self._seq, lambda: self._decode_step_done(replica, run)))
 
-    def _decode_step_done(self, replica: _Replica, run: _DecodeRun) -> None:
+    def _decode_step_done(self, replica: SimReplica, run: DecodeRun) -> None:
         run.times.append(self.now)
         if len(run.times) - 1 < run.steps and not replica.scheduler.waiting:
             self._decode_step(replica, run)  # the next step is a plain decode step too
@@ -315,7 +276,7 @@ class Simulation:
             active.last_token_s = last
         self._step(replica)
 
-    def _step_done(self, replica: _Replica, out: SchedulerOutput) -> None:
+    def _step_done(self, replica: SimReplica, out: SchedulerOutput) -> None:
         by_request = self._by_request
         sampled = {}
         for s in out.scheduled:
@@ -339,7 +300,7 @@ class Simulation:
                 self._finish(active, request)
         self._step(replica)
 
-    def _finish(self, active: _Active, request: Request) -> None:
+    def _finish(self, active: Active, request: Request) -> None:
         result, replica, view = active.result, active.replica, active.view
         assert result is not None and replica is not None and view is not None
         del self._by_request[request.request_id]
@@ -379,7 +340,7 @@ class Simulation:
         if self.on_result is not None:
             self.on_result(result)
 
-    def _end(self, active: _Active) -> None:
+    def _end(self, active: Active) -> None:
         del self._active[active.session.session_id]
         if self.spec.concurrency > 0:
             self._next_closed_loop()

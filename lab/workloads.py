@@ -16,65 +16,17 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-_WORDS = (
-    "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain forest ocean "
-    "signal vector matrix kernel buffer socket thread engine router replica cache prefix block token "
-    "stream window cluster latency budget request answer question system policy metric sample "
-    "orange purple silver golden copper marble velvet cotton paper glass stone water fire earth"
-).split()
-
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    """One conversation: `user_turns` are sent one after another, each `think_s` after the last answer.
-
-    `max_tokens` is the answer length of every turn (the bench sends `ignore_eos`, so it is exact).
-    """
-
-    session_id: str
-    start_s: float
-    system: str
-    user_turns: tuple[str, ...]
-    max_tokens: int
-    think_s: float = 0.0
-
-
-def below(rng: random.Random, n: int, count: int) -> list[int]:
-    """`count` draws of `rng.randrange(n)` (n >= 1), which is also what `rng.choice` of an n-long
-    sequence draws. For a plain `random.Random` they are inlined: `randrange(n)` is `_randbelow(n)`,
-    which draws `n.bit_length()` bits until below `n`; so the same state gives the same numbers and
-    leaves the same state (tests/unit/lab/test_simulate.py)."""
-    if type(rng) is not random.Random:
-        return [rng.randrange(n) for _ in range(count)]
-    getrandbits, k = rng.getrandbits, n.bit_length()
-    out = []
-    for _ in range(count):
-        r = getrandbits(k)
-        while r >= n:
-            r = getrandbits(k)
-        out.append(r)
-    return out
-
-
-def words(rng: random.Random, count: int) -> str:
-    """`count` words, each `rng.choice(_WORDS)`."""
-    return " ".join([_WORDS[i] for i in below(rng, len(_WORDS), count)])
-
-
-def _arrivals(rng: random.Random, count: int, rate_per_s: float) -> list[float]:
-    """Poisson arrival times (exponential gaps), the first at 0."""
-    times, now = [], 0.0
-    for _ in range(count):
-        times.append(now)
-        now += rng.expovariate(rate_per_s)
-    return times
+from lab.stress_workloads import rag_chunks, tenant_bursts
+from lab.wordgen import Session as Session
+from lab.wordgen import arrivals as _arrivals
+from lab.wordgen import below as below
+from lab.wordgen import words as words
 
 
 def shared_prefix(
@@ -331,6 +283,21 @@ WORKLOADS: dict[str, Callable[..., list[Session]]] = {
         question_tokens=60,
         answer_tokens=32,
         rate_per_s=4.0,
+    ),
+    # Issue 34's families (lab/stress_workloads.py): bursts, RAG chunks in varying order, long answers.
+    "tenant-bursts": tenant_bursts,
+    "rag-chunks": rag_chunks,
+    "decode-heavy": partial(
+        multi_turn,
+        users=96,
+        rounds=3,
+        systems=4,
+        system_tokens=300,
+        first_turn_tokens=200,
+        question_tokens=40,
+        answer_tokens=384,
+        think_s=1.0,
+        rate_per_s=3.0,
     ),
 }
 

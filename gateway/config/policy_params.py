@@ -23,6 +23,9 @@ class CostModelConfig:
     prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
     calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
     per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens (scales with speed)
+    # ...plus this many prefill tokens per token of its prompt: every batched step reads each in-flight
+    # request's whole context, so long prompts in flight slow the next first token more (issue 34)
+    context_weight: float = 0.05
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
     min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
 
@@ -31,6 +34,8 @@ class CostModelConfig:
             raise ConfigError("must be > 0", key=f"{key}.prefill_s_per_token")
         if self.per_request_tokens < 0:
             raise ConfigError("must be >= 0", key=f"{key}.per_request_tokens")
+        if self.context_weight < 0:
+            raise ConfigError("must be >= 0", key=f"{key}.context_weight")
         if not 0 <= self.learn_alpha <= 1:
             raise ConfigError("must be between 0 and 1", key=f"{key}.learn_alpha")
 

@@ -1,7 +1,8 @@
 """Predicted time to first token, in seconds, and its online calibration.
 
     predicted_ttft(r) = wait(r) + base_s + prefill_s_per_token(r) × (prompt_tokens − cached_tokens(r))
-    wait(r)           = queued_prefill_s(r) + per_request_tokens × prefill_s_per_token × load(r)
+    wait(r)           = queued_prefill_s(r)
+                        + prefill_s_per_token × (per_request_tokens × load(r) + context_weight × context(r))
 
 `queued_prefill_s` is the larger of two queues. A virtual queue of the uncached prefill this
 gateway has sent to `r`: each dispatch pushes its drain time forward by its own prefill, and it
@@ -13,7 +14,13 @@ costed at the mean prefill of recent requests. (Counting the whole scraped queue
 gateway's own requests twice, once as of a scrape up to an interval old: at saturation that
 steered by stale numbers, 3% behind least_loaded's p90 on hot-prefix.)
 `per_request_tokens` prices each running request's share of every batched step (decode
-interference).
+interference), and `context_weight` the part of it that grows with the request: a batched step reads
+every running request's whole context, so `context(r)`, the prompt tokens of this gateway's requests
+in flight at `r` (counted at dispatch, until they finish), slows the next first token in proportion.
+It is known at dispatch, before any scrape: a burst of long prompts sent to one replica raises its
+predicted wait with each one, so the next spills before the home queue builds, and comes back as they
+finish. (A flat price per request undercharged a burst of 1,600-token prompts: the home replica was kept
+until a cold miss elsewhere looked cheaper, about 15 requests in; tenant-bursts, docs/BENCHMARKS.md.)
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
 estimate for the pool, or one per replica; prefix_affinity feeds it only requests that found
@@ -46,6 +53,9 @@ class CostModel:
         self._base_s = 0.0  # TTFT of a request with nothing to prefill and no queue (one step, I/O)
         self._base_samples = 0
         self._drain_at: dict[str, float] = {}
+        # Prompt tokens of this gateway's requests in flight, per (replica, group): a group is what the
+        # caller keys a burst by (prefix_affinity: the preamble, one tenant's prompts).
+        self._context: dict[tuple[str, int], int] = {}
         self._mean_prefill_s = params.prefill_s_per_token * params.min_learn_tokens
 
     def prefill_s_per_token(self, replica_id: str) -> float:
@@ -57,13 +67,20 @@ class CostModel:
         return replica_id if self.params.calibrate == "replica" else ""
 
     def predict_many(
-        self, candidates: Sequence[Candidate], loads: Sequence[float], prompt_tokens: int, now: float
+        self,
+        candidates: Sequence[Candidate],
+        loads: Sequence[float],
+        prompt_tokens: int,
+        now: float,
+        group: int | None = None,
     ) -> tuple[list[float], list[float], list[float]]:
         """(wait_s, predicted_ttft_s, prefill_s_per_token) of sending a `prompt_tokens` prompt to each
         candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once."""
         params = self.params
         default, per_request_tokens = params.prefill_s_per_token, params.per_request_tokens
         mean_prefill_s, base_s, drain_at = self._mean_prefill_s, self._base_s, self._drain_at
+        context_weight = params.context_weight if group is not None else 0.0
+        context = self._context
         if params.calibrate == "replica":
             get = self._per_token.get
             per_token = [get(c.replica_id, default) for c in candidates]
@@ -82,6 +99,8 @@ class CostModel:
                 foreign = c.waiting  # ...and still waiting for their prefill
             scraped = foreign * mean_prefill_s if foreign > 0 else 0.0
             wait = (scraped if scraped > own else own) + per_request_tokens * s_per_token * load
+            if context_weight and group is not None:
+                wait += context_weight * s_per_token * context.get((c.replica_id, group), 0) / c.weight
             uncached = prompt_tokens - c.cached_tokens
             if uncached < 0:
                 uncached = 0
@@ -96,6 +115,20 @@ class CostModel:
         done_at = self._drain_at[replica_id] = max(self._drain_at.get(replica_id, now), now) + prefill_s
         self._mean_prefill_s += 0.05 * (prefill_s - self._mean_prefill_s)
         return done_at, prefill_s
+
+    def started(self, replica_id: str, group: int, prompt_tokens: int) -> None:
+        """A request of `prompt_tokens` is in flight at the replica: its context joins every step there."""
+        key = (replica_id, group)
+        self._context[key] = self._context.get(key, 0) + prompt_tokens
+
+    def ended(self, replica_id: str, group: int, prompt_tokens: int) -> None:
+        """...and is no longer (finished, failed, or forgotten)."""
+        key = (replica_id, group)
+        left = self._context.get(key, 0) - prompt_tokens
+        if left > 0:
+            self._context[key] = left
+        else:
+            self._context.pop(key, None)
 
     def cancelled(self, replica_id: str, prefill_s: float) -> None:
         """A queued prefill of `prefill_s` will never run there (its attempt failed)."""
@@ -138,3 +171,5 @@ class CostModel:
             self._per_token.pop(replica_id, None)
             self._samples.pop(replica_id, None)
         self._drain_at.pop(replica_id, None)
+        for key in [key for key in self._context if key[0] == replica_id]:
+            del self._context[key]

@@ -73,6 +73,8 @@ class PrefixAffinityPolicy(Policy):
         self._idle: dict[str, str] = {}  # request id -> the idle replica it was sent to
         # Each preamble's last replica (view.preamble_key -> replica id), oldest first; bounded.
         self._homes: dict[int, str] = {}
+        # The prompt tokens of each request in flight, and where (the cost model sums them per replica).
+        self._in_flight: dict[str, tuple[str, int, int]] = {}  # request id -> (replica, preamble, prompt); bounded
         # Expected prefill completion of each dispatched request, until it finishes (bounded).
         self._done_at: dict[str, tuple[str, float, float]] = {}  # request -> (replica, done at, prefill_s)
         # Requests recently sent to each replica: (count, as of time), decaying over balance_window_s.
@@ -97,7 +99,13 @@ class PrefixAffinityPolicy(Policy):
         # size (with 128-token blocks a few short turns stay inside the straddling block).
         has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
         discount = 1.0 - self.params.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
-        waits, ttfts, per_token = self.cost.predict_many(candidates, loads, prompt, now)
+        waits, ttfts, per_token = self.cost.predict_many(
+            candidates,
+            loads,
+            prompt,
+            now,
+            view.preamble_key if self._prices_context(candidates, has_home, now) else None,
+        )
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
         effective = self._effective(view, candidates, cached, ttfts, per_token, discount)
         if self.params.delay_weight:
@@ -213,6 +221,20 @@ class PrefixAffinityPolicy(Policy):
         common = max(min(cached), view.preamble_tokens)
         return "prefix_hit" if cached[pick] > common else "least_wait"
 
+    def _prices_context(self, candidates: Sequence[Candidate], has_home: bool, now: float) -> bool:
+        """Does the in-flight context (`CostModel`'s `context_weight`) count in this request's predicted waits?
+
+        For single requests that are not tied to a home: a burst of a tenant's prompts then spills as the
+        home's batch grows, before its queue does. Not for a conversation's later turn (its home holds its
+        history: a miss re-prefills all of it), nor for a new one where most traffic is conversations (its
+        placement is its later turns' home), nor once the caches are full (a prompt moved evicts another's,
+        and the bound's full-cache rule keeps it home for that reason): there the per-request price alone
+        kept the tails lower (agent-loop, tenant-chat, prefix-groups in docs/BENCHMARKS.md)."""
+        if has_home or self._conversational(now):
+            return False
+        fill = sum([c.cache_fill for c in candidates])
+        return bool(fill < self.params.full_cache_fill * len(candidates))
+
     def _spread(self, view: RequestView, cached: Sequence[int], now: float) -> bool:
         """Should this preamble go to more replicas than hold it now? Yes while its share of the
         recent traffic wants more holders; a rarely seen preamble (one conversation's) wants one.
@@ -290,6 +312,13 @@ class PrefixAffinityPolicy(Policy):
             self._preambles[key] = (seen, now)
         if view.preamble_key:
             put_newest(self._homes, view.preamble_key, replica_id, MAX_TRACKED)
+        self._ended(view.request_id)  # a retry: its earlier attempt is over
+        prompt_tokens = decision.plan[0] if decision.plan is not None else view.prompt_tokens_estimate
+        entry = (replica_id, view.preamble_key, prompt_tokens)
+        evicted = put_newest(self._in_flight, view.request_id, entry, MAX_TRACKED)
+        self.cost.started(*entry)
+        if evicted is not None:  # one that never reported its end: stop counting it
+            self.cost.ended(*evicted[1])
         if decision.plan is None:  # a decision this policy did not make: counted, nothing queued
             return
         prompt, ids, cached, loads, has_home = decision.plan
@@ -303,8 +332,14 @@ class PrefixAffinityPolicy(Policy):
                 put_newest(self._idle, view.request_id, replica_id, MAX_TRACKED)
             put_newest(self._done_at, view.request_id, (replica_id, done_at, prefill_s), MAX_TRACKED)
 
+    def _ended(self, request_id: str) -> None:
+        entry = self._in_flight.pop(request_id, None)
+        if entry is not None:
+            self.cost.ended(*entry)
+
     def on_failed(self, view: RequestView, replica_id: str) -> None:
-        """It never ran there: its prefill leaves that replica's virtual queue."""
+        """It never ran there: its prefill leaves that replica's virtual queue, its context the batch."""
+        self._ended(view.request_id)
         if self._idle.get(view.request_id) == replica_id:
             del self._idle[view.request_id]
         dispatched = self._done_at.get(view.request_id)
@@ -328,6 +363,7 @@ class PrefixAffinityPolicy(Policy):
 
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
+        self._ended(view.request_id)
         if self._idle.get(view.request_id) != replica_id:
             return  # it queued behind others (or this attempt is not the one dispatched last)
         del self._idle[view.request_id]

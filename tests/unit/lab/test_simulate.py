@@ -9,7 +9,7 @@ import pytest
 
 from gateway.cli.main import main
 from gateway.prompt.sim_tokens import apply_chat_template
-from lab import workloads
+from lab import wordgen, workloads
 from lab.results import summarise
 from lab.sim_spec import SimSpec
 from lab.simulate import Simulation, simulate
@@ -120,7 +120,7 @@ def test_words_and_below_draw_exactly_what_choice_and_randrange_draw() -> None:
     for seed in range(20):
         fast, reference = random.Random(seed), random.Random(seed)
         for count in (0, 1, 5, 300):
-            assert workloads.words(fast, count) == " ".join(reference.choice(workloads._WORDS) for _ in range(count))
+            assert workloads.words(fast, count) == " ".join(reference.choice(wordgen.WORDS) for _ in range(count))
         for n in (1, 2, 55, 64, 200, 1000):
             assert workloads.below(fast, n, 50) == [reference.randrange(n) for _ in range(50)]
         assert fast.random() == reference.random()

@@ -12,6 +12,7 @@ secret-sounding keys, so the printed config can be pasted into an issue.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -66,6 +67,32 @@ def _substitute(text: str, env: Mapping[str, str], key: str) -> str:
         raise ConfigError(f"unterminated or malformed ${{...}} in {text[:40]!r}", key=key)
     substituted = _VAR.sub(one, text)
     return FromEnv(substituted) if _VAR.search(text.replace("$${", "")) else substituted
+
+
+KEY_PREFIX = "AFFINITY_GATEWAY__"
+
+
+def with_key_overrides(data: Any, env: Mapping[str, str]) -> Any:
+    """The file's data with `AFFINITY_GATEWAY__<SECTION>__<KEY>=value` variables set over it: any key, one
+    `__` per level, names lower-cased, as pydantic-settings nests them (`AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES=
+    1048576`, `AFFINITY_GATEWAY__POOLS__LLAMA__ROUTING__POLICY=round_robin`). A value is read as its key's
+    type, like a `${VAR}` (`FromEnv`); the schema checks it as it checks the file."""
+    overrides = sorted((name, value) for name, value in env.items() if name.startswith(KEY_PREFIX))
+    if not overrides:
+        return data
+    data = copy.deepcopy(data) if isinstance(data, dict) else {}
+    for name, value in overrides:
+        path = [part.lower() for part in name[len(KEY_PREFIX) :].split("__")]
+        if not all(path):
+            raise ConfigError("expected AFFINITY_GATEWAY__SECTION__KEY, one `__` per level", key=f"env {name}")
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"`{part}` holds a value, not keys", key=f"env {name}")
+            node = child
+        node[path[-1]] = FromEnv(value)
+    return data
 
 
 def interpolated_paths(data: Any, path: Path = ()) -> set[Path]:

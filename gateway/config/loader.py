@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from gateway.config import schema
-from gateway.config.env import FromEnv, interpolate
+from gateway.config.env import FromEnv, interpolate, with_key_overrides
 from gateway.config.features import (
     AuthConfig,
     HeadersConfig,
@@ -128,7 +128,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> Config:
             "renamed: the warm-prefix store is configured under `index` now, with the same keys", key="state"
         )
     _moved_to_redis(data.get("index") if isinstance(data, dict) else None)
-    config = schema.build(Config, data)
+    config = schema.build(Config, with_key_overrides(data, env or {}))
     return apply_env(config, env or {})
 
 

@@ -216,3 +216,21 @@ def test_opentelemetry_variables_set_the_tracing_endpoint_service_and_sampler() 
     with pytest.raises(ConfigError) as raised:
         parse_config(data, {"OTEL_TRACES_SAMPLER": "jaeger_remote"})
     assert raised.value.key == "env OTEL_TRACES_SAMPLER"
+
+
+def test_any_key_can_be_set_by_a_variable_one_double_underscore_per_level() -> None:
+    data = {"pools": {"llama": {"replicas": [{"url": "http://h:1"}]}}, "limits": {"max_body_bytes": 100}}
+    env = {
+        "AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES": "2048",
+        "AFFINITY_GATEWAY__POOLS__LLAMA__ROUTING__POLICY": "round_robin",
+        "AFFINITY_GATEWAY__METRICS__ENABLED": "false",
+    }
+    config = parse_config(data, env)
+    assert config.limits.max_body_bytes == 2048 and config.pools["llama"].routing.policy == "round_robin"
+    assert config.metrics.enabled is False and data["limits"] == {"max_body_bytes": 100}  # the file's data untouched
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data, {"AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTEZ": "1"})
+    assert raised.value.key == "limits.max_body_bytez" and "did you mean 'max_body_bytes'?" in str(raised.value)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data, {"AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES__X": "1"})
+    assert raised.value.key == "env AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES__X"

@@ -1,4 +1,4 @@
-"""Workload families that stress what steady Poisson traffic hides (issue 34): tenants whose traffic
+"""Workload families that stress what steady Poisson traffic hides: tenants whose traffic
 comes in bursts, RAG prompts whose shared chunks come in a different order each time, and long answers.
 
 Each is seeded and registered in `lab.workloads.WORKLOADS`, so `affinity-gateway simulate -w tenant-bursts`

@@ -24,7 +24,7 @@ class CostModelConfig:
     calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
     per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens (scales with speed)
     # ...plus this many prefill tokens per token of its prompt: every batched step reads each in-flight
-    # request's whole context, so long prompts in flight slow the next first token more (issue 34)
+    # request's whole context, so long prompts in flight slow the next first token more
     context_weight: float = 0.05
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
     min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens

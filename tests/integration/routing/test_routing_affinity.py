@@ -63,8 +63,14 @@ def test_queued_prefill_is_released_at_the_first_token(tmp_path: Path) -> None:
     with running() as track:
         stub = track(start_stub("r0", MODEL, 1))  # real-time steps: the answer streams for seconds
         routing_pool = pool((stub.replica_id, stub.url), policy="prefix_affinity")
-        # A deliberately high prefill price: the prompt queues about a minute of predicted prefill.
-        routing_pool["routing"]["params"] = {"prefill_s_per_token": 0.2, "per_request_tokens": 0, "learn_alpha": 0}
+        # A deliberately high prefill price: the prompt queues about a minute of predicted prefill. The price of
+        # the context still decoding (context_weight) is not the queued prefill: off, to see the release alone.
+        routing_pool["routing"]["params"] = {
+            "prefill_s_per_token": 0.2,
+            "per_request_tokens": 0,
+            "learn_alpha": 0,
+            "context_weight": 0,
+        }
         gateway = track(start_gateway(tmp_path, {MODEL: routing_pool}))
         messages = [SYSTEM]
         body = {"model": MODEL, "messages": messages, "max_tokens": 100, "stream": True, "ignore_eos": True}

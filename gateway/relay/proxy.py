@@ -250,7 +250,7 @@ class Proxy:
         exchange.first_byte(replica.replica_id)
         most = config.limits.max_answer_bytes
         try:
-            body = await read_whole(upstream, most)
+            body = await read_whole(upstream, most, watch)
         except aiohttp.ClientError as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc

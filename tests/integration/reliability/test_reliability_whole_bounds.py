@@ -70,3 +70,24 @@ def test_huge_whole_answer_is_a_clear_502_within_twice_the_limit(
     assert rise_mb < 2 * LIMIT / 2**20, f"peak RSS rose {rise_mb:.1f} MB"
     after = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat(), timeout=20)
     assert after.status_code == 200, "the gateway serves on"
+
+
+def test_slow_but_moving_whole_body_is_not_cut_as_silent(tmp_path: Path) -> None:
+    """A whole body arriving in 8 pieces 0.3 s apart (2.1 s in all) with `idle_s` 1: never silent for 1 s,
+    so served by the first replica. Before: cut as "no byte for 1s" and done again on the other one."""
+    fakes = (FakeReplica("drip-a", drip_s=0.3, drip_pieces=8), FakeReplica("drip-b", drip_s=0.3, drip_pieces=8))
+    with ThreadServer(fakes[0].app) as url_a, ThreadServer(fakes[1].app) as url_b, running() as track:
+        gateway = track(
+            start_gateway(
+                tmp_path,
+                {MODEL: pool(("drip-a", url_a), ("drip-b", url_b))},
+                limits={"max_retries": 1},
+                health={"interval_s": 5.0, "eject_after_failures": 1000},
+                timeouts={"connect_s": 1.0, "first_byte_s": 5.0, "idle_s": 1.0},
+            )
+        )
+        answer = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat("slow"), timeout=30)
+        tried = sum(len(f.seen) for f in fakes)
+        report("whole body 1 piece / 0.3 s, idle_s 1", [], status=answer.status_code, replicas_tried=tried)
+        assert answer.status_code == 200, answer.text[:300]
+        assert tried == 1, "the body was moving: no replica should have done the work again"

@@ -24,6 +24,10 @@ Certainty rules:
   batch): seq 0 is a restart seen from its start; any other old seq is a restart whose first
   batches were lost while ZMQ reconnected. Either way the subscriber starts over, and seq 0 (or
   a replay from 0) makes the new process's table certain.
+- A seq outside vLLM's range (an int64 counter from 0: at least 2**63 read unsigned) is a lying or
+  broken publisher: the frame is counted as a decode error and dropped, like frames without a seq.
+  Taken as it came it became `_next` = 2**64, which the next log call could not render (orjson
+  writes 64-bit integers only) and the feed session crashed.
 - A batch that does not decode is counted and skipped whole (no event of it is applied); its
   effects are unknown, so the table becomes uncertain until the next start-over.
 - ZMQ reconnects a dropped connection by itself, but a SUB socket cannot tell a silent
@@ -51,6 +55,7 @@ from gateway.support.backoff import Backoff
 log = structlog.get_logger("gateway.index.kv_events.subscriber")
 
 _END_SEQ = -1
+_SEQ_LIMIT = 1 << 63  # vLLM's seq is an int64 counted from 0: a live or replayed seq is below this
 
 
 class EventSink(Protocol):
@@ -177,12 +182,13 @@ class KVEventSubscriber:
                 if self._draining and not await sub.poll(0):
                     self._draining = False
                 frames = await sub.recv_multipart()
-                if len(frames) < 2 or len(frames[-2]) != 8:
+                seq = int.from_bytes(frames[-2], "big") if len(frames) >= 2 and len(frames[-2]) == 8 else _SEQ_LIMIT
+                if seq >= _SEQ_LIMIT:
                     # No seq to account for: if a batch was lost, the next one shows the gap.
                     self.decode_errors += 1
                     log.warning("kv_events_bad_frames", replica=self.replica_id, frames=len(frames))
                     continue
-                await self._on_live(int.from_bytes(frames[-2], "big"), frames[-1], held=self._draining)
+                await self._on_live(seq, frames[-1], held=self._draining)
         finally:
             sub.close(linger=0)
 
@@ -261,6 +267,8 @@ class KVEventSubscriber:
                     seq = int.from_bytes(frames[-2], "big", signed=True)
                     if seq == _END_SEQ:
                         return batches
+                    if seq < start:  # out of vLLM's range (negative signed), or before what was asked
+                        raise DecodeError(f"replayed seq {seq} before the start asked, {start}")
                     batches.append((seq, frames[-1]))
         except (TimeoutError, DecodeError, zmq.ZMQError) as exc:
             self.replay_failures += 1

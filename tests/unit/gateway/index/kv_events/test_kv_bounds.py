@@ -10,11 +10,14 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from gateway.index.exact import ExactTables
 from gateway.log import setup_logging
+from gateway.prompt import prefix_keys as prefix
 from tests.unit.gateway.index.kv_events.test_subscriber import FakePublisher, publisher, stored, subscribe, until
 
 pytestmark = pytest.mark.timeout(30)
 __all__ = ["publisher"]  # the fixture, used by name
+BLOCK = 4
 
 
 @pytest.fixture
@@ -45,3 +48,33 @@ async def test_a_seq_out_of_range_is_refused_without_ending_the_session(
         assert sink.calls[-1] == ("stored", "r1", (4,), 3)
     finally:
         await sub.close()
+
+
+def _flood(exact: ExactTables, replica_id: str, blocks: int, per_event: int = 1000) -> None:
+    """A publisher naming `blocks` blocks in one chain and never removing one."""
+    parent: int | None = None
+    for start in range(0, blocks, per_event):
+        hashes = list(range(start + 1, start + per_event + 1))
+        exact.stored(replica_id, hashes, parent, list(range(BLOCK * per_event)), BLOCK)
+        parent = hashes[-1]
+
+
+def test_a_table_holds_no_more_than_the_replica_s_capacity() -> None:
+    exact = ExactTables(prefix.model_seed("m"), BLOCK)
+    exact.set_certain("r1", True)
+    exact.set_capacity("r1", 4096)
+    _flood(exact, "r1", 200_000)
+    assert exact.size("r1") == 4096 and exact.overflows == 200_000 - 4096
+    assert not exact.certain("r1"), "a table told of more than the replica holds is no mirror"
+    assert exact.describe("r1")["over_capacity"] is True
+    exact.cleared("r1")  # a start-over: the new history may be trusted again
+    exact.set_certain("r1", True)
+    assert exact.certain("r1") and exact.size("r1") == 0
+
+
+def test_without_a_known_capacity_the_default_bounds_the_table() -> None:
+    exact = ExactTables(prefix.model_seed("m"), BLOCK, capacity_blocks=10_000)
+    _flood(exact, "r1", 50_000)
+    assert exact.size("r1") == 10_000
+    exact.set_capacity("r1", 100)  # learnt later: the table shrinks to it at once
+    assert exact.size("r1") == 100

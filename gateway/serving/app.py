@@ -310,7 +310,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         session,
         state.pools,
         lambda: state.config,
-        after_scrape=state.after_scrape,
+        after_scrape=partial(_after_scrape, state),
         on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"),
     )
     monitor.start()
@@ -322,6 +322,18 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.to_thread(tracing.shutdown)  # flushing to a slow collector must not stall the loop
     if (shared := app[RATE_LIMITS].shared) is not None:
         await shared.close()
+
+
+def _after_scrape(state: RouteTable) -> None:
+    """The route table's own step, then each KV-event table bounded by its replica's KV cache
+    (`vllm:cache_config_info` num_gpu_blocks): a publisher naming more blocks than that is lying. Made here
+    until the route table's `sync_capacity` sizes the exact tables with the history tables."""
+    state.after_scrape()
+    for route in state.routes.values():
+        if (exact := route.router.exact) is not None:
+            for replica in route.pool:
+                if replica.load.num_gpu_blocks:
+                    exact.set_capacity(replica.replica_id, replica.load.num_gpu_blocks)
 
 
 async def _sighup_ctx(app: web.Application) -> AsyncIterator[None]:

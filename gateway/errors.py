@@ -17,7 +17,8 @@ GatewayError                anything answered to a client with an error body
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -62,14 +63,32 @@ class GatewayError(Exception):
         super().__init__(message)
         self.message, self.param, self.retry_after_s = message, param, retry_after_s
 
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.status, self.param)
+    def body(self, hide: Iterable[str] | None = None) -> bytes:
+        """The OpenAI error JSON; with `hide` (the replicas' names), none of them and no address in it."""
+        message = self.message if hide is None else without_replicas(self.message, hide)
+        return error_body(message, self.type, self.status, self.param)
 
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, round(self.retry_after_s)))
         return headers
+
+
+# What reads as a network address: a URL, a bracketed IPv6 address, host:port, a bare IPv4 address.
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://[^\s,;()]+|\[[0-9a-f:]+\](?::\d+)?|\b[\w.-]+:\d{1,5}\b|\b\d{1,3}(?:\.\d{1,3}){3}\b",
+    re.IGNORECASE,
+)
+HIDDEN = "(hidden)"
+
+
+def without_replicas(message: str, names: Iterable[str]) -> str:
+    """`message` naming none of `names` (the replicas' ids and URLs) and no network address: what a client
+    reads when `headers.replica_id` is off (a replica configured by URL alone is named by its address)."""
+    for name in sorted({n for n in names if n}, key=len, reverse=True):
+        message = message.replace(name, HIDDEN)
+    return _ADDRESS.sub(HIDDEN, message)
 
 
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> bytes:

@@ -12,8 +12,12 @@ every chunk after the first: proves the gateway does not buffer), `stall_s` (sle
 chunks; with `mid_event` after half of one more event; with `bad_chunk` an invalid chunk-size line is sent
 instead and the connection kept open), `chunk_pad` (bigger chunks), `poison` (a marker: a request whose
 body holds it gets `poison_mode`: "reset" drops the connection without answering, "stall" sends nothing
-for 30 s),
-`healthy` (for /health), `metrics_text`. Every request's headers and body are kept in `seen`.
+for 30 s), `usage` (the usage object of whole answers and of a stream's last event, in place of the
+honest one), `answer_bytes` (a whole answer's content padded to about that many bytes), `drip_s` (a whole
+answer's body sent in `drip_pieces` pieces, this long apart: slow but moving; `chunked` sends it so
+with no Content-Length), `models` (model id: its
+`max_model_len`, listed in `GET /v1/models`), `healthy` (for /health), `metrics_text`. Every request's
+headers and body are kept in `seen`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ class FakeReplica:
     poison: str = ""  # a request whose body holds this marker gets `poison_mode`
     poison_mode: str = "reset"  # "reset": the connection drops without an answer; "stall": 30 s of silence
     headers: dict[str, str] = field(default_factory=dict)  # more response headers on whole answers
+    usage: dict[str, Any] | None = None  # replaces the honest usage (a replica that lies about its counts)
+    answer_bytes: int = 0  # whole answers: content padded to about this many bytes
+    drip_s: float = 0.0  # whole answers: the body goes out in `drip_pieces` pieces this far apart
+    drip_pieces: int = 10
+    chunked: bool = False  # whole answers: chunked transfer encoding, no Content-Length, in `drip_pieces`
+    models: dict[str, int] = field(default_factory=dict)  # GET /v1/models: id -> max_model_len
     metrics_text: str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0  # requests whose handler was cancelled (client gone)
@@ -68,7 +78,12 @@ class FakeReplica:
         app.router.add_post("/v1/embeddings", self._complete)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
         return app
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cards = [{"id": model, "object": "model", "max_model_len": n} for model, n in self.models.items()]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -93,7 +108,9 @@ class FakeReplica:
                 return await self._partial(request)
             if body.get("stream"):
                 return await self._stream(request, body)
-            answer = orjson.dumps(_completion(self.replica_id, body, 0))
+            answer = orjson.dumps(self._whole(body))
+            if self.drip_s or self.chunked:
+                return await self._drip(request, answer)
             return web.Response(
                 body=answer,
                 content_type="application/json",
@@ -104,6 +121,28 @@ class FakeReplica:
             raise
         finally:
             self.active -= 1
+
+    def _whole(self, body: dict[str, Any]) -> dict[str, Any]:
+        answer = _completion(self.replica_id, body, 0)
+        if self.answer_bytes:
+            answer["choices"][0]["message"]["content"] = "x" * self.answer_bytes
+        if self.usage is not None:
+            answer["usage"] = self.usage
+        return answer
+
+    async def _drip(self, request: web.Request, answer: bytes) -> web.StreamResponse:
+        """A whole answer in pieces: slow but never silent for long, or without a Content-Length."""
+        length = {} if self.chunked else {"Content-Length": str(len(answer))}
+        response = web.StreamResponse(headers={"Content-Type": "application/json", **length, **self.headers})
+        if self.chunked:
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        step = -(-len(answer) // self.drip_pieces)
+        for start in range(0, len(answer), step):
+            await response.write(answer[start : start + step])
+            if start + step < len(answer) and self.drip_s:
+                await asyncio.sleep(self.drip_s)
+        return response
 
     async def _poisoned(self, request: web.Request) -> web.StreamResponse:
         if self.poison_mode == "stall":
@@ -153,6 +192,8 @@ class FakeReplica:
             await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         final = _completion(self.replica_id, body, 2)
         final["choices"] = []
+        if self.usage is not None:
+            final["usage"] = self.usage
         await response.write(b"data: " + orjson.dumps(final) + b"\n\ndata: [DONE]\n\n")
         return response
 

@@ -50,6 +50,7 @@ from gateway.config.sections import (
     TimeoutsConfig,
     TracingConfig,
 )
+from gateway.config.yaml_text import load_yaml
 from gateway.errors import ConfigError
 
 ENV_PREFIX = "AFFINITY_GATEWAY_"
@@ -113,9 +114,11 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     except OSError as exc:
         raise ConfigError(f"cannot read config: {exc.strerror}", file=path) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)  # aliases bounded before interpolation walks the document
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", file=path) from None
+    except ConfigError as exc:
+        raise exc.in_file(path) from None
     try:
         return parse_config(interpolate(data, os.environ if env is None else env), env)
     except ConfigError as exc:

@@ -102,12 +102,17 @@ class LimitsConfig:
     client_header_timeout_s: float = 10.0  # complete headers this soon after connecting or the last answer
     client_body_timeout_s: float = 30.0  # the whole body this soon after the headers, else 408
     client_write_timeout_s: float = 30.0  # a client that reads nothing of a stream this long is dropped
+    # A replica's whole (non-streamed) answer is held in memory before it goes out: a larger one is 502
+    # (streams are relayed as they come and are not bounded by it). Embeddings of many long inputs are the
+    # largest legitimate answers; 64 MiB holds 2,000 of 1,024 dimensions.
+    max_answer_bytes: int = 64 * 1024 * 1024
 
     def validate(self, key: str) -> None:
         positive(
             self,
             key,
             "max_body_bytes",
+            "max_answer_bytes",
             "max_header_bytes",
             "max_headers",
             "max_messages",

@@ -28,6 +28,13 @@ A table is *certain* when it is known to mirror the replica's cache (the subscri
 whole event history); an uncertain table still answers, and the router takes the larger of
 it and the routing-history estimate.
 
+A table holds at most its replica's KV capacity in blocks (`set_capacity`: the replica's
+`num_gpu_blocks`, once known), else `DEFAULT_CAPACITY_BLOCKS`: a publisher naming more blocks than the
+replica can hold (one naming 1.4 M blocks for a capacity of 4,096 cost 340 MB) is lying or lost its
+removals. The oldest stored blocks then make room, and the table is uncertain until its next
+start-over (`cleared`): the router takes the larger of it and the routing history, as for any
+uncertain table.
+
 With a shared (Redis) store, stored blocks are also written to the replica's history table
 (`share`): a gateway whose own feed is uncertain, or that has none, then sees what the replica
 stored even for requests that never went through any gateway. Removals are not written: the
@@ -37,6 +44,7 @@ history table's capacity trim and TTL age blocks out, as they do for routed requ
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -50,11 +58,15 @@ EngineHash = int | bytes
 EVENTS, SPECULATIVE = "events", "speculative"
 PREFILL_MULTIPLE = 4.0  # the events window, in observed times to first token
 TTFT_WEIGHT = 0.2  # EWMA weight of the newest observation
+# A replica's table before its KV capacity is known: index.capacity_blocks' default (1 Mi tokens of 16)
+DEFAULT_CAPACITY_BLOCKS = 65536
 
 
 @dataclass(slots=True)
 class _Table:
-    own_key: dict[EngineHash, int] = field(default_factory=dict)  # engine hash -> our chain key
+    # engine hash -> our chain key, oldest stored first (an OrderedDict drops its oldest in O(1), a dict
+    # popped from the front scans its dead slots: a table kept at capacity cost 3x the flood's time)
+    own_key: OrderedDict[EngineHash, int] = field(default_factory=OrderedDict)
     held: dict[int, int] = field(default_factory=dict)  # our key -> engine blocks holding it (1 nearly always)
     speculative: dict[int, float] = field(default_factory=dict)  # our key -> expiry (monotonic seconds)
     next_sweep: float = 0.0
@@ -64,6 +76,7 @@ class _Table:
     expecting_since: float | None = None  # a request with new blocks was sent there; no event since
     due_since: float | None = None  # ... and a request that filled a new block finished there since
     silent: bool = False  # events were due and did not come: uncertain until one does
+    overflowed: bool = False  # more blocks were named than the replica holds: uncertain until cleared
 
 
 class ExactTables:
@@ -76,16 +89,21 @@ class ExactTables:
         speculative_ttl_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         share: Callable[[str, Sequence[int]], object] | None = None,
+        capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
     ) -> None:
         """`root_seed`: the chain seed of a request's first block (`prefix.model_seed`);
         `clock`: what speculative entries expire by (the simulator's virtual time there);
-        `share`: called with each replica's newly stored keys (a shared index's `record`)."""
+        `share`: called with each replica's newly stored keys (a shared index's `record`);
+        `capacity_blocks`: a table's bound until `set_capacity` says the replica's own."""
         self.root_seed = root_seed
         self.clock = clock
         self.share = share
         self.block_tokens = block_tokens
         self.speculative_ttl_s = speculative_ttl_s
         self._tables: dict[str, _Table] = {}
+        self._default_capacity = capacity_blocks
+        self._capacity: dict[str, int] = {}
+        self.overflows = 0  # blocks dropped to keep a table within its replica's capacity
         self.names_adapters = True  # False once a LoRA block came with an id and no name: see `_root`
         self.on_block_size: Callable[[str, int, str], None] = lambda replica_id, size, source: None  # the router's
 
@@ -120,10 +138,13 @@ class ExactTables:
             return
         if block_size != self.block_tokens:
             self.on_block_size(replica_id, block_size, "kv_events")
+        most = self.capacity(replica_id)
         keys = chain_hash_tokens(list(token_ids), block_size, seed, len(block_hashes))
         for engine_hash, key in zip(block_hashes, keys):
             if engine_hash in table.own_key:
                 continue  # at-least-once delivery: already counted
+            if len(table.own_key) >= most:
+                self._overflow(replica_id, table)
             table.own_key[engine_hash] = key
             table.held[key] = table.held.get(key, 0) + 1
             table.speculative.pop(key, None)  # confirmed: from now on the events say when it goes
@@ -134,18 +155,46 @@ class ExactTables:
         table = self._heard(replica_id)
         for engine_hash in block_hashes:
             key = table.own_key.pop(engine_hash, None)
-            if key is None:
-                continue
-            left = table.held[key] - 1
-            if left:
-                table.held[key] = left
-            else:
-                del table.held[key]
+            if key is not None:
+                self._release(table, key)
 
     def cleared(self, replica_id: str) -> None:
         table = self._heard(replica_id)
         table.own_key.clear()
         table.held.clear()
+        table.overflowed = False
+
+    def set_capacity(self, replica_id: str, blocks: int) -> None:
+        """The replica's KV cache holds `blocks` (its `num_gpu_blocks`): its table holds no more."""
+        self._capacity[replica_id] = max(1, blocks)
+        table = self._tables.get(replica_id)
+        while table is not None and len(table.own_key) > self._capacity[replica_id]:
+            self._overflow(replica_id, table)
+
+    def capacity(self, replica_id: str) -> int:
+        return self._capacity.get(replica_id, self._default_capacity)
+
+    def _overflow(self, replica_id: str, table: _Table) -> None:
+        """Drop the oldest stored block: the table was told of more than the replica can hold."""
+        self._release(table, table.own_key.popitem(last=False)[1])
+        self.overflows += 1
+        if not table.overflowed:
+            table.overflowed = True
+            log.warning(
+                "kv_events_over_capacity",
+                replica=replica_id,
+                capacity_blocks=self.capacity(replica_id),
+                detail="the publisher named more blocks than the replica holds; the oldest are dropped and "
+                "the table is uncertain until its next start-over",
+            )
+
+    @staticmethod
+    def _release(table: _Table, key: int) -> None:
+        left = table.held[key] - 1
+        if left:
+            table.held[key] = left
+        else:
+            del table.held[key]
 
     def set_certain(self, replica_id: str, certain: bool) -> None:
         self._table(replica_id).certain = certain
@@ -158,7 +207,7 @@ class ExactTables:
 
     def certain(self, replica_id: str) -> bool:
         table = self._tables.get(replica_id)
-        if table is None or not table.certain:
+        if table is None or not table.certain or table.overflowed:
             return False
         since = table.due_since
         if not table.silent and since is not None and self.clock() - since > self._window(table):
@@ -242,6 +291,8 @@ class ExactTables:
             "blocks": len(table.own_key),
             "speculative": len(table.speculative),
             "orphan_blocks": table.orphans,
+            "capacity_blocks": self.capacity(replica_id),
+            "over_capacity": table.overflowed,
             "events_window_s": round(self._window(table), 3),
         }
 

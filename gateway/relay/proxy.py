@@ -50,7 +50,7 @@ from gateway.relay.attempt import Attempt, Retryable, input_may_cause
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
-from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any
+from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any, read_whole
 from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.exchange import Exchange
@@ -244,16 +244,21 @@ class Proxy:
         watch: Watch,
     ) -> web.StreamResponse:
         """A non-streamed answer: nothing has reached the client yet, so a broken or cut body is retried like
-        a reset before the headers."""
+        a reset before the headers. It is held whole, so it is bounded by `limits.max_answer_bytes`: a larger
+        one (said by its Content-Length, or found on the way) is dropped with a 502, not retried (another
+        replica would write as much), and memory holds at most the limit's pieces and their join."""
         exchange.first_byte(replica.replica_id)
+        most = config.limits.max_answer_bytes
         try:
-            body = await upstream.read()
+            body = await read_whole(upstream, most, watch)
         except aiohttp.ClientError as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc
             raise Retryable(
                 UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"), "reset"
             ) from exc
+        if body is None:
+            raise UpstreamError(f"replica {replica.replica_id}'s answer is over limits.max_answer_bytes ({most})")
         exchange.usage.read_body(body)
         return web.Response(status=upstream.status, reason=upstream.reason, body=body, headers=back)
 

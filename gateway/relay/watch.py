@@ -121,6 +121,24 @@ async def read_any(content: aiohttp.StreamReader) -> bytes:
         raise aiohttp.ClientPayloadError("the connection to the replica closed mid-answer") from exc
 
 
+async def read_whole(upstream: aiohttp.ClientResponse, most: int, watch: Watch) -> bytes | None:
+    """A whole answer's body; None when it is over `most` bytes (said by its Content-Length, or found on
+    the way: the pieces read are dropped at once). Memory holds at most `most` bytes of pieces and their
+    join, where `upstream.read()` held whatever the replica sent. Every piece re-arms the idle limit, as a
+    stream's chunks do: a body slow but moving is not silent (it was cut `idle_s` after the headers)."""
+    if (upstream.content_length or 0) > most:
+        return None
+    pieces: list[bytes] = []
+    size = 0
+    while piece := await read_any(upstream.content):
+        watch.touch()
+        size += len(piece)
+        if size > most:
+            return None
+        pieces.append(piece)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 class Watches:
     """Every attempt in flight, so a replica's (or all) can be cut at once."""
 

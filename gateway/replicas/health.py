@@ -19,6 +19,7 @@ from gateway.replicas.backend_auth import auth_headers
 from gateway.replicas.models import list_models
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.replica import Replica
+from gateway.support.fd_limit import FdWatch
 
 log = structlog.get_logger("gateway.health")
 
@@ -68,11 +69,13 @@ class Monitor:
         # after each round of scrapes or adapter lists: e.g. size the warm-prefix index from the KV-cache shape
         self._after_scrape = after_scrape
         self._tasks: list[asyncio.Task[None]] = []
+        self.fds = FdWatch()  # the process's file descriptors, sampled once a probe round (not per request)
 
     def _replicas(self) -> list[Replica]:
         return [replica for pool in self._pools() for replica in pool]
 
     async def probe_all(self) -> None:
+        self.fds.check()
         config = self._config()
         await asyncio.gather(*(probe(self._session, r, config, self._on_ejected) for r in self._replicas()))
 

@@ -5,6 +5,13 @@ Non-streamed: the JSON body's `usage`. Streamed: the SSE event that carries a no
 `cached_tokens` is `usage.prompt_tokens_details.cached_tokens` (vLLM: --enable-prompt-tokens-details).
 The answer's text is collected only for prefix policies: the replica caches the answer's KV too,
 and the next turn of the conversation starts with it.
+
+Counts are a replica's word, so each is clamped to what is possible before anything charges or counts it:
+a negative count reads as not reported (a Prometheus counter refuses to go down: the request used to end
+in a 500 after the work was done), and a count over `ceiling` reads as `ceiling`: the replica's
+`max_model_len` when its `/v1/models` said it (set by the attempt loop, `bound`), else `MAX_TOKENS`.
+Completion tokens may reach `ceiling` once per choice (`n`). One lying replica then costs its tenant at
+most one context's worth of its token rate, not a lock-out.
 """
 
 from __future__ import annotations
@@ -15,6 +22,10 @@ from typing import Any
 import orjson
 
 _MAX_ANSWER_CHARS = 1 << 18  # answer text kept for the warm-prefix index; the rest is not needed
+# The most tokens one count may say when the replica's max_model_len is unknown: 1 Mi, a context as long as
+# the longest served today (a larger one is known from /v1/models and bounds the count instead).
+MAX_TOKENS = 1 << 20
+_MAX_CHOICES = 128  # `n` beyond this does not raise the bound further
 
 
 @dataclass(slots=True)
@@ -25,19 +36,30 @@ class Usage:
     answer: list[str] | None = None  # the first choice's text pieces; None: not collected
     answer_chars: int = 0
     response_id: str | None = None  # a Responses API answer's id (gateway.relay.stored_responses)
+    ceiling: int = MAX_TOKENS  # the most tokens one sequence can count (the replica's max_model_len)
+    choices: int = 1  # the request's `n`: completion tokens may reach `ceiling` once per choice
+
+    def bound(self, max_model_len: Any, body: dict[str, Any]) -> None:
+        """Bound the counts by the replica's context length (its model card's `max_model_len`, when it
+        said one) and the request's number of choices."""
+        known = max_model_len if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) else 0
+        self.ceiling = known if known > 0 else MAX_TOKENS
+        n = body.get("n")
+        self.choices = min(n, _MAX_CHOICES) if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
     def update(self, usage: Any) -> None:
         if not isinstance(usage, dict):
             return
         # OpenAI chat/completions; Anthropic messages and the Responses API say input/output tokens
-        self.prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")), self.prompt_tokens)
+        most = self.ceiling
+        self.prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")), self.prompt_tokens, most)
         self.completion_tokens = _int(
-            usage.get("completion_tokens", usage.get("output_tokens")), self.completion_tokens
+            usage.get("completion_tokens", usage.get("output_tokens")), self.completion_tokens, most * self.choices
         )
-        self.cached_tokens = _int(usage.get("cache_read_input_tokens"), self.cached_tokens)
+        self.cached_tokens = _int(usage.get("cache_read_input_tokens"), self.cached_tokens, most)
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         if isinstance(details, dict):
-            self.cached_tokens = _int(details.get("cached_tokens"), self.cached_tokens)
+            self.cached_tokens = _int(details.get("cached_tokens"), self.cached_tokens, most)
 
     def read_body(self, body: bytes) -> None:
         """A whole JSON answer, or one SSE event's data."""
@@ -99,5 +121,8 @@ class Usage:
                 self.answer_chars += len(text)
 
 
-def _int(value: Any, default: int | None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+def _int(value: Any, default: int | None, most: int) -> int | None:
+    """A count as reported, at most `most`; not an int, or below zero: `default` (not reported)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return default
+    return min(value, most)

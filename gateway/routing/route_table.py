@@ -120,13 +120,18 @@ class RouteTable:
         self.adapters = AdapterMap.build(self.config, self.routes)
 
     def sync_capacity(self) -> None:
-        """Size each replica's warm-prefix table like its KV cache, once the replica has told us."""
+        """Size each replica's warm-prefix table like its KV cache, once the replica has told us
+        (`vllm:cache_config_info`), and its KV-event table to as many blocks: a publisher naming more
+        blocks than its cache holds is lying, and its table must not grow with the lie."""
         for route in self.routes.values():
+            exact = route.router.exact
             for replica in route.pool:
                 load, calibration = replica.load, route.router.calibration
                 if load.num_gpu_blocks and load.block_size:
                     calibration.set_capacity(replica.replica_id, load.num_gpu_blocks * load.block_size)
                     calibration.block_size_seen(replica.replica_id, load.block_size, "cache_config_info")
+                if exact is not None and load.num_gpu_blocks:
+                    exact.set_capacity(replica.replica_id, load.num_gpu_blocks)
 
     async def reload(self) -> Config:
         """Re-read the config file; on any ConfigError the running state is untouched (the error propagates)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -242,7 +242,9 @@ async def error_middleware(
     except GatewayError as exc:
         if exc.status in (401, 403):
             request.app[METRICS].rejected.labels("", "auth").inc()
-        return _error(request, exc.status, exc.body(), exc.headers())
+        config = request.app[ROUTE_TABLE].config
+        hide = None if exc.status < 500 or config.headers.replica_id else _replica_names(config)
+        return _error(request, exc.status, exc.body(hide), exc.headers())
     except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body over client_max_size
         if exc.status < 400:
             raise
@@ -262,6 +264,15 @@ async def auth_middleware(
     """Who is calling, before anything else is read; the key itself goes no further than this."""
     request[CALLER] = authenticate(request.app[ROUTE_TABLE].config.auth, request.path, request.headers, _OPEN_PATHS)
     return await handler(request)
+
+
+def _replica_names(config: Config) -> Iterator[str]:
+    """Every configured replica's id and URL, hidden from error bodies with `headers.replica_id` off (a
+    discovered replica is named by its address, which is hidden as any address is)."""
+    for pool in config.pools.values():
+        for replica in pool.replicas:
+            yield replica.replica_id
+            yield replica.url
 
 
 def _error(request: web.Request, status: int, body: bytes, headers: dict[str, str]) -> web.Response:

@@ -59,6 +59,7 @@ async def answer(
             with queue.holding(replica):  # its release lets the pool's next waiting request in
                 route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
                 exchange.decision, exchange.replica_id = decision, replica.replica_id  # router.finished undoes it
+                exchange.usage.bound(replica.model_card.get("max_model_len"), view.body)
                 try:
                     return await proxy.attempt(request, view, attempt, exchange, config)
                 except Retryable as exc:

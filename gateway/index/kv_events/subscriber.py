@@ -24,8 +24,13 @@ Certainty rules:
   batch): seq 0 is a restart seen from its start; any other old seq is a restart whose first
   batches were lost while ZMQ reconnected. Either way the subscriber starts over, and seq 0 (or
   a replay from 0) makes the new process's table certain.
-- A batch that does not decode is counted and skipped whole (no event of it is applied); its
-  effects are unknown, so the table becomes uncertain until the next start-over.
+- A seq outside vLLM's range (an int64 counter from 0: at least 2**63 read unsigned) is a lying or
+  broken publisher: the frame is counted as a decode error and dropped, like frames without a seq.
+  Taken as it came it became `_next` = 2**64, which the next log call could not render (orjson
+  writes 64-bit integers only) and the feed session crashed.
+- A batch that does not decode is counted and skipped from its first bad part on (it is decoded and
+  applied in slices, the event loop free between them); its effects are unknown, so the table
+  becomes uncertain until the next start-over.
 - ZMQ reconnects a dropped connection by itself, but a SUB socket cannot tell a silent
   publisher from a lost one. The next batch after an outage shows a gap or a restart and is
   handled as above; meanwhile what the feed cannot see is watched from outside: a replica that
@@ -37,7 +42,8 @@ Certainty rules:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -45,12 +51,15 @@ import zmq
 import zmq.asyncio
 
 from gateway.config.pools import KVEventsConfig
-from gateway.index.kv_events.decode import DecodeError, EngineHash, Removed, Stored, decode_batch
+from gateway.index.kv_events.decode import DecodeError, EngineHash, Event, Removed, Stored, decode_slices
 from gateway.support.backoff import Backoff
 
 log = structlog.get_logger("gateway.index.kv_events.subscriber")
 
 _END_SEQ = -1
+_SLICE_EVENTS = 128  # events decoded and applied between two yields to the event loop
+_SLICE_BLOCKS = 256  # blocks applied between two yields (~0.5 ms of chain hashing at 16 tokens a block)
+_SEQ_LIMIT = 1 << 63  # vLLM's seq is an int64 counted from 0: a live or replayed seq is below this
 
 
 class EventSink(Protocol):
@@ -177,12 +186,13 @@ class KVEventSubscriber:
                 if self._draining and not await sub.poll(0):
                     self._draining = False
                 frames = await sub.recv_multipart()
-                if len(frames) < 2 or len(frames[-2]) != 8:
+                seq = int.from_bytes(frames[-2], "big") if len(frames) >= 2 and len(frames[-2]) == 8 else _SEQ_LIMIT
+                if seq >= _SEQ_LIMIT:
                     # No seq to account for: if a batch was lost, the next one shows the gap.
                     self.decode_errors += 1
                     log.warning("kv_events_bad_frames", replica=self.replica_id, frames=len(frames))
                     continue
-                await self._on_live(int.from_bytes(frames[-2], "big"), frames[-1], held=self._draining)
+                await self._on_live(seq, frames[-1], held=self._draining)
         finally:
             sub.close(linger=0)
 
@@ -201,14 +211,14 @@ class KVEventSubscriber:
             if not await self._fill_gap(seq):
                 await self._start_over()
         if self._next is None:  # no history: this batch is the first the table sees
-            self._set_certain(self._apply(seq, payload) and seq == 0)
+            self._set_certain(await self._apply(seq, payload) and seq == 0)
         elif seq == self._next:
-            self._apply(seq, payload)
+            await self._apply(seq, payload)
         elif seq < self._next:  # the replay just applied it
             self.duplicates += 1
         else:  # a replay from 0 ended before this seq: the table misses the batches in between
             self._set_certain(False)
-            self._apply(seq, payload)
+            await self._apply(seq, payload)
 
     async def _start_over(self) -> None:
         """Empty the table and rebuild it from the replay buffer where there is one."""
@@ -220,7 +230,7 @@ class KVEventSubscriber:
             return
         self._next = replayed[0][0] if replayed else 0
         complete = self._next == 0  # the buffer still holds seq 0: the publisher's whole history
-        self._set_certain(self._apply_replayed(replayed) and complete)
+        self._set_certain(await self._apply_replayed(replayed) and complete)
         log.info("kv_events_synced", replica=self.replica_id, batches=len(replayed), certain=self.certain)
 
     async def _fill_gap(self, seq: int) -> bool:
@@ -229,16 +239,16 @@ class KVEventSubscriber:
         replayed = await self._replay(self._next)
         if not replayed or replayed[0][0] != self._next:
             return False
-        self._apply_replayed(replayed)
+        await self._apply_replayed(replayed)
         return self._next >= seq
 
-    def _apply_replayed(self, replayed: list[tuple[int, bytes]]) -> bool:
+    async def _apply_replayed(self, replayed: list[tuple[int, bytes]]) -> bool:
         """Apply replayed batches from `_next` on while consecutive, then drain the SUB queue; False on a bad batch."""
         clean = True
         for seq, payload in replayed:
             if seq != self._next:
                 break
-            clean = self._apply(seq, payload) and clean
+            clean = await self._apply(seq, payload) and clean
         self._draining = True
         return clean
 
@@ -261,6 +271,8 @@ class KVEventSubscriber:
                     seq = int.from_bytes(frames[-2], "big", signed=True)
                     if seq == _END_SEQ:
                         return batches
+                    if seq < start:  # out of vLLM's range (negative signed), or before what was asked
+                        raise DecodeError(f"replayed seq {seq} before the start asked, {start}")
                     batches.append((seq, frames[-1]))
         except (TimeoutError, DecodeError, zmq.ZMQError) as exc:
             self.replay_failures += 1
@@ -269,18 +281,34 @@ class KVEventSubscriber:
         finally:
             sock.close(linger=0)
 
-    def _apply(self, seq: int, payload: bytes) -> bool:
-        """Hand one batch's events to the sink; False (and uncertain) if it did not decode."""
+    async def _apply(self, seq: int, payload: bytes) -> bool:
+        """Hand one batch's events to the sink; False (and uncertain) if it did not decode. The batch is
+        decoded and applied a slice of events at a time, with the event loop free between slices (one
+        30 MB batch decoded in one go held it for 0.3-0.4 s); holding a whole decoded batch instead
+        would also cost a full garbage collection over its objects. A batch found bad part-way keeps
+        the events applied before the bad one: the table is uncertain either way."""
         self._next = seq + 1
         try:
-            events = decode_batch(payload)
+            for part in decode_slices(payload, _SLICE_EVENTS):
+                await self._hand_over(part)
+                await asyncio.sleep(0)
         except DecodeError as exc:
             self.decode_errors += 1
             log.warning("kv_events_bad_batch", replica=self.replica_id, seq=seq, reason=str(exc))
             self._set_certain(False)
             return False
         self.batches += 1
-        for event in events:
+        return True
+
+    async def _hand_over(self, events: list[Event]) -> None:
+        """The events to the sink, yielding to the loop after every `_SLICE_BLOCKS` blocks: one event may
+        name thousands (each a chain hash of its tokens), so a long one is handed over in pieces."""
+        blocks = 0
+        for event in _pieces(events):
+            if blocks >= _SLICE_BLOCKS:
+                blocks = 0
+                await asyncio.sleep(0)
+            blocks += len(event.block_hashes) if isinstance(event, Stored | Removed) else 1
             if isinstance(event, Stored):
                 self.sink.stored(
                     self.replica_id,
@@ -295,10 +323,29 @@ class KVEventSubscriber:
                 self.sink.removed(self.replica_id, event.block_hashes)
             else:
                 self.sink.cleared(self.replica_id)
-        return True
 
     def _set_certain(self, certain: bool) -> None:
         if certain != self.certain:
             self.certain = certain
             log.info("kv_events_certainty", replica=self.replica_id, certain=certain)
         self.sink.set_certain(self.replica_id, certain)
+
+
+def _pieces(events: list[Event]) -> Iterator[Event]:
+    """`events`, a BlockStored naming more than `_SLICE_BLOCKS` blocks cut into consecutive pieces (each
+    continuing the chain at the last block of the one before; its tokens exactly its blocks' own), so that
+    the loop may run between them. One whose token ids do not match its blocks goes whole."""
+    for event in events:
+        if not isinstance(event, Stored) or len(event.block_hashes) <= _SLICE_BLOCKS:
+            yield event
+            continue
+        size = event.block_size
+        if len(event.token_ids) != len(event.block_hashes) * size:
+            yield event
+            continue
+        parent = event.parent
+        for start in range(0, len(event.block_hashes), _SLICE_BLOCKS):
+            hashes = event.block_hashes[start : start + _SLICE_BLOCKS]
+            tokens = event.token_ids[start * size : (start + len(hashes)) * size]
+            yield dataclasses.replace(event, block_hashes=hashes, parent=parent, token_ids=tokens)
+            parent = hashes[-1]

@@ -81,12 +81,8 @@ async def test_lru_evicts_least_recently_used_prefix(index: WarmIndex) -> None:
     index.record("a", chain(6, 4))  # touch: chain 6 is now the most recent
     index.record("a", chain(8, 2))  # evicts the two tail blocks of chain 7
     await index.flush()
-    got = (
-        await index.match(chain(6, 4), ["a"]),
-        await index.match(chain(7, 4), ["a"]),
-        await index.match(chain(8, 2), ["a"]),
-    )
-    assert [g["a"] for g in got] == [4, 2, 2]
+    got = [(await index.match(chain(n, blocks), ["a"]))["a"] for n, blocks in ((6, 4), (7, 4), (8, 2))]
+    assert got == [4, 2, 2]
 
 
 async def test_forget_drops_a_replica(index: WarmIndex) -> None:

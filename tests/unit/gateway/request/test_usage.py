@@ -93,3 +93,23 @@ def test_a_long_stream_is_read_in_batches_to_the_same_counts(collect: bool) -> N
     scanner.flush()
     assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
     assert "".join(usage.answer or []) == ("".join(f"w{i} " for i in range(5000)) if collect else "")
+
+
+def test_negative_counts_read_as_not_reported() -> None:
+    usage = Usage()
+    usage.update({"prompt_tokens": -5, "completion_tokens": -1, "prompt_tokens_details": {"cached_tokens": -9}})
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (None, None, None)
+
+
+def test_counts_clamped_to_the_context_and_the_choices() -> None:
+    from gateway.request.usage import MAX_TOKENS
+
+    usage = Usage()
+    usage.update({"prompt_tokens": 10**15, "completion_tokens": 10**15})
+    assert usage.prompt_tokens == usage.completion_tokens == MAX_TOKENS, "no model card: the documented cap"
+    usage = Usage()
+    usage.bound(4096, {"n": 3})
+    usage.update({"prompt_tokens": 5000, "completion_tokens": 10**15, "input_tokens_details": {"cached_tokens": 9999}})
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (4096, 3 * 4096, 4096)
+    usage.bound(True, {"n": 10**9})  # not a length, absurd n: the cap, and at most 128 choices
+    assert (usage.ceiling, usage.choices) == (MAX_TOKENS, 128)

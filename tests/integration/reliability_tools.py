@@ -184,6 +184,22 @@ class RedisServer:
             self.proc.stop()
 
 
+def steady_clients(
+    session: aiohttp.ClientSession, load: Load, clients: int, stop: asyncio.Event
+) -> list[asyncio.Task[None]]:
+    """`clients` innocent clients beside a test's bad traffic: each sends a chat turn every 50 ms (every other
+    one streamed) into `load` until `stop` is set."""
+
+    async def steady(client: int) -> None:
+        n = 0
+        while not stop.is_set():
+            await load.one(session, chat(f"client {client} turn {n}", stream=n % 2 == 0))
+            n += 1
+            await asyncio.sleep(0.05)
+
+    return [asyncio.create_task(steady(c)) for c in range(clients)]
+
+
 def _pings(client: redis.Redis) -> bool:
     try:
         return bool(client.ping())

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
-from tests.integration.reliability_tools import Load, chat, metric, report
+from tests.integration.reliability_tools import Load, metric, report, steady_clients
 
 pytestmark = pytest.mark.timeout(120)
 SECONDS = 8  # one bad request per second for this long
@@ -56,14 +56,7 @@ def test_sustained_query_of_death(tmp_path: Path) -> None:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
                 stop = asyncio.Event()
 
-                async def steady(client: int) -> None:
-                    n = 0
-                    while not stop.is_set():
-                        await innocent.one(session, chat(f"client {client} turn {n}", stream=n % 2 == 0))
-                        n += 1
-                        await asyncio.sleep(0.05)
-
-                clients = [asyncio.create_task(steady(c)) for c in range(INNOCENT_CLIENTS)]
+                clients = steady_clients(session, innocent, INNOCENT_CLIENTS, stop)
                 for i in range(SECONDS):
                     await bad.one(session, _bad(i), headers={"X-Request-Id": f"poison-{i}"})
                     await asyncio.sleep(1.0)

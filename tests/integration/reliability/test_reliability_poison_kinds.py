@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway
-from tests.integration.reliability_tools import Load, chat, metric, report
+from tests.integration.reliability_tools import Load, chat, metric, report, steady_clients
 from tests.upstream import FakeReplica, ThreadServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,14 +34,7 @@ async def _scenario(url: str, innocent: Load, bad: Load) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         stop = asyncio.Event()
 
-        async def steady(client: int) -> None:
-            n = 0
-            while not stop.is_set():
-                await innocent.one(session, chat(f"client {client} turn {n}", stream=n % 2 == 0))
-                n += 1
-                await asyncio.sleep(0.05)
-
-        clients = [asyncio.create_task(steady(c)) for c in range(INNOCENT_CLIENTS)]
+        clients = steady_clients(session, innocent, INNOCENT_CLIENTS, stop)
         poison = []
         for i in range(SECONDS):
             body = chat(f"{MARKER} {i}", stream=i % 2 == 0)

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test lint docs install model vllm redis-check promtool-check chromium-check bench peers nginx-check bench-peers calibrate clean
+.PHONY: run run-sim test lint docs install model vllm redis-check promtool-check chromium-check bench peers nginx-check wrk-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -92,9 +92,22 @@ chromium-check:
 test: install model lint docs redis-check promtool-check chromium-check $(if $(filter 1,$(AFFINITY_SKIP_VLLM)),,vllm)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-# The router-overhead benchmark: our gateway against direct, sglang-router, SMG and nginx where installed.
-bench: install peers
-	$(BIN)/python -m bench.gateway_overhead
+# The hop benchmark: wrk drives direct, a bare aiohttp proxy, our gateway, sglang-router, SMG and nginx
+# in one run (bench.hop); py-spy then breaks our gateway's CPU per request down by stage (bench.hop.stages).
+bench: install peers wrk-check $(VENV)/.py-spy
+	$(BIN)/python -m bench.hop
+	$(BIN)/python -m bench.hop.stages
+
+$(VENV)/.py-spy: | $(VENV)/.installed
+	$(BIN)/pip install --quiet py-spy==0.4.3
+	touch $@
+
+# wrk, the compiled load generator of the hop benchmark: Debian's, where we can install it.
+wrk-check:
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; \
+	  else echo "wrk not found: install it (apt-get install wrk / brew install wrk)" >&2; exit 1; fi; }
 
 # Other routers, for the head-to-head benchmark only (tests need none of them): each in its own venv
 # under .peers/, pinned. `bench --compare ...,smg:cache_aware,...` then starts them (see lab/peers.py).

@@ -1,0 +1,194 @@
+"""The hop benchmark: requests per second and CPU per request of every router in front of the same
+three zero-delay replicas, driven by wrk (a compiled load generator, so the client is not the limit).
+
+    python -m bench.hop [--seconds 6] [--rounds 2] [--connections 64] [--threads 2]
+                        [--contestants direct,bare,ours:round_robin,ours:prefix_affinity,...]
+                        [--modes whole,stream]
+
+Contestants (in one run, interleaved in rounds so drift hits all alike):
+- `direct`: wrk against one replica;
+- `bare`: the reference contestant, a 30-line aiohttp proxy (`bench.hop.bare_proxy`), the floor;
+- `ours:<policy>`: our gateway on its shipped defaults with that policy; `ours:<policy>+idle` adds
+  tracing (sampling nothing), prices (token costs) and sessions and the prefix report (on by
+  default) configured but exercised by no request; `…@N` runs `serve --workers N`;
+- `sglang`, `smg` (their `cache_aware`, from `make peers`) and `nginx` (Debian's, round robin).
+Each request has a different prompt (`completions.lua`). CPU per request is user + system time of
+the router's process tree from /proc over the wrk run, divided by the requests it completed.
+Client, replicas and routers share the machine's cores: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.hop.processes import cpu_seconds, running
+from bench.hop.rig import MODEL, SCRIPT, fake_replicas, gateway_config
+from lab import peers
+from lab.cluster import free_port
+
+CONTESTANTS = "direct,bare,ours:round_robin,ours:prefix_affinity,ours:prefix_affinity+idle,sglang,smg,nginx"
+RESULT = re.compile(
+    r"WRK_RESULT requests=(\d+) errors=(\d+) status=(\d+) seconds=([\d.]+) p50_ms=([\d.]+) p99_ms=([\d.]+)"
+)
+NGINX_CONF = """daemon off; worker_processes 1; pid {dir}/nginx.pid; error_log {dir}/error.log error;
+events {{ worker_connections 4096; }}
+http {{ access_log off; upstream replicas {{ {servers} keepalive 64; }}
+  server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://replicas; proxy_http_version 1.1;
+    proxy_set_header Connection ""; proxy_buffering off; }} }} }}
+"""
+
+
+@dataclass
+class Cell:
+    """One contestant in one mode: a requests/s figure per round, and the CPU it spent."""
+
+    rates: list[float] = field(default_factory=list)
+    requests: int = 0
+    failed: int = 0
+    cpu_s: float = 0.0
+    p99_ms: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.mean(self.rates) if self.rates else float("nan")
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.cpu_s * 1e3 / self.requests if self.requests else float("nan")
+
+
+def start(stack: ExitStack, name: str, replicas: list[str], workdir: Path) -> tuple[str, int | None] | str:
+    """Start one contestant in front of the replicas: (its URL, the pid whose CPU counts), or why not."""
+    if name == "direct":
+        return replicas[0], None
+    port = free_port()
+    kind, _, spec = name.partition(":")
+    if kind == "bare":
+        args = [sys.executable, "-m", "bench.hop.bare_proxy", "--port", str(port)]
+        pid = stack.enter_context(running([*args, *(a for r in replicas for a in ("--replica", r))], port))
+    elif kind == "ours":
+        config = gateway_config(port, replicas, spec or "prefix_affinity", workdir)
+        pid = stack.enter_context(running([sys.executable, "-m", "gateway", "serve", "--config", str(config)], port))
+    elif kind == "nginx":
+        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if binary is None:
+            return "not installed (apt-get install nginx-light; `make peers` does)"
+        servers = " ".join(f"server {r.removeprefix('http://')};" for r in replicas)
+        conf = workdir / f"nginx-{port}.conf"
+        conf.write_text(NGINX_CONF.format(dir=workdir, servers=servers, port=port))
+        pid = stack.enter_context(running([binary, "-c", str(conf), "-p", str(workdir)], port))
+    else:
+        try:
+            contestant = peers.contestant(f"{kind}:{spec or 'cache_aware'}")
+        except ValueError as exc:
+            return str(exc)
+        assert contestant.peer is not None
+        command = contestant.peer.command(contestant.policy, port, replicas, free_port())
+        pid = stack.enter_context(running(command, port, env=peers.peer_env()))
+    return f"http://127.0.0.1:{port}", pid
+
+
+def wrk(url: str, args: argparse.Namespace, stream: bool, seconds: float) -> tuple[int, int, float, float]:
+    """One wrk run: (completed requests, failed ones, seconds, p99 ms)."""
+    command = ["wrk", "-t", str(args.threads), "-c", str(args.connections), "-d", f"{seconds:g}s", "--latency"]
+    env = {**os.environ, "STREAM": "1" if stream else "0", "MODEL": MODEL}
+    out = subprocess.run([*command, "-s", str(SCRIPT), url], capture_output=True, text=True, env=env, timeout=120)
+    found = RESULT.search(out.stdout)
+    if found is None:
+        raise RuntimeError(f"wrk against {url} gave no result:\n{out.stdout}\n{out.stderr}")
+    requests, errors, status = int(found[1]), int(found[2]), int(found[3])
+    return requests, errors + status, float(found[4]), float(found[6])
+
+
+def measure(targets: dict[str, tuple[str, int | None]], args: argparse.Namespace) -> dict[str, dict[str, Cell]]:
+    cells = {mode: {name: Cell() for name in targets} for mode in args.modes}
+    for mode in args.modes:
+        for url, _ in targets.values():  # warm connections, code paths and the peers' trees
+            wrk(url, args, mode == "stream", 1)
+    for _ in range(args.rounds):
+        for mode in args.modes:
+            for name, (url, pid) in targets.items():
+                before = cpu_seconds(pid) if pid else 0.0
+                requests, failed, seconds, p99 = wrk(url, args, mode == "stream", args.seconds)
+                cell = cells[mode][name]
+                cell.cpu_s += cpu_seconds(pid) - before if pid else 0.0
+                cell.requests += requests
+                cell.failed += failed
+                cell.rates.append(requests / seconds)
+                cell.p99_ms.append(p99)
+    return cells
+
+
+def report(cells: dict[str, dict[str, Cell]], args: argparse.Namespace) -> list[str]:
+    rounds = " | ".join(f"rps round {i + 1}" for i in range(args.rounds))
+    lines = [
+        f"# hop: wrk -t{args.threads} -c{args.connections}, {args.seconds:g} s per run, {args.rounds} rounds, "
+        f"3 zero-delay replicas; {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}",
+        "",
+        f"| mode | contestant | {rounds} | rps mean | / bare | / smg | CPU ms per request | / bare | p99 ms | failed |",
+        "|---|---|" + "---|" * (args.rounds + 7),
+    ]
+    for mode, row in cells.items():
+        bare, smg = row.get("bare"), row.get("smg")
+        for name, cell in row.items():
+            cpu = cell.cpu_ms_per_request
+            lines.append(
+                f"| {mode} | {name} | " + " | ".join(f"{r:,.0f}" for r in cell.rates) + f" | {cell.rate:,.0f} | "
+                f"{cell.rate / bare.rate if bare else float('nan'):.2f} | "
+                f"{cell.rate / smg.rate if smg else float('nan'):.2f} | "
+                + ("-" if name == "direct" else f"{cpu:.3f}")
+                + f" | {cpu / bare.cpu_ms_per_request if bare and name != 'direct' else float('nan'):.2f} | "
+                f"{max(cell.p99_ms):.1f} | {cell.failed} |"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.hop", description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=6.0, help="length of one wrk run")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contestants", default=CONTESTANTS, help=f"comma-separated (default {CONTESTANTS})")
+    parser.add_argument("--modes", default="whole,stream", help="whole (non-streaming) and/or stream")
+    args = parser.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    if not set(args.modes) <= {"whole", "stream"}:
+        parser.error("--modes: whole and/or stream")
+    if shutil.which("wrk") is None:
+        parser.error("wrk is not installed (apt-get install wrk; `make bench` does)")
+    names = [n.strip() for n in args.contestants.split(",") if n.strip()]
+    wants_peer = any(n.partition(":")[0] in peers.PEERS for n in names)
+    if wants_peer and os.geteuid() == 0 and shutil.which("ip") and not peers.isolated():
+        return peers.rerun_isolated(sys.argv[1:] if argv is None else argv, module="bench.hop")
+
+    missing: list[str] = []
+    with tempfile.TemporaryDirectory() as workdir, ExitStack() as stack:
+        replicas = fake_replicas(stack)
+        targets: dict[str, tuple[str, int | None]] = {}
+        for name in names:
+            started = start(stack, name, replicas, Path(workdir))
+            if isinstance(started, str):
+                missing.append(f"- {name}: {started}")
+            else:
+                targets[name] = started
+        cells = measure(targets, args)
+    print("\n".join(report(cells, args)))
+    if missing:
+        print("\nNot measured:\n" + "\n".join(missing))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""A zero-delay OpenAI-compatible replica for the hop benchmark: every answer is canned, so the
+replica costs as little as aiohttp can and the routers in front of it are what is measured.
+
+    python -m bench.hop.fake_replica --port 9001 [--model bench-model]
+
+It answers `/v1/completions` (whole or as SSE, four chunks then `[DONE]`), `/health`, `/v1/models`
+and a vLLM-shaped `/metrics`, which is what a router's probes and load scrapes read.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+from aiohttp import web
+
+SSE_CHUNKS = 4
+
+
+def _completion(model: str, text: str, finish: str | None, usage: bool) -> dict[str, object]:
+    body: dict[str, object] = {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+    }
+    if usage:
+        body["usage"] = {"prompt_tokens": 8, "completion_tokens": SSE_CHUNKS, "total_tokens": 8 + SSE_CHUNKS}
+    return body
+
+
+def build_app(model: str) -> web.Application:
+    """Every answer is encoded once, at start-up."""
+    whole = orjson.dumps(_completion(model, " ok", "length", usage=True))
+    events = b"".join(
+        b"data: " + orjson.dumps(_completion(model, " ok", None if i < SSE_CHUNKS - 1 else "length", False)) + b"\n\n"
+        for i in range(SSE_CHUNKS)
+    )
+    events += b"data: [DONE]\n\n"
+    models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 4096}]})
+    metrics = (
+        f'vllm:num_requests_running{{model_name="{model}"}} 0.0\n'
+        f'vllm:num_requests_waiting{{model_name="{model}"}} 0.0\n'
+        f'vllm:kv_cache_usage_perc{{model_name="{model}"}} 0.0\n'
+    ).encode()
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        if not body.get("stream"):
+            return web.Response(body=whole, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(events)
+        await response.write_eof()
+        return response
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def list_models(_: web.Request) -> web.Response:
+        return web.Response(body=models, content_type="application/json")
+
+    async def scrape(_: web.Request) -> web.Response:
+        return web.Response(body=metrics, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/metrics", scrape)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.hop.fake_replica", description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="bench-model")
+    args = parser.parse_args()
+    import uvloop
+
+    uvloop.install()
+    web.run_app(build_app(args.model), host="127.0.0.1", port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@ registers no tracing observer, and its requests carry the null trace (`gateway.r
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Awaitable, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from gateway.config.sections import TracingConfig
-from gateway.request.exchange import Exchange, FinishedRequest, RequestTrace
+from gateway.request.exchange import NO_TRACE, Exchange, FinishedRequest, RequestTrace
 from gateway.request.observers import RequestObserver
 
 if TYPE_CHECKING:
@@ -58,10 +59,21 @@ class Tracing(RequestObserver):
             self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("affinity-gateway")
         self.propagator = TraceContextTextMapPropagator()
+        self._ratio = config.sampling_ratio
 
-    def request(self, request: web.Request, view: RequestView, started: float) -> SpanTrace:
-        """Open the request's server span, back-dated to `started` (a perf_counter reading)."""
+    def request(self, request: web.Request, view: RequestView, started: float) -> RequestTrace:
+        """Open the request's server span, back-dated to `started` (a perf_counter reading). A request with no
+        `traceparent` that the ratio does not sample gets the null trace instead, as the sampler would have
+        dropped its spans: tracing that samples few requests costs the others a header lookup, not a
+        non-recording span tree (and the replica gets no `traceparent` for a trace nobody records). A client's
+        `traceparent` is followed through the SDK, sampled or not."""
+        if "traceparent" not in request.headers and not self._root_sampled():
+            return NO_TRACE
         return SpanTrace(self, request, view, started)
+
+    def _root_sampled(self) -> bool:
+        """TraceIdRatioBased's verdict for a new trace: its trace id is random, so a uniform draw is the same."""
+        return self._ratio >= 1.0 or random.random() < self._ratio
 
     def first_byte(self, exchange: Exchange, replica_id: str) -> None:
         exchange.trace.first_byte(exchange.ttft_s or 0.0, replica_id)

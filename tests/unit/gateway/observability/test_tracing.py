@@ -233,17 +233,32 @@ def test_config_errors_name_the_key(tracing: dict[str, Any], key: str) -> None:
     assert info.value.key == key
 
 
-async def test_an_unsampled_trace_still_propagates_and_logs_its_id(traced: Start) -> None:
+async def test_an_unsampled_root_costs_no_span_and_a_clients_sampled_flag_wins(traced: Start) -> None:
+    """A request the ratio does not sample carries the null trace: no traceparent made up for the replica,
+    no trace id in its log event (no span of it is recorded anywhere). A client's sampled parent is followed
+    whatever the ratio."""
     fake = FakeReplica("r0")
     client, exporter = await traced(fake, sampling_ratio=0.0)
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-        sampled = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"  # the client's sampled flag wins over the ratio
+        sampled = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
         assert (await client.post("/v1/chat/completions", json=CHAT, headers={"traceparent": sampled})).status == 200
-    unsampled, followed = (seen.headers["traceparent"].split("-") for seen in fake.seen)
-    assert not int(unsampled[3], 16) & 1 and followed[1] == CLIENT_TRACE and int(followed[3], 16) & 1
-    assert [e["trace_id"] for e in logs if e["event"] == "request"] == [unsampled[1], CLIENT_TRACE]
+    unsampled, followed = fake.seen
+    assert "traceparent" not in unsampled.headers
+    parts = followed.headers["traceparent"].split("-")
+    assert parts[1] == CLIENT_TRACE and int(parts[3], 16) & 1
+    assert [e.get("trace_id") for e in logs if e["event"] == "request"] == [None, CLIENT_TRACE]
     assert {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans() if s.context} == {CLIENT_TRACE}
+
+
+async def test_a_clients_unsampled_parent_is_followed_and_propagated(traced: Start) -> None:
+    fake = FakeReplica("r0")
+    client, exporter = await traced(fake, sampling_ratio=1.0)
+    unsampled = f"00-{CLIENT_TRACE}-b7ad6b7169203331-00"
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers={"traceparent": unsampled})).status == 200
+    parts = fake.seen[0].headers["traceparent"].split("-")
+    assert parts[1] == CLIENT_TRACE and not int(parts[3], 16) & 1
+    assert exporter.get_finished_spans() == ()
 
 
 async def test_a_5xx_answer_marks_the_server_span_as_an_error(traced: Start) -> None:

@@ -22,29 +22,30 @@ class RequestLog(RequestObserver):
         if not logging.requests:
             return
         view, usage, timing, decision = done.view, done.usage, done.timing, done.decision
-        request_log.info(
-            "request",
-            request_id=view.request_id,
-            model=view.model,
-            adapter=view.adapter,
-            endpoint=view.endpoint,
-            stream=view.stream,
-            replica=done.replica_id,
-            policy=done.routing.policy,
-            reason=decision.reason if decision else None,
-            status=done.status,
-            queue_s=rounded(timing.queue_s),
-            ttft_s=rounded(timing.ttft_s),
-            first_phrase_s=rounded(done.first_phrase_s),
-            total_s=rounded(timing.total_s),
-            tokens_per_s=rounded(timing.tokens_per_s),
-            itl_s=rounded(timing.itl_s),
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            retried_from=list(done.failed_replicas) or None,
-            error=done.error,
-            decision=decision.candidates() if decision else None,
-            tenant=view.tenant,
-            **({"prompt": view.body.get("messages", view.body.get("prompt"))} if logging.prompts else {}),
-        )
+        fields = {
+            "request_id": view.request_id,
+            "model": view.model,
+            "adapter": view.adapter,
+            "endpoint": view.endpoint,
+            "stream": view.stream,
+            "replica": done.replica_id,
+            "policy": done.routing.policy,
+            "reason": decision.reason if decision else None,
+            "status": done.status,
+            "queue_s": rounded(timing.queue_s),
+            "ttft_s": rounded(timing.ttft_s),
+            "first_phrase_s": rounded(done.first_phrase_s),
+            "total_s": rounded(timing.total_s),
+            "tokens_per_s": rounded(timing.tokens_per_s),
+            "itl_s": rounded(timing.itl_s),
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "retried_from": list(done.failed_replicas) or None,
+            "error": done.error,
+            "decision": decision.candidates() if decision else None,
+            "tenant": view.tenant,
+        }
+        if logging.prompts:
+            fields["prompt"] = view.body.get("messages", view.body.get("prompt"))
+        request_log.event("request", fields)

@@ -55,11 +55,12 @@ class PoolQueue:
             if not woke and self.lines.may_hold(share):
                 return room
         if self.lines.line_length(share) >= config.max_queue:
-            held = not self.lines.may_hold(share)
-            reason = f"tenant {share.tenant!r} holds its {share.cap}" if held else "every replica is at capacity"
-            raise RateLimitError(
-                f"{reason} for model {model!r} and the queue is full", retry_after_s=config.retry_after_s
+            message = (
+                f"every replica for model {model!r} is at capacity and the queue is full"
+                if self.lines.may_hold(share)
+                else f"tenant {share.tenant!r} holds its {share.cap} slots of model {model!r} and its queue is full"
             )
+            raise RateLimitError(message, retry_after_s=config.retry_after_s)
         loop = asyncio.get_running_loop()
         started = loop.time()
         waiter = self.lines.join(share)

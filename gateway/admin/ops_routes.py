@@ -47,6 +47,7 @@ class OpsParts:
     draining: Callable[[], bool]  # a SIGTERM came: not ready
     local_only: Callable[[], bool]  # the shared quota is unreachable: this gateway's own windows stand in
     homes_from_replicas: Callable[[], bool]  # the shared response homes are unreachable: replicas are asked
+    tenants_waiting: Callable[[], dict[tuple[str, str], int]]  # the same by (pool, tenant)
 
 
 OPS = web.AppKey("ops", OpsParts)
@@ -102,6 +103,9 @@ async def metrics(request: web.Request) -> web.Response:
     m.draining.set(float(ops.draining()))
     for model, waiting in ops.waiting().items():
         m.queue_waiting.labels(model).set(waiting)
+    m.tenant_queue_waiting.clear()  # a tenant no longer waiting leaves the series (tenants come and go)
+    for (model, tenant), waiting in ops.tenants_waiting().items():
+        m.tenant_queue_waiting.labels(model, tenant).set(waiting)
     for route in ops.state.routes.values():  # fresh even when no request came since the store changed
         m.routing.index_degraded.labels(route.model).set(float(route.router.index.degraded))
         m.routing.index_mirror_synced.labels(route.model).set(float(route.router.index.mirrored))

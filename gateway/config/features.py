@@ -34,6 +34,8 @@ class ApiKeyConfig:
     requests_per_minute: float = 0.0  # 0 = unlimited
     tokens_per_minute: float = 0.0  # prompt (estimated at admission) + completion tokens; 0 = unlimited
     sha256_file: str | None = None  # digests one a line, each a key like this entry; instead of sha256
+    max_in_flight: int | None = None  # the tenant's slots per pool; none = admission.max_in_flight_per_tenant
+    weight: int = 1  # turns per round when tenants wait for slots (weighted round robin)
 
     def digests(self, key: str) -> list[tuple[str, str]]:
         """(digest, the key naming where it came from) of this entry; reads `sha256_file`."""
@@ -61,6 +63,10 @@ class ApiKeyConfig:
         for name in ("requests_per_minute", "tokens_per_minute"):
             if getattr(self, name) < 0:
                 raise ConfigError("must be >= 0", key=f"{key}.{name}")
+        if self.max_in_flight is not None and self.max_in_flight < 0:
+            raise ConfigError("must be >= 0 (0 = no cap)", key=f"{key}.max_in_flight")
+        if self.weight < 1:
+            raise ConfigError("must be >= 1", key=f"{key}.weight")
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,13 @@ class AuthConfig:
                 f"must be seconds in (0, 3600], got {self.rate_limit_window_s}", key=f"{key}.rate_limit_window_s"
             )
         self.entries  # noqa: B018 - the files' digests now, at load, not on the event loop at the first request
+        shares: dict[str, tuple[int | None, int]] = {}
+        for i, entry in enumerate(self.keys):  # admission counts and serves a tenant as one, whichever key it uses
+            share = shares.setdefault(entry.tenant, (entry.max_in_flight, entry.weight))
+            if share != (entry.max_in_flight, entry.weight):
+                raise ConfigError(
+                    f"keys of tenant {entry.tenant!r} must agree on max_in_flight and weight", key=f"{key}.keys[{i}]"
+                )
 
     @property
     def enabled(self) -> bool:

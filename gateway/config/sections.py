@@ -149,15 +149,16 @@ def positive(obj: Any, key: str, *names: str) -> None:
 class AdmissionConfig:
     """YAML `admission`."""
 
-    max_in_flight_per_replica: int = 0  # 0 = no cap, and so no queue
-    max_queue: int = 256  # requests waiting per pool; one more gets 429
+    max_in_flight_per_replica: int = 0  # 0 = no cap (and no queue unless a tenant is capped)
+    max_in_flight_per_tenant: int = 0  # slots one tenant (API key's tenant) may hold per pool; 0 = no cap
+    max_queue: int = 256  # requests waiting per pool and tenant; one more gets 429
     queue_timeout_s: float = 10.0  # longest wait in the queue, then 429
     retry_after_s: float = 1.0  # the Retry-After of those 429s
 
     def validate(self, key: str) -> None:
-        if self.max_in_flight_per_replica < 0 or self.max_queue < 0:
-            name = "max_in_flight_per_replica" if self.max_in_flight_per_replica < 0 else "max_queue"
-            raise ConfigError("must be >= 0", key=f"{key}.{name}")
+        for name in ("max_in_flight_per_replica", "max_in_flight_per_tenant", "max_queue"):
+            if getattr(self, name) < 0:
+                raise ConfigError("must be >= 0", key=f"{key}.{name}")
         for name in ("queue_timeout_s", "retry_after_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError("must be > 0", key=f"{key}.{name}")

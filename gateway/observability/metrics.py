@@ -125,6 +125,12 @@ class Metrics:
         self.queue_waiting = Gauge(
             "affinity_gateway_queue_waiting", "Requests waiting for a replica slot now", ["model_name"], registry=r
         )
+        self.tenant_queue_waiting = Gauge(
+            "affinity_gateway_tenant_queue_waiting",
+            "Requests waiting for a slot now, by tenant (only tenants with a waiter)",
+            ["model_name", "tenant"],
+            registry=r,
+        )
         self.tenant_requests = Children(
             Counter(
                 "affinity_gateway_tenant_requests",

@@ -1,8 +1,9 @@
-"""Admission control: per-replica concurrency caps and a bounded FIFO queue per pool.
+"""Admission control: per-replica and per-tenant concurrency caps and bounded waiting lines per pool.
 
-When every healthy replica of a pool already holds `max_in_flight_per_replica` requests, a new
-request waits in its pool's queue (FIFO; at most `max_queue` waiting, each at most
-`queue_timeout_s`). It is routed only when a slot frees, so the policy sees the load of that moment
+When every healthy replica of a pool already holds `max_in_flight_per_replica` requests, or the caller's
+tenant already holds its cap of the pool's slots, a new request waits in its tenant's line of the pool
+(`gateway.serving.fair_queue`: tenants served in turn, each line in order; at most `max_queue` waiting per
+tenant, each at most `queue_timeout_s`). It is routed only when a slot frees, so the policy sees the load of that moment
 rather than of its arrival. A full queue or a wait past the timeout answers 429 with `Retry-After`:
 overload is a signal to back off, never a 500 or a connection left hanging.
 """
@@ -10,7 +11,6 @@ overload is a signal to back off, never a 500 or a connection left hanging.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 from gateway.config.sections import AdmissionConfig
 from gateway.errors import RateLimitError
 from gateway.request.exchange import NO_TRACE, RequestTrace
+from gateway.serving.fair_queue import ANYONE, FairQueue, Share
 
 if TYPE_CHECKING:
+    from gateway.config.features import ApiKeyConfig
     from gateway.replicas import Replica, ReplicaPool
     from gateway.request.decision import Candidate, Decision
     from gateway.routing.model_route import ModelRoute
@@ -27,48 +29,54 @@ if TYPE_CHECKING:
 
 
 class PoolQueue:
-    """The waiting line of one pool; a request leaving a replica (`holding`) wakes the head of the line."""
+    """The waiting lines of one pool (`gateway.serving.fair_queue`: one per tenant, served in turn); a request
+    leaving a replica (`holding`) wakes the next in turn."""
 
     def __init__(self, pool: ReplicaPool, on_wait: Callable[[float], None]) -> None:
         self.pool = pool
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.lines = FairQueue()
         self._on_wait = on_wait  # seconds waited → metrics
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return len(self.lines)
 
-    async def candidates(self, exclude: Collection[str], config: AdmissionConfig, model: str) -> list[Candidate]:
-        """Healthy candidates with a free slot, waiting for one in FIFO order; [] when none is healthy."""
+    async def candidates(
+        self, exclude: Collection[str], config: AdmissionConfig, model: str, share: Share = ANYONE
+    ) -> list[Candidate]:
+        """Healthy candidates with a free slot once the tenant may take one, waiting for it in the tenant's line;
+        [] when none is healthy."""
         cap = config.max_in_flight_per_replica
         available = self.pool.candidates(exclude)
-        if not cap or not available:
+        if not available or not (cap or share.cap):
             return available
-        room = [c for c in available if c.in_flight < cap]
-        if room and not self._waiters:
-            return room
+        room = [c for c in available if c.in_flight < cap] if cap else available
         if room:
-            self._wake()  # room appeared without a release (a replica came back): the head goes first
-        if len(self._waiters) >= config.max_queue:
-            raise RateLimitError(
-                f"every replica for model {model!r} is at capacity and the queue is full",
-                retry_after_s=config.retry_after_s,
+            woke = bool(self.lines) and self.lines.wake()  # room appeared without a release: the next in turn first
+            if not woke and self.lines.may_hold(share):
+                return room
+        if self.lines.line_length(share) >= config.max_queue:
+            message = (
+                f"every replica for model {model!r} is at capacity and the queue is full"
+                if self.lines.may_hold(share)
+                else f"tenant {share.tenant!r} holds its {share.cap} slots of model {model!r} and its queue is full"
             )
+            raise RateLimitError(message, retry_after_s=config.retry_after_s)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
+        waiter = self.lines.join(share)
         served = False
         try:
             async with asyncio.timeout_at(started + config.queue_timeout_s):
                 while True:
                     await waiter
                     available = self.pool.candidates(exclude)  # fresh state, at dequeue time
-                    room = [c for c in available if c.in_flight < cap]
-                    if room or not available:
+                    room = [c for c in available if c.in_flight < cap] if cap else available
+                    if not available or (room and self.lines.may_hold(share, woken=True)):
                         served = bool(room)
                         return room
-                    waiter = loop.create_future()  # the slot went elsewhere: stay first in line
-                    self._waiters.appendleft(waiter)
+                    waiter = self.lines.rejoin(share)  # the slot went elsewhere, or is over the tenant's cap: stay
+                    if room:  # first in line; a free slot is the next tenant's to take
+                        self.lines.wake()
         except TimeoutError:
             raise RateLimitError(
                 f"waited {config.queue_timeout_s:g}s for a free replica for model {model!r}",
@@ -76,27 +84,19 @@ class PoolQueue:
             ) from None
         finally:
             self._on_wait(loop.time() - started)
-            if not waiter.done():
-                self._waiters.remove(waiter)
-            elif not served:
-                self._wake()  # pass on a wake-up this request can no longer use
+            self.lines.leave(share, waiter, served)
 
     @contextmanager
-    def holding(self, replica: Replica) -> Iterator[Replica]:
-        """Hold a slot of `replica` (`pool.track`) for the request's whole life there; its release wakes the
-        head of the line."""
+    def holding(self, replica: Replica, share: Share = ANYONE) -> Iterator[Replica]:
+        """Hold a slot of `replica` (`pool.track`) for the request's whole life there, counted to its tenant; its
+        release wakes the next in turn."""
+        self.lines.hold(share)
         try:
             with self.pool.track(replica):
                 yield replica
         finally:
-            self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+            self.lines.release(share)
+            self.lines.wake()
 
 
 class Admission:
@@ -115,6 +115,10 @@ class Admission:
     def waiting(self) -> dict[str, int]:
         return {model: len(queue) for model, queue in self._queues.items()}
 
+    def tenants_waiting(self) -> dict[tuple[str, str], int]:
+        """Waiters by (model, tenant), for `affinity_gateway_tenant_queue_waiting`."""
+        return {(model, t): n for model, queue in self._queues.items() for t, n in queue.lines.waiting().items()}
+
     async def choose(
         self,
         route: ModelRoute,
@@ -122,13 +126,14 @@ class Admission:
         exclude: Collection[str],
         config: AdmissionConfig,
         trace: RequestTrace = NO_TRACE,
+        share: Share = ANYONE,
     ) -> tuple[Replica, Decision] | None:
         """Decide among replicas with a free slot; None when no replica is healthy. The decision is not
         committed: the caller commits it (`router.dispatched`) once it holds the slot (`PoolQueue.holding`),
         with no await between this return and that."""
         queue = self.queue(route)
         while True:
-            waiting = queue.candidates(exclude, config, route.model)
+            waiting = queue.candidates(exclude, config, route.model, share)
             candidates = await trace.admission(waiting)
             if not candidates:
                 return None
@@ -138,5 +143,13 @@ class Admission:
             if replica is None:
                 raise RuntimeError(f"policy {route.routing.policy} chose unknown replica {decision.replica_id!r}")
             cap = config.max_in_flight_per_replica
-            if not cap or replica.in_flight < cap:  # no await from here to pool.track: the slot is ours
-                return replica, decision
+            if (not cap or replica.in_flight < cap) and queue.lines.may_hold(share):  # no await from here to
+                return replica, decision  # pool.track: the slot is ours
+
+
+def share_of(key: ApiKeyConfig | None, config: AdmissionConfig) -> Share:
+    """The caller's tenant, its cap (the key's `max_in_flight`, else `max_in_flight_per_tenant`) and weight."""
+    if key is None:
+        return ANYONE
+    cap = config.max_in_flight_per_tenant if key.max_in_flight is None else key.max_in_flight
+    return Share(key.tenant, cap, key.weight)

@@ -112,6 +112,7 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
             lambda: app[LIFECYCLE].draining,
             lambda: app[RATE_LIMITS].local_only,
             lambda: app[HOMES].asking_replicas,
+            app[ADMISSION].tenants_waiting,
         ),
     )
     add_dashboard_routes(app)  # /dashboard: one page over the admin routes

@@ -24,8 +24,11 @@ from gateway.relay.attempt import Attempt, Retryable, input_may_cause
 from gateway.replicas import Replica
 from gateway.request.decision import Decision
 from gateway.request.exchange import Exchange
+from gateway.request.keys import CALLER
 from gateway.routing.model_route import ModelRoute
+from gateway.serving.admission import share_of
 from gateway.serving.app_keys import ADMISSION, HOMES, OBSERVERS, PROXY, ROUTE_TABLE
+from gateway.serving.fair_queue import Share
 from gateway.support.cancel import raise_lost_cancel
 from gateway.view import RequestView
 
@@ -37,11 +40,12 @@ async def answer(
     error) when none is left."""
     app = request.app
     proxy, queue = app[PROXY], app[ADMISSION].queue(route)
+    share = share_of(request[CALLER].key, config.admission)  # the caller's tenant: its cap, weight and line
     failure: GatewayError | None = None  # the last attempt's; built only when there is one (no error per request)
     deferred: list[tuple[Replica, str, str]] = []  # retried input-caused failures, charged unless it is poison
     try:
         for number in range(config.limits.max_retries + 1):
-            chosen = await _decide(request, view, route, exchange, config)
+            chosen = await _decide(request, view, route, exchange, config, share)
             if chosen is None:
                 break
             replica, decision = chosen
@@ -56,7 +60,7 @@ async def answer(
                     _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})
                 ),
             )
-            with queue.holding(replica):  # its release lets the pool's next waiting request in
+            with queue.holding(replica, share):  # its release lets the pool's next waiting request in
                 route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
                 exchange.decision, exchange.replica_id = decision, replica.replica_id  # router.finished undoes it
                 exchange.usage.bound(replica.model_card.get("max_model_len"), view.body)
@@ -86,10 +90,11 @@ async def answer(
 
 
 async def _decide(
-    request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config
+    request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config, share: Share
 ) -> tuple[Replica, Decision] | None:
-    """Admission (a replica with a free slot, waiting in the pool's queue for one) and the router's decision
-    among those not yet tried; None when no healthy one is left. The wait counts as the request's queue time."""
+    """Admission (a replica with a free slot, waiting in the tenant's line of the pool for one) and the router's
+    decision among those not yet tried; None when no healthy one is left. The wait counts as the request's queue
+    time."""
     waiting = time.perf_counter()
     try:
         return await request.app[ADMISSION].choose(
@@ -98,6 +103,7 @@ async def _decide(
             _narrowed(request, view, route, set(exchange.failed_replicas)),
             config.admission,
             exchange.trace,
+            share,
         )
     finally:
         exchange.queue_s += time.perf_counter() - waiting

@@ -52,6 +52,7 @@ class Outcome:
     body: bytes = b""
     error: str = ""  # transport error or timeout (a hang)
     first_byte_s: float | None = None
+    took_s: float | None = None  # to the end of the answer (None: no complete answer)
 
     @property
     def clean(self) -> bool:
@@ -89,6 +90,7 @@ class Load:
                         if out.first_byte_s is None:
                             out.first_byte_s = time.monotonic() - started
                         out.body += chunk
+            out.took_s = time.monotonic() - started
         except TimeoutError:
             out.error = "hung"
         except aiohttp.ClientError as exc:

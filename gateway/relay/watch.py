@@ -18,13 +18,16 @@ later read raise `RuntimeError("Connection closed.")`; `read_any` maps that one 
 from __future__ import annotations
 
 import asyncio
+from functools import lru_cache
 
 import aiohttp
 
 
+@lru_cache(maxsize=4)
 def attempt_timeout(connect_s: float) -> aiohttp.ClientTimeout:
     """aiohttp's timeout of an upstream attempt: only the connect is bounded there; silence after it is
-    the `Watch`'s to bound, so that a long prefill and a long stream are not cut by a total."""
+    the `Watch`'s to bound, so that a long prefill and a long stream are not cut by a total. One object
+    per value (it is immutable), not one per request."""
     return aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
 
 

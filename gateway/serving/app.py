@@ -297,6 +297,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         timeout=attempt_timeout(config.timeouts.connect_s),
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+        cookie_jar=aiohttp.DummyCookieJar(),  # a replica's Set-Cookie goes to its client, never to other requests
     )
     metrics = app[METRICS]
     app[PROXY] = Proxy(

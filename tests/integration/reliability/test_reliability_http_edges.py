@@ -167,16 +167,20 @@ LEAKY = {
 @pytest.mark.parametrize("ids", [True, False], ids=["ids-on", "ids-off"])
 def test_replica_response_headers_do_not_leak(tmp_path: Path, ids: bool) -> None:
     """Server, Set-Cookie and the configured deny list are stripped; the gateway's X-Replica-Id wins, and
-    both id headers can be turned off (`headers.replica_id`, `headers.affinity_reason`)."""
-    with ThreadServer(FakeReplica("fake", headers=LEAKY).app) as url, running() as track:
+    both id headers can be turned off (`headers.replica_id`, `headers.affinity_reason`). The replica's
+    cookie is not kept by the gateway's client either: no later request carries it to a replica."""
+    replica = FakeReplica("fake", headers=LEAKY)
+    with ThreadServer(replica.app) as url, running() as track:
         gateway = track(
             start_gateway(
                 tmp_path,
-                {MODEL: pool(("gateway-name", url))},
+                {MODEL: pool(("gateway-name", url.replace("127.0.0.1", "localhost")))},  # a name keeps cookies
                 headers={"drop_response": ["x-debug-trace"], "replica_id": ids, "affinity_reason": ids},
             )
         )
         resp = httpx.post(f"{gateway.url}/v1/chat/completions", content=BODY, timeout=10)
+        assert httpx.post(f"{gateway.url}/v1/chat/completions", content=BODY, timeout=10).status_code == 200
+    assert [seen.headers.get("Cookie") for seen in replica.seen] == [None, None]
     assert resp.status_code == 200 and resp.headers["X-Custom"] == "kept"
     assert "replica" not in resp.headers.get("Server", "") and "Set-Cookie" not in resp.headers
     assert "X-Debug-Trace" not in resp.headers

@@ -95,6 +95,17 @@ class ReplicaPool:
             for r in chosen
         ]
 
+    def has_candidate(self, exclude: Collection[str]) -> bool:
+        """`bool(self.candidates(exclude))` without building them (or changing the panic state): whether a
+        retry would have a replica left."""
+        now = time.monotonic()
+        replicas = self._replicas.values()
+        if any(r.is_available(now) and r.replica_id not in exclude for r in replicas):
+            return True
+        if any(r.is_available(now) for r in replicas):
+            return False
+        return any(r.ready and r.replica_id not in exclude for r in replicas)
+
     def fault(self, replica: Replica, health: HealthConfig, error: str) -> str | None:
         """Count an upstream fault of `replica`: "opened" when it opened its breaker, "held" when it would
         have but the pool is at `max_ejection_percent`, else None."""

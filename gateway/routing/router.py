@@ -24,7 +24,6 @@ the observed TTFT and to export how right the prediction was, per rung.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -87,7 +86,7 @@ class Router:
         chosen = decision.chosen()
         rung = evidence.get(decision.replica_id, "")
         if rung:
-            decision = dataclasses.replace(decision, evidence=rung)
+            decision = decision.with_evidence(rung)
         if self.metrics is not None:
             self._observe(decision, chosen, rung, time.perf_counter() - start)
         return decision
@@ -170,7 +169,7 @@ class Router:
             self.calibration.learn_ratio(view, outcome.prompt_tokens)
         if outcome.ok and outcome.answer and self.records_answers:
             self._record_answer(view, replica_id, outcome)
-        self.policy.on_finished(view, replica_id, dataclasses.replace(outcome, predicted=predicted))
+        self.policy.on_finished(view, replica_id, outcome.with_predicted(predicted))
         return predicted
 
     @property

@@ -56,7 +56,7 @@ async def answer(
                 decision,
                 after_fault=bool(deferred),
                 last=number == config.limits.max_retries
-                or not route.pool.candidates(
+                or not route.pool.has_candidate(
                     _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})
                 ),
             )

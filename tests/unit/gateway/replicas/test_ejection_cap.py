@@ -72,3 +72,20 @@ def test_a_single_replica_with_its_breaker_open_still_gets_requests() -> None:
 def test_max_ejection_percent_is_validated(value: int) -> None:
     with pytest.raises(ConfigError, match="health.max_ejection_percent"):
         parse_config({"pools": {"m": {"replicas": [{"url": "http://r0"}]}}, "health": {"max_ejection_percent": value}})
+
+
+def test_has_candidate_answers_as_candidates_would_in_every_state() -> None:
+    pool = pool_of(3)
+    r0, r1, r2 = pool
+    states = []
+    for healthy, ready in [
+        ((1, 1, 1), (1, 1, 1)),
+        ((0, 0, 0), (1, 1, 1)),
+        ((0, 0, 0), (1, 0, 0)),
+        ((0, 1, 0), (1, 1, 1)),
+    ]:
+        for replica, h, r in zip((r0, r1, r2), healthy, ready):
+            replica.healthy, replica.ready = bool(h), bool(r)
+        for exclude in [set(), {"r0"}, {"r1"}, {"r0", "r1"}, {"r0", "r1", "r2"}]:
+            states.append((pool.has_candidate(exclude), bool(pool.candidates(exclude))))
+    assert all(has == built for has, built in states) and {has for has, _ in states} == {True, False}

@@ -4,15 +4,20 @@ replica costs as little as aiohttp can and the routers in front of it are what i
     python -m bench.hop.fake_replica --port 9001 [--model bench-model]
 
 It answers `/v1/completions` (whole or as SSE, four chunks then `[DONE]`), `/health`, `/v1/models`
-and a vLLM-shaped `/metrics`, which is what a router's probes and load scrapes read.
+and a vLLM-shaped `/metrics`, which is what a router's probes and load scrapes read. `GET /bench/counts`
+says how many requests each of those paths got (`bench.hop.background` reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SSE_CHUNKS = 4
 
@@ -45,6 +50,13 @@ def build_app(model: str) -> web.Application:
         f'vllm:kv_cache_usage_perc{{model_name="{model}"}} 0.0\n'
     ).encode()
 
+    counts: Counter[str] = Counter()
+
+    @web.middleware
+    async def counted(request: web.Request, handler: Handler) -> web.StreamResponse:
+        counts[request.path] += 1
+        return await handler(request)
+
     async def completions(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         if not body.get("stream"):
@@ -64,7 +76,11 @@ def build_app(model: str) -> web.Application:
     async def scrape(_: web.Request) -> web.Response:
         return web.Response(body=metrics, content_type="text/plain")
 
-    app = web.Application()
+    async def report(_: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(counts), content_type="application/json")
+
+    app = web.Application(middlewares=[counted])
+    app.router.add_get("/bench/counts", report)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)

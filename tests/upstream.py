@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +68,7 @@ class FakeReplica:
     models: dict[str, int] = field(default_factory=dict)  # GET /v1/models: id -> max_model_len
     metrics_text: str = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
     seen: list[Seen] = field(default_factory=list)
+    gets: Counter[str] = field(default_factory=Counter)  # GET /health, /metrics, /v1/models: how many came
     cancelled: int = 0  # requests whose handler was cancelled (client gone)
     active: int = 0
 
@@ -82,13 +84,16 @@ class FakeReplica:
         return app
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.gets[request.path] += 1
         cards = [{"id": model, "object": "model", "max_model_len": n} for model, n in self.models.items()]
         return web.json_response({"object": "list", "data": cards})
 
     async def _health(self, request: web.Request) -> web.Response:
+        self.gets[request.path] += 1
         return web.Response(status=200 if self.healthy else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.gets[request.path] += 1
         return web.Response(text=self.metrics_text)
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:

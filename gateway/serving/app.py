@@ -43,7 +43,7 @@ from gateway.relay.proxy import CLIENT_CLOSED, Proxy
 from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
 from gateway.relay.stream_usage import ask_for_usage
 from gateway.relay.watch import attempt_timeout
-from gateway.replicas import Monitor
+from gateway.replicas import Monitor, shared_monitor
 from gateway.request.exchange import Exchange
 from gateway.request.keys import CALLER, REQUEST_ID
 from gateway.request.observers import Observers
@@ -56,8 +56,10 @@ from gateway.serving.admission import Admission
 from gateway.serving.app_keys import (
     ADMISSION,
     DECISIONS,
+    FOLLOWER,
     HOMES,
     METRICS,
+    MONITOR,
     OBSERVERS,
     PREFIX_REPORT,
     PROXY,
@@ -255,7 +257,9 @@ async def error_middleware(
         return _error(request, 500, error_body("internal gateway error", "InternalServerError", 500), {})
 
 
-_OPEN_PATHS = OPEN_PATHS | DASHBOARD_PATHS  # the dashboard's page and assets hold no data
+# The dashboard's page and assets hold no data; the monitor's findings are answered on a worker's private
+# socket only (gateway.serving.workers), 404 on the public port.
+_OPEN_PATHS = OPEN_PATHS | DASHBOARD_PATHS | {shared_monitor.PATH}
 
 
 @web.middleware
@@ -308,12 +312,13 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     state = app[ROUTE_TABLE]
     await state.start()
     app[LIFECYCLE].cut_streams = partial(app[PROXY].watches.cut, "shutdown")
-    monitor = Monitor(
+    app[MONITOR] = monitor = Monitor(
         session,
         state.pools,
         lambda: state.config,
         after_scrape=state.after_scrape,
         on_ejected=partial(app[PROXY].watches.cut, "ejected", "replica ejected by its health probes"),
+        follower=app.get(FOLLOWER),
     )
     monitor.start()
     yield

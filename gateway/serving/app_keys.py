@@ -14,6 +14,8 @@ from gateway.observability.metrics import Metrics
 from gateway.observability.tracing import Tracing
 from gateway.relay.proxy import Proxy
 from gateway.relay.stored_responses import ResponseHomes
+from gateway.replicas.health import Monitor
+from gateway.replicas.shared_monitor import Follower
 from gateway.request.observers import Observers
 from gateway.routing.route_table import RouteTable
 from gateway.serving.admission import Admission
@@ -30,3 +32,5 @@ PREFIX_REPORT = web.AppKey("prefix_report", PrefixReport)
 DECISIONS = web.AppKey("decisions", DecisionLog)
 OBSERVERS = web.AppKey("observers", Observers)  # who hears of every request (gateway.request.observers)
 TRACING: web.AppKey[Tracing | None] = web.AppKey("tracing")  # None: tracing off
+MONITOR = web.AppKey("monitor", Monitor)  # health probes, load scrapes, model lists (set at start)
+FOLLOWER: web.AppKey[Follower | None] = web.AppKey("follower")  # a worker taking worker 0's findings

@@ -13,8 +13,10 @@ supervisor only starts, watches and stops them:
   SIGHUP goes to every worker too (each reloads its config);
 - workers get SIGTERM from the kernel if the supervisor itself dies (PR_SET_PDEATHSIG).
 
-Each worker keeps its own state (warm-prefix tables unless Redis or KV events share them, health and
-breakers, admission counts; docs/SCALING.md says what that costs). Its /metrics are its own too, so
+Each worker keeps its own state (warm-prefix tables unless Redis or KV events share them, breakers,
+admission counts; docs/SCALING.md says what that costs), but for one monitor: worker 0 probes, scrapes
+and lists the replicas and the others take its findings (`gateway.replicas.shared_monitor`), so the
+replicas see one gateway's background traffic whatever N. Its /metrics are its own too, so
 `GET /metrics` on the public port, answered by whichever worker the kernel picked, scrapes the other
 workers over their private Unix sockets (abstract names `@affinity-gateway-<supervisor pid>-worker-<i>`:
 no file, so a read-only root file system is fine; the same app on a second site)
@@ -36,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -45,6 +48,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability.metrics import CONTENT_TYPE
+from gateway.replicas import shared_monitor
+from gateway.replicas.shared_monitor import Follower
+from gateway.serving.app_keys import FOLLOWER, MONITOR, ROUTE_TABLE
 from gateway.serving.lifecycle import CUT_S
 from gateway.support.backoff import doubled_s
 
@@ -53,6 +59,7 @@ WORKER_LABEL = "worker"
 SCRAPE_TIMEOUT_S = 2.0  # a sibling that does not answer in time is reported down in this scrape
 STOP_MARGIN_S = 5.0  # past the drain time: background tasks' own stop, then SIGKILL
 _PR_SET_PDEATHSIG = 1
+OWNER = 0  # the worker whose monitor asks the replicas; the others take its findings
 
 
 @dataclass(frozen=True)
@@ -215,9 +222,23 @@ def _die_with_parent() -> None:
 
 
 def attach(app: web.Application, spec: WorkerSpec) -> web.Application:
-    """Make this worker's public `GET /metrics` answer for all workers (before the app starts)."""
+    """Make this worker's public `GET /metrics` answer for all workers, and share one monitor: worker 0
+    answers its findings on its private socket, the others take them (`gateway.replicas.shared_monitor`).
+    Before the app starts."""
     app.middlewares.append(_merged_metrics(spec))
+    if spec.index == OWNER:
+        app.router.add_get(shared_monitor.PATH, _findings)
+    else:
+        app[FOLLOWER] = Follower(partial(_get, spec.socket(OWNER), shared_monitor.PATH, {}))
     return app
+
+
+async def _findings(request: web.Request) -> web.Response:
+    """The owner's monitor findings, to a sibling on the private socket; the public port has no such route."""
+    if not _private(request):
+        raise web.HTTPNotFound()
+    app = request.app
+    return web.Response(body=app[MONITOR].findings.snapshot(app[ROUTE_TABLE].pools()), content_type="application/json")
 
 
 def _merged_metrics(spec: WorkerSpec) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -236,7 +257,8 @@ def _merged_metrics(spec: WorkerSpec) -> Callable[..., Awaitable[web.StreamRespo
             return response
         headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
         others = [i for i in range(spec.count) if i != spec.index]
-        bodies = dict(zip(others, await asyncio.gather(*(_scrape(spec.socket(i), headers) for i in others))))
+        scrapes = (_get(spec.socket(i), "/metrics", headers) for i in others)
+        bodies = dict(zip(others, await asyncio.gather(*scrapes)))
         bodies[spec.index] = response.body
         return web.Response(body=merge(bodies), headers={"Content-Type": CONTENT_TYPE})
 
@@ -249,8 +271,9 @@ def _private(request: web.Request) -> bool:
     return transport is not None and isinstance(transport.get_extra_info("sockname"), (str, bytes))
 
 
-async def _scrape(path: str, headers: Mapping[str, str]) -> bytes | None:
-    """A sibling's own /metrics, or None when it is down, restarting or slow. One HTTP/1.0 GET on a
+async def _get(path: str, target: str, headers: Mapping[str, str]) -> bytes | None:
+    """A sibling's answer to `GET target` (its own /metrics, worker 0's monitor findings), or None when it is
+    down, restarting or slow. One HTTP/1.0 GET on a
     socket connected here: uvloop's create_unix_connection (aiohttp's UnixConnector) refuses abstract
     names with EINVAL, its sock_connect does not; the sibling's aiohttp answers and closes."""
     loop = asyncio.get_running_loop()
@@ -262,7 +285,7 @@ async def _scrape(path: str, headers: Mapping[str, str]) -> bytes | None:
             await loop.sock_connect(sock, path)
             reader, writer = await asyncio.open_unix_connection(sock=sock)
             try:
-                writer.write(f"GET /metrics HTTP/1.0\r\nHost: worker\r\n{head}\r\n".encode("latin-1"))
+                writer.write(f"GET {target} HTTP/1.0\r\nHost: worker\r\n{head}\r\n".encode("latin-1"))
                 answer = await reader.read()
             finally:
                 writer.close()

@@ -96,12 +96,12 @@ class PoolQueue:
     def borrowable(self, available: list[Candidate], config: AdmissionConfig, share: Share) -> list[Candidate]:
         """The replicas of a full pool (every one of `available` at its cap) the tenant may borrow a slot of:
         those under `max_in_flight_per_replica × borrow_factor`, when `FairQueue.may_borrow` says it may;
-        else []. The pool's slots are those of all its healthy replicas, whatever this request excludes."""
+        else []. The slots shared out are those of the replicas this request may use."""
         cap = config.max_in_flight_per_replica
         limit = int(cap * config.borrow_factor)
         if limit <= cap or any(c.in_flight < cap for c in available):
             return []
-        if not self.lines.may_borrow(share, cap * len(self.pool.candidates(()))):
+        if not self.lines.may_borrow(share, cap * len(available)):
             return []
         return [c for c in available if c.in_flight < limit]
 

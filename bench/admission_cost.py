@@ -4,7 +4,10 @@ request's `candidates` (the wait for a slot, none here) and `holding` (the slot 
 - free: 4 replicas with a cap of 8 and nobody waiting: the fast path every request takes below saturation,
   for a caller without a key (one tenant: the old FIFO's path) and for a keyed tenant under its own cap;
 - contended: 1 replica with a cap of 1 and `--tenants` tenants of 25 requests each, every one admitted in
-  turn: a release, the wake-up of the next tenant's waiter and its admission (asyncio's scheduling included).
+  turn: a release, the wake-up of the next tenant's waiter and its admission (asyncio's scheduling included),
+  borrowing off (`borrow_factor` 1) so that every request waits;
+- borrowing: 4 full replicas held by one tenant, another tenant under its fair share taking a borrowed slot
+  (the check of every tenant's share included).
 
     .venv/bin/python -m bench.admission_cost [--n 200000] [--tenants 4] [--repeat 5]
 """
@@ -15,6 +18,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 
 from gateway.config.sections import AdmissionConfig
 from gateway.replicas import Replica, ReplicaPool
@@ -22,24 +26,28 @@ from gateway.serving.admission import PoolQueue
 from gateway.serving.fair_queue import ANYONE, Share
 
 
-async def free(n: int, share: Share) -> float:
-    """µs per request through the fast path."""
+async def free(n: int, share: Share, held_by: Share = ANYONE) -> float:
+    """µs per request through the fast path: 4 replicas with 8 slots each; with `held_by`, every slot held
+    by that tenant first, so that `share`, under its fair share, borrows one."""
     replicas = [Replica(f"r{i}", f"http://r{i}") for i in range(4)]
     queue = PoolQueue(ReplicaPool("m", replicas), lambda waited_s: None)
-    config = AdmissionConfig(max_in_flight_per_replica=8, max_in_flight_per_tenant=4)
-    started = time.perf_counter()
-    for _ in range(n):
-        room = await queue.candidates((), config, "m", share)
-        with queue.holding(queue.pool.get(room[0].replica_id), share):  # type: ignore[arg-type]
-            pass
-    return (time.perf_counter() - started) / n * 1e6
+    config = AdmissionConfig(max_in_flight_per_replica=8, max_in_flight_per_tenant=0 if held_by.tenant else 4)
+    with ExitStack() as full:
+        for replica in replicas * 8 if held_by.tenant else ():
+            full.enter_context(queue.holding(replica, held_by))
+        started = time.perf_counter()
+        for _ in range(n):
+            room = await queue.candidates((), config, "m", share)
+            with queue.holding(queue.pool.get(room[0].replica_id), share):  # type: ignore[arg-type]
+                pass
+        return (time.perf_counter() - started) / n * 1e6
 
 
 async def contended(tenants: int) -> float:
     """µs per admission when every request waits its turn for the one slot."""
     replica = Replica("r", "http://r")
     queue = PoolQueue(ReplicaPool("m", [replica]), lambda waited_s: None)
-    config = AdmissionConfig(max_in_flight_per_replica=1, max_queue=1000, queue_timeout_s=60)
+    config = AdmissionConfig(max_in_flight_per_replica=1, max_queue=1000, queue_timeout_s=60, borrow_factor=1)
 
     async def one(share: Share) -> None:
         await queue.candidates((), config, "m", share)
@@ -58,6 +66,7 @@ async def main(n: int, tenants: int, repeat: int) -> None:
     cases: dict[str, Callable[[], Awaitable[float]]] = {
         "free, no key (one tenant)": lambda: free(n, ANYONE),
         "free, a keyed tenant under its cap": lambda: free(n, Share("acme", cap=4)),
+        "full pool, a tenant under its share borrowing": lambda: free(n, Share("acme"), Share("hog")),
         "contended, one tenant": lambda: contended(1),
         f"contended, {tenants} tenants in turn": lambda: contended(tenants),
     }

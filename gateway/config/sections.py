@@ -154,11 +154,14 @@ class AdmissionConfig:
     max_queue: int = 256  # requests waiting per pool and tenant; one more gets 429
     queue_timeout_s: float = 10.0  # longest wait in the queue, then 429
     retry_after_s: float = 1.0  # the Retry-After of those 429s
+    borrow_factor: float = 2.0  # a tenant under its fair share may exceed max_in_flight_per_replica up to × this
 
     def validate(self, key: str) -> None:
         for name in ("max_in_flight_per_replica", "max_in_flight_per_tenant", "max_queue"):
             if getattr(self, name) < 0:
                 raise ConfigError("must be >= 0", key=f"{key}.{name}")
+        if not self.borrow_factor >= 1:  # NaN too
+            raise ConfigError(f"must be >= 1, got {self.borrow_factor}", key=f"{key}.borrow_factor")
         for name in ("queue_timeout_s", "retry_after_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError("must be > 0", key=f"{key}.{name}")

@@ -131,6 +131,12 @@ class Metrics:
             ["model_name", "tenant"],
             registry=r,
         )
+        self.admission_borrowed = Counter(
+            "affinity_gateway_admission_borrowed",
+            "Requests admitted past max_in_flight_per_replica: a tenant under its fair share of a full pool",
+            ["model_name", "tenant"],
+            registry=r,
+        )
         self.tenant_requests = Children(
             Counter(
                 "affinity_gateway_tenant_requests",

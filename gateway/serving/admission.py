@@ -6,6 +6,11 @@ tenant already holds its cap of the pool's slots, a new request waits in its ten
 tenant, each at most `queue_timeout_s`). It is routed only when a slot frees, so the policy sees the load of that moment
 rather than of its arrival. A full queue or a wait past the timeout answers 429 with `Retry-After`:
 overload is a signal to back off, never a 500 or a connection left hanging.
+
+A tenant under its fair share of a full pool, while another holds more than its own, is not made to wait for
+that tenant's requests to end (they may be streams of minutes): it borrows a slot of a replica holding fewer
+than `max_in_flight_per_replica × borrow_factor` (`FairQueue.may_borrow`). Each tenant borrows at most up to
+its fair share, so the pool's overcommit is at most its slots, and lasts as long as the borrowing requests.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ class PoolQueue:
             woke = bool(self.lines) and self.lines.wake()  # room appeared without a release: the next in turn first
             if not woke and self.lines.may_hold(share):
                 return room
+        elif borrowed := self.borrowable(available, config, share):
+            return borrowed
         if self.lines.line_length(share) >= config.max_queue:
             message = (
                 f"every replica for model {model!r} is at capacity and the queue is full"
@@ -86,6 +93,18 @@ class PoolQueue:
             self._on_wait(loop.time() - started)
             self.lines.leave(share, waiter, served)
 
+    def borrowable(self, available: list[Candidate], config: AdmissionConfig, share: Share) -> list[Candidate]:
+        """The replicas of a full pool (every one of `available` at its cap) the tenant may borrow a slot of:
+        those under `max_in_flight_per_replica × borrow_factor`, when `FairQueue.may_borrow` says it may;
+        else []. The slots shared out are those of the replicas this request may use."""
+        cap = config.max_in_flight_per_replica
+        limit = int(cap * config.borrow_factor)
+        if limit <= cap or any(c.in_flight < cap for c in available):
+            return []
+        if not self.lines.may_borrow(share, cap * len(available)):
+            return []
+        return [c for c in available if c.in_flight < limit]
+
     @contextmanager
     def holding(self, replica: Replica, share: Share = ANYONE) -> Iterator[Replica]:
         """Hold a slot of `replica` (`pool.track`) for the request's whole life there, counted to its tenant; its
@@ -102,9 +121,12 @@ class PoolQueue:
 class Admission:
     """Queues per pool (kept across reloads, like the pools) and the capped choice of a replica."""
 
-    def __init__(self, queue_wait: Callable[[str, float], None]) -> None:
+    def __init__(
+        self, queue_wait: Callable[[str, float], None], borrowed: Callable[[str, str], None] = lambda m, t: None
+    ) -> None:
         self._queues: dict[str, PoolQueue] = {}
         self._queue_wait = queue_wait
+        self._borrowed = borrowed  # (model, tenant) of each slot borrowed → metrics
 
     def queue(self, route: ModelRoute) -> PoolQueue:
         queue = self._queues.get(route.model)
@@ -145,6 +167,11 @@ class Admission:
             cap = config.max_in_flight_per_replica
             if (not cap or replica.in_flight < cap) and queue.lines.may_hold(share):  # no await from here to
                 return replica, decision  # pool.track: the slot is ours
+            if cap and replica.in_flight >= cap:  # chosen among borrowable ones, or the pool filled meanwhile
+                borrowable = queue.borrowable(route.pool.candidates(exclude), config, share)
+                if any(c.replica_id == replica.replica_id for c in borrowable):
+                    self._borrowed(route.model, share.tenant or "")
+                    return replica, decision
 
 
 def share_of(key: ApiKeyConfig | None, config: AdmissionConfig) -> Share:

@@ -81,7 +81,10 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app[ROUTE_TABLE] = state = RouteTable(config, config_path, registry.routing)
     registry.watch(state.pools)
     registry.watch_feeds(state.kv_feeds.all)
-    app[ADMISSION] = Admission(lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s))
+    app[ADMISSION] = Admission(
+        lambda model, waited_s: registry.queue_wait.labels(model).observe(waited_s),
+        lambda model, tenant: registry.admission_borrowed.labels(model, tenant).inc(),
+    )
     app[RATE_LIMITS] = RateLimits(
         SharedQuota.for_config(config),  # the fleet's quota where Redis is
         config.auth.rate_limit_window_s,

@@ -9,8 +9,15 @@ wait in its own line, bounded by `admission.max_queue`, and no other tenant wait
 goes to the next tenant in turn that has a waiter and is under its cap: weighted round robin, a tenant of
 `weight` w served up to w times per turn.
 
-Callers without a key (auth off) are one tenant, `None`, never capped: then there is one line, served in
-order, exactly the pool's FIFO, and nothing is counted per request.
+A cap is the operator's choice; on the defaults there is none, and a tenant alone may take every slot (nothing
+reserved, nothing idle). So that a tenant holding every slot with long streams cannot make the others wait for
+one of them to end, a tenant under its fair share of a full pool (the pool's slots divided among the tenants
+holding or waiting there, by weight) may borrow a slot past `max_in_flight_per_replica` while another tenant
+holds more than its own share (`may_borrow`; `gateway.serving.admission` bounds it per replica). vLLM batches
+continuously, so the replica takes it: the slot cap is the gateway's own.
+
+Callers without a key (auth off) are one tenant, `None`, never capped and never borrowing: then there is one
+line, served in order, exactly the pool's FIFO, and nothing is counted per request.
 """
 
 from __future__ import annotations
@@ -70,6 +77,22 @@ class FairQueue:
             return True
         tenant = self._tenants.get(share.tenant)
         return tenant is None or tenant.held + tenant.woken - woken < share.cap
+
+    def may_borrow(self, share: Share, slots: int) -> bool:
+        """Whether the tenant may take a slot past the pool's `slots`, every one held: it has no waiter of its own
+        (none is passed), is under its cap and under its fair share (`slots` × its weight over the weights of
+        the tenants holding or waiting, itself included), while another tenant holds more than its own share."""
+        if share.tenant is None:
+            return False
+        tenant = self._tenants.get(share.tenant)
+        held = 0 if tenant is None else tenant.held + tenant.woken
+        if tenant is not None and tenant.waiters or share.cap and held >= share.cap:
+            return False
+        others = [t for name, t in self._tenants.items() if name != share.tenant]
+        weights = share.weight + sum(t.weight for t in others)
+        if held * weights >= slots * share.weight:  # at its share or over it (alone: every slot is its share)
+            return False
+        return any((t.held + t.woken) * weights > slots * t.weight for t in others)
 
     def line_length(self, share: Share) -> int:
         tenant = self._tenants.get(share.tenant)

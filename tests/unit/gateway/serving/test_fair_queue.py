@@ -1,5 +1,6 @@
-"""Fair admission: tenants served in turn (weighted), a tenant's cap, a tenant's own bounded line, and no slot
-or waiter leaked by a timeout or a cancel anywhere in the line."""
+"""Fair admission: tenants served in turn (weighted), a tenant's cap, a tenant's own bounded line, a slot
+borrowed past a full pool by a tenant under its fair share (only then, and bounded), and no slot or waiter
+leaked by a timeout or a cancel anywhere in the line."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from contextlib import ExitStack, contextmanager
 import pytest
 
 from gateway.config.features import ApiKeyConfig, AuthConfig
+from gateway.config.pools import RoutingConfig
 from gateway.config.sections import AdmissionConfig
 from gateway.errors import ConfigError, RateLimitError
 from gateway.replicas import Replica, ReplicaPool
-from gateway.serving.admission import PoolQueue, share_of
+from gateway.routing.model_route import ModelRoute
+from gateway.serving.admission import Admission, PoolQueue, share_of
 from gateway.serving.fair_queue import ANYONE, Share
+from tests.unit.gateway.routing.test_router import chat_view, make_router
 
 pytestmark = pytest.mark.timeout(10)
-ONE_SLOT = AdmissionConfig(max_in_flight_per_replica=1, max_queue=3, queue_timeout_s=2.0)
+ONE_SLOT = AdmissionConfig(max_in_flight_per_replica=1, max_queue=3, queue_timeout_s=2.0, borrow_factor=1)  # lines only
 A, B, C = Share("a"), Share("b"), Share("c")
 
 
@@ -187,3 +191,104 @@ def test_bad_shares_are_config_errors_naming_the_key() -> None:
     other = dataclasses.replace(key, sha256="1" * 64, weight=2)
     with pytest.raises(ConfigError, match=r"keys\[1\].*must agree|must agree"):
         AuthConfig(keys=(key, other)).validate("auth")
+
+
+TWO_SLOTS = AdmissionConfig(max_in_flight_per_replica=2, max_queue=3, queue_timeout_s=0.3)  # borrow up to 4
+
+
+def _route(pool: ReplicaPool) -> ModelRoute:
+    return ModelRoute("m", pool, make_router("least_loaded"), RoutingConfig(policy="least_loaded"))
+
+
+async def test_a_tenant_under_its_share_borrows_a_slot_from_a_full_pool_while_another_is_over() -> None:
+    replica, queue = _queue()
+    served = _Served(queue, replica, TWO_SLOTS)
+    with _held(queue, replica, A), _held(queue, replica, A):  # a alone: both slots, nothing reserved
+        served.add("a3", A)
+        await _tick()
+        assert served.order == [] and queue.lines.waiting() == {"a": 1}, "alone, a tenant never borrows"
+        served.add("b1", B)  # b: 0 of its share of 1 (2 slots, 2 tenants); a: 2, over its 1
+        await _tick()
+        assert served.order == ["b1"] and replica.in_flight == 3
+        served.add("b2", B)  # b at its share now: it waits in its line like anyone
+        await _tick()
+        assert served.order == ["b1"] and queue.lines.waiting() == {"a": 1, "b": 1}
+        await served.next()  # b1's borrowed slot is given back: still 2 held, so nobody goes
+        assert served.order == ["b1"] and replica.in_flight == 2
+    await _tick()  # a's two slots free: a3 and b2 in turn
+    assert sorted(served.order) == ["a3", "b1", "b2"] and len(queue) == 0
+    for _ in range(2):
+        await served.next()
+    assert replica.in_flight == 0 and not queue.lines._tenants
+
+
+async def test_borrowing_stops_at_the_fair_share_by_weight_and_at_the_borrow_factor() -> None:
+    replica, queue = _queue()
+    heavy, config = Share("b", weight=3), dataclasses.replace(TWO_SLOTS, max_queue=5)
+    served = _Served(queue, replica, config)
+    with _held(queue, replica, A), _held(queue, replica, A):
+        for n in range(4):  # b's share is 2 × 3/4 = 1.5 slots: it borrows 2; the factor 2 allows 4 in all
+            served.add(f"b{n}", heavy)
+        await _tick()
+        assert served.order == ["b0", "b1"] and queue.lines.waiting() == {"b": 2} and replica.in_flight == 4
+        served.add("c0", C)  # c: under its share (2/5), a over its own, but the replica is at 2 × 2
+        await _tick()
+        assert served.order == ["b0", "b1"] and queue.lines.waiting() == {"b": 2, "c": 1}
+        assert queue.borrowable(queue.pool.candidates(()), dataclasses.replace(config, borrow_factor=3), Share("d"))
+        for task in served.tasks.values():
+            task.cancel()  # the held ones give their borrowed slots back, the waiting ones leave their lines
+        await asyncio.gather(*served.tasks.values(), return_exceptions=True)
+        assert replica.in_flight == 2 and len(queue) == 0 and set(queue.lines._tenants) == {"a"}
+    assert replica.in_flight == 0 and not queue.lines._tenants
+
+
+async def test_no_borrowing_at_a_tenants_own_cap_with_a_line_of_its_own_or_with_a_factor_of_1() -> None:
+    replica, queue = _queue()
+    with _held(queue, replica, A), _held(queue, replica, A):
+        full = queue.pool.candidates(())
+        assert queue.borrowable(full, TWO_SLOTS, B)
+        assert not queue.borrowable(full, dataclasses.replace(TWO_SLOTS, borrow_factor=1.4), B)  # 2 × 1.4 → 2
+        assert queue.borrowable(full, TWO_SLOTS, Share("b", cap=1)), "under its cap of 1"
+        with _held(queue, replica, Share("b", cap=1)):
+            assert not queue.borrowable(queue.pool.candidates(()), TWO_SLOTS, Share("b", cap=1)), "at its cap"
+        waiter = queue.lines.join(B)  # b has a line (it was at its share): a new request goes behind it
+        assert not queue.borrowable(full, TWO_SLOTS, B)
+        queue.lines.leave(B, waiter, served=False)
+        assert not queue.borrowable(full, TWO_SLOTS, ANYONE), "callers without a key never borrow"
+
+
+async def test_a_borrowing_request_that_times_out_or_is_cancelled_leaks_nothing() -> None:
+    replica, queue = _queue()
+    served = _Served(queue, replica, TWO_SLOTS)
+    with _held(queue, replica, A), _held(queue, replica, A):
+        served.add("b1", B)
+        served.add("b2", B)  # at its share: waits, then times out
+        await _tick()
+        assert served.order == ["b1"]
+        await asyncio.sleep(0.4)
+        assert isinstance(served.tasks["b2"].exception(), RateLimitError)
+        served.tasks["b1"].cancel()  # cancelled while holding its borrowed slot
+        await asyncio.gather(served.tasks["b1"], return_exceptions=True)
+        assert replica.in_flight == 2 and len(queue) == 0 and set(queue.lines._tenants) == {"a"}
+    assert replica.in_flight == 0 and not queue.lines._tenants
+
+
+async def test_choose_admits_a_borrower_and_counts_it_but_not_a_tenant_at_its_share() -> None:
+    replica, queue = _queue()
+    borrowed: list[tuple[str, str]] = []
+    admission = Admission(lambda model, waited_s: None, lambda model, tenant: borrowed.append((model, tenant)))
+    route = _route(queue.pool)
+    view = chat_view([{"role": "user", "content": "hello"}])
+    with _held(admission.queue(route), replica, A), _held(admission.queue(route), replica, A):
+        chosen = await admission.choose(route, view, (), TWO_SLOTS, share=B)
+        assert chosen is not None and chosen[0] is replica and borrowed == [("m", "b")]
+        with admission.queue(route).holding(replica, B):
+            with pytest.raises(RateLimitError):  # b at its share of 1: it waits for a slot, none frees
+                await admission.choose(route, view, (), TWO_SLOTS, share=B)
+    assert borrowed == [("m", "b")] and replica.in_flight == 0
+
+
+def test_borrow_factor_below_1_is_a_config_error_naming_the_key() -> None:
+    for bad in (0.5, float("nan")):
+        with pytest.raises(ConfigError, match="borrow_factor"):
+            AdmissionConfig(borrow_factor=bad).validate("admission")

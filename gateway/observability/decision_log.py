@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from gateway.request.decision import Decision
@@ -18,11 +17,12 @@ from gateway.request.exchange import FinishedRequest
 from gateway.request.observers import RequestObserver
 from gateway.request.timing import Timing, rounded
 from gateway.request.usage import Usage
+from gateway.support.records import record
 
 SIZE = 200
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Entry:
     at: float
     model: str

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gateway.errors import GatewayError
 from gateway.replicas import Replica, ReplicaPool
 from gateway.request.decision import Decision
+from gateway.support.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Attempt:
     """One try of a request on one replica, as the attempt loop (gateway.serving.attempts) decided it."""
 

@@ -3,14 +3,15 @@ when auth is off. Rate limits, tenant metrics and costs are counted by it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from gateway.support.records import record
 
 if TYPE_CHECKING:
     from gateway.config.features import ApiKeyConfig
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Caller:
     """The authenticated caller of one request (`key` None when auth is off)."""
 

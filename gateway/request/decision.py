@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.support.records import record
+
 
 @dataclass(slots=True)
 class Candidate:
@@ -27,7 +29,7 @@ class Candidate:
         return max(self.in_flight, self.running + self.waiting) / self.weight
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Score:
     replica_id: str
     score: float  # lower is better; seconds of predicted TTFT for prefix_affinity
@@ -36,7 +38,7 @@ class Score:
     wait_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     replica_id: str
     reason: str  # why this replica: "round_robin", "least_loaded", "prefix_hit", "load_bound", ...
@@ -77,7 +79,7 @@ class Decision:
         return f"replica={self.replica_id};reason={self.reason};candidates={rows}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Outcome:
     """What happened to a dispatched request, fed back to the policy for learning."""
 

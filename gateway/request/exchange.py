@@ -13,6 +13,7 @@ from gateway.request.caller import Caller
 from gateway.request.decision import Decision, Outcome, Score
 from gateway.request.timing import Timing
 from gateway.request.usage import Usage
+from gateway.support.records import record
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class Exchange:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FinishedRequest:
     """One request as it ended: what every finished-request observer reads, and nothing writes."""
 

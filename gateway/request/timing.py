@@ -8,10 +8,10 @@ byte comes after its last token, so it has no prefill or decode time of its own 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from gateway.support.records import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Timing:
     queue_s: float  # waiting for a replica slot (admission) and deciding, summed over attempts
     ttft_s: float | None

@@ -26,8 +26,10 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
+from gateway.support.records import record
 
-@dataclass(frozen=True, slots=True)
+
+@record
 class Share:
     """What one tenant may hold of a pool (`cap` slots, 0 = no cap) and how often it is served (`weight`)."""
 

@@ -4,10 +4,15 @@ The replica (the stub, `--num-gpu-blocks 64`) says its KV capacity in `vllm:cach
 events come from a publisher in the test (a ZMQ PUB on loopback) that names 200,000 blocks in 20 batches
 and never removes one. The gateway's exact table for the replica must stay at 64 blocks (before: it kept
 every block named: the issue's 1.4 M cost 340-360 MB) and the gateway serves on. A client sending one
-request after another meanwhile (innocent traffic) keeps its p99 within 2x its unloaded p99 + 50 ms: the
-batches are decoded and applied in slices. That is looser than the issue's 2x: each of these events names
-10,000 blocks (160,000 token ids, one msgpack object decoded and checked in one go), and measured 62-63 ms
-against 8 ms unloaded (before the slicing: 554 ms).
+request after another meanwhile (innocent traffic) keeps its p99 within 2x its unloaded p99, plus
+`JITTER_S`. Each of these events names 10,000 blocks (160,000 token ids, one 0.7 MB msgpack object): it
+is read a window of token ids at a time, and the feed works at most a sixth of the time (before: 62-63 ms
+against 8 ms unloaded with the events decoded whole, 35-118 ms against 11-18 ms with them read in windows
+but not paced).
+
+`JITTER_S`: on the shared 2-core machine the unloaded p99 alone moved between 9 and 26 ms from one run to
+the next with nothing changed, so 2x of one 1.5 s sample cannot resolve a few milliseconds; 5 ms, half
+the lowest unloaded p99 seen, absorbs that noise and not a flood's cost (unpaced, the flood cost 20-100 ms).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from tests.integration.reliability_tools import chat, eventually, report
 pytestmark = pytest.mark.timeout(90)
 
 BLOCK, CAPACITY, PER_BATCH, BATCHES = 16, 64, 10_000, 20
+JITTER_S = 0.005  # see the module docstring
 
 
 def _rss_kb(gateway: Gateway) -> int:
@@ -52,9 +58,9 @@ def _p99(gateway: Gateway, stop: threading.Event, took: list[float]) -> None:
             took.append(time.monotonic() - started)
 
 
-def _percentile_99(values: list[float]) -> float:
+def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def test_a_table_stays_at_the_replica_s_capacity(tmp_path: Path) -> None:
@@ -93,15 +99,15 @@ def test_a_table_stays_at_the_replica_s_capacity(tmp_path: Path) -> None:
             time.sleep(1.5)
             stop.set()
             client.join()
+            # packed before the clock starts: packing here holds this process's GIL, which the client thread needs
+            flood = [_batch(10 + n * PER_BATCH, PER_BATCH, 9 + n * PER_BATCH if n else None) for n in range(BATCHES)]
             before_kb, batches = _rss_kb(gateway), int(feed()["batches"])
             loaded: list[float] = []
             stop.clear()
             client = threading.Thread(target=_p99, args=(gateway, stop, loaded))
             client.start()
-            parent: int | None = None
-            for n in range(BATCHES):
-                publish(_batch(10 + n * PER_BATCH, PER_BATCH, parent))
-                parent = 10 + (n + 1) * PER_BATCH - 1
+            for payload in flood:
+                publish(payload)
             try:
                 eventually(lambda: int(feed()["batches"]) >= batches + BATCHES, timeout_s=30)
                 time.sleep(0.3)
@@ -118,13 +124,16 @@ def test_a_table_stays_at_the_replica_s_capacity(tmp_path: Path) -> None:
                 capacity=state.get("capacity_blocks"),
                 rss_rise_mb=round(rise_mb, 1),
                 served=served,
-                p99_ms_unloaded=round(_percentile_99(unloaded) * 1000),
-                p99_ms_during=round(_percentile_99(loaded) * 1000),
+                p99_ms_unloaded=round(_percentile(unloaded, 0.99) * 1000),
+                p99_ms_during=round(_percentile(loaded, 0.99) * 1000),
                 requests_during=len(loaded),
+                p50_ms_unloaded=round(_percentile(unloaded, 0.5) * 1000),
+                p50_ms_during=round(_percentile(loaded, 0.5) * 1000),
+                paced_s=state.get("paced_s"),
             )
             assert state["blocks"] <= CAPACITY, state
             assert served == 200
-            assert _percentile_99(loaded) <= 2 * _percentile_99(unloaded) + 0.05
+            assert _percentile(loaded, 0.99) <= 2 * _percentile(unloaded, 0.99) + JITTER_S
     finally:
         pub.close(linger=0)
         ctx.term()

@@ -3,10 +3,10 @@
 Yielding to the loop (`asyncio.sleep(0)`) between slices of a long job bounds how long a request waits
 for the loop, but the process stays at 100 % CPU for the whole job; on a shared machine the OS then
 preempts it and the replica it talks to, and every request in flight pays for that. A KV-event flood
-of 200,000 blocks, sliced and yielding, still raised innocent p99 from 11-18 ms to 35-118 ms on 2
-cores. A `Pacer` lets the job run in bursts of `burst_s` and then rest `rest_ratio` times as long (by
-default a sixth of the time working; a third still gave 1.1-2.2x): the job takes longer and everything
-else keeps its share. The rest is an idle loop, not a busy one, so the OS gives the time to the
+of 200,000 blocks, sliced and yielding, still raised innocent p99 1.1-2.4x (26-58 ms against 23-29 ms)
+on 2 shared cores. A `Pacer` lets the job run in bursts of `burst_s` and then rest `rest_ratio` times as
+long (by default a sixth of the time working: 0.65-1.56x; half the time gave 1.25-1.8x): the job takes
+longer and everything else keeps its share. The rest is an idle loop, not a busy one, so the OS gives the time to the
 processes serving requests.
 """
 

@@ -295,7 +295,7 @@ class KVEventSubscriber:
         30 MB batch decoded in one go held it for 0.3-0.4 s; a long event is read a window of its token
         ids at a time); holding a whole decoded batch instead would also cost a full garbage collection
         over its objects. The slices are paced (`Pacer`): a flood of events, even sliced, kept the
-        process busy and doubled innocent p99 by CPU contention alone. A batch found bad part-way keeps
+        process busy and raised innocent p99 up to 2.4x by CPU contention alone. A batch found bad part-way keeps
         the events applied before the bad one: the table is uncertain either way."""
         self._next = seq + 1
         self._pacer.start()

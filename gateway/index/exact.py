@@ -139,7 +139,7 @@ class ExactTables:
         if block_size != self.block_tokens:
             self.on_block_size(replica_id, block_size, "kv_events")
         most = self.capacity(replica_id)
-        keys = chain_hash_tokens(list(token_ids), block_size, seed, len(block_hashes))
+        keys = chain_hash_tokens(token_ids, block_size, seed, len(block_hashes))
         for engine_hash, key in zip(block_hashes, keys):
             if engine_hash in table.own_key:
                 continue  # at-least-once delivery: already counted

@@ -239,6 +239,7 @@ class _FeedCollector(Collector):
         ("replay_failures", "Replays that timed out or could not fill the gap"),
         ("resets", "Publisher restarts seen (sequence went back): table rebuilt"),
         ("decode_errors", "Batches that did not decode"),
+        ("paced_seconds", "Seconds the feed rested mid-batch to leave the CPU to requests (a flood of events)"),
     )
 
     def __init__(self, feeds: Callable[[], Iterable[tuple[str, str, KVEventSubscriber, ExactTables]]]) -> None:

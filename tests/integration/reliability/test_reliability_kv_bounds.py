@@ -4,16 +4,20 @@ The replica (the stub, `--num-gpu-blocks 64`) says its KV capacity in `vllm:cach
 events come from a publisher in the test (a ZMQ PUB on loopback) that names 200,000 blocks in 20 batches
 and never removes one. The gateway's exact table for the replica must stay at 64 blocks (before: it kept
 every block named: the issue's 1.4 M cost 340-360 MB) and the gateway serves on. A client sending one
-request after another meanwhile (innocent traffic) keeps its p99 within 2x its unloaded p99 + 50 ms: the
-batches are decoded and applied in slices. That is looser than the issue's 2x: each of these events names
-10,000 blocks (160,000 token ids, one msgpack object decoded and checked in one go), and measured 62-63 ms
-against 8 ms unloaded (before the slicing: 554 ms).
+request after another meanwhile (innocent traffic) keeps its p99 within 2x its unloaded p99, the issue's
+bound. Each of these events names 10,000 blocks (160,000 token ids, one 0.7 MB msgpack object): it is
+read a window of token ids at a time, and the feed works at most a sixth of the time. Measured over 8
+runs on 2 shared cores: 0.65-1.56x (before: 62-63 ms against 8 ms with the events decoded whole).
+
+Both phases are measured the same way (`_latencies`): the unloaded one for 3 s, as its p99 alone moved
+between 14 and 57 ms from one run to the next here.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ def _batch(first: int, count: int, parent: int | None) -> bytes:
     return payload
 
 
-def _p99(gateway: Gateway, stop: threading.Event, took: list[float]) -> None:
+def _client(gateway: Gateway, stop: threading.Event, took: list[float]) -> None:
     """Innocent requests, one after another, until `stop`; each one's seconds go to `took`."""
     with httpx.Client(base_url=gateway.url, timeout=20) as http:
         while not stop.is_set():
@@ -52,9 +56,28 @@ def _p99(gateway: Gateway, stop: threading.Event, took: list[float]) -> None:
             took.append(time.monotonic() - started)
 
 
-def _percentile_99(values: list[float]) -> float:
+def _latencies(gateway: Gateway, done: Callable[[], bool], at_least_s: float) -> list[float]:
+    """Seconds of each innocent request from now until `done()` and `at_least_s` have passed. `done` is
+    polled the same way in both phases: this process's polling competes with the client thread for the
+    GIL, so polling only during the flood would charge the test's own work to the gateway."""
+    took: list[float] = []
+    stop = threading.Event()
+    client = threading.Thread(target=_client, args=(gateway, stop, took))
+    client.start()
+    started = time.monotonic()
+    try:
+        while not done() or time.monotonic() - started < at_least_s:
+            assert time.monotonic() - started < 60, "the flood was not applied in time"
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        client.join()
+    return took
+
+
+def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def test_a_table_stays_at_the_replica_s_capacity(tmp_path: Path) -> None:
@@ -86,28 +109,13 @@ def test_a_table_stays_at_the_replica_s_capacity(tmp_path: Path) -> None:
 
             eventually(joined, timeout_s=10)
             time.sleep(0.5)  # a few scrapes: the replica's cache_config_info is known
-            unloaded: list[float] = []
-            stop = threading.Event()
-            client = threading.Thread(target=_p99, args=(gateway, stop, unloaded))
-            client.start()
-            time.sleep(1.5)
-            stop.set()
-            client.join()
+            unloaded = _latencies(gateway, lambda: bool(feed()), at_least_s=3.0)
+            # packed before the clock starts: packing here holds this process's GIL, which the client thread needs
+            flood = [_batch(10 + n * PER_BATCH, PER_BATCH, 9 + n * PER_BATCH if n else None) for n in range(BATCHES)]
             before_kb, batches = _rss_kb(gateway), int(feed()["batches"])
-            loaded: list[float] = []
-            stop.clear()
-            client = threading.Thread(target=_p99, args=(gateway, stop, loaded))
-            client.start()
-            parent: int | None = None
-            for n in range(BATCHES):
-                publish(_batch(10 + n * PER_BATCH, PER_BATCH, parent))
-                parent = 10 + (n + 1) * PER_BATCH - 1
-            try:
-                eventually(lambda: int(feed()["batches"]) >= batches + BATCHES, timeout_s=30)
-                time.sleep(0.3)
-            finally:
-                stop.set()
-                client.join()
+            for payload in flood:
+                publish(payload)
+            loaded = _latencies(gateway, lambda: int(feed()["batches"]) >= batches + BATCHES, at_least_s=0)
             state = feed()
             rise_mb = (_rss_kb(gateway) - before_kb) / 1024
             served = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat(), timeout=20).status_code
@@ -118,13 +126,16 @@ def test_a_table_stays_at_the_replica_s_capacity(tmp_path: Path) -> None:
                 capacity=state.get("capacity_blocks"),
                 rss_rise_mb=round(rise_mb, 1),
                 served=served,
-                p99_ms_unloaded=round(_percentile_99(unloaded) * 1000),
-                p99_ms_during=round(_percentile_99(loaded) * 1000),
+                p99_ms_unloaded=round(_percentile(unloaded, 0.99) * 1000),
+                p99_ms_during=round(_percentile(loaded, 0.99) * 1000),
                 requests_during=len(loaded),
+                p50_ms_unloaded=round(_percentile(unloaded, 0.5) * 1000),
+                p50_ms_during=round(_percentile(loaded, 0.5) * 1000),
+                paced_s=state.get("paced_s"),
             )
             assert state["blocks"] <= CAPACITY, state
             assert served == 200
-            assert _percentile_99(loaded) <= 2 * _percentile_99(unloaded) + 0.05
+            assert _percentile(loaded, 0.99) <= 2 * _percentile(unloaded, 0.99)
     finally:
         pub.close(linger=0)
         ctx.term()

@@ -250,6 +250,7 @@ async def test_initial_replay_from_zero_makes_the_table_certain_then_live_batche
             "resets": 0,
             "duplicates": 0,
             "decode_errors": 0,
+            "paced_s": 0.0,
         }
     finally:
         await sub.close()

@@ -113,7 +113,7 @@ class KVEventSubscriber:
         self._ctx: zmq.asyncio.Context | None = None
         self._owns_ctx = True
         self._task: asyncio.Task[None] | None = None
-        self._pacer = Pacer()  # a flood of events takes about a third of the CPU at most
+        self._pacer = Pacer()  # a flood of events takes about a sixth of the CPU at most
 
     @property
     def paced_seconds(self) -> float:

@@ -5,16 +5,22 @@ Kubernetes-schema checks of every values file (values-vllm-fleet.yaml included) 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 
+from gateway.config.env import interpolate
+from gateway.config.loader import parse_config
 from tests.unit.deploy import values_schema
 from tests.unit.deploy.test_helm import (
     CHART,
     KUBE_VERSION,
+    VALUES_FILES,
     containers,
     gateway_yaml,
     helm,
@@ -36,6 +42,14 @@ pytestmark = pytest.mark.timeout(60)
         ({"gateway": {"workers": "two"}}, "/gateway/workers"),
         ({"tracing": {"samplingRatio": 2}}, "/tracing/samplingRatio"),
         ({"extraPools": [{"name": "other"}]}, "service"),
+        ({"gateway": {"config": {"listen": {"prot": 1}}}}, "at '/gateway/config/listen': additional properties 'prot'"),
+        ({"gateway": {"config": {"health": {"interval_s": "2s"}}}}, "/gateway/config/health/interval_s"),
+        ({"pool": {"policy": "fastest"}}, "at '/pool/policy': value must be one of"),
+        ({"extraPools": [{"name": "o", "service": "s", "policy": "fastest"}]}, "/extraPools/0/policy"),
+        (
+            {"gateway": {"config": {"pools": {"stub-model": {"routing": {"policy": "fastest"}}}}}},
+            "/gateway/config/pools/stub-model/routing/policy",
+        ),
     ],
 )
 def test_the_values_schema_rejects_unknown_values_wrong_types_and_modes(
@@ -43,6 +57,37 @@ def test_the_values_schema_rejects_unknown_values_wrong_types_and_modes(
 ) -> None:
     with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
         render(overrides)
+
+
+def test_a_partial_gateway_config_passes_the_schema_and_reaches_the_config() -> None:
+    """Nothing of the gateway's config is required in `gateway.config`: it is merged over a complete one.
+    A `${VAR}` stands for a number or a policy, as in the gateway's own files."""
+    partial = {
+        "listen": {"workers": "${WORKERS:-2}"},
+        "pools": {"stub-model": {"routing": {"policy": "least_loaded", "params": {"seed": 7}}}},
+        "limits": {"max_body_bytes": 1048576},
+    }
+    (config_map,) = [
+        d
+        for d in render({"gateway": {"config": partial}})
+        if d["kind"] == "ConfigMap" and d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+    ]
+    data = yaml.safe_load(config_map["data"]["gateway.yaml"])
+    assert data["listen"] == partial["listen"] and data["limits"] == partial["limits"]
+    routing = data["pools"]["stub-model"]["routing"]
+    assert routing["policy"] == "least_loaded" and routing["prefix"]["block_tokens"] == 16  # merged, not replaced
+    config = parse_config(interpolate(data, {"WORKERS": "3"}))
+    assert config.listen.workers == 3 and config.pools["stub-model"].routing.policy == "least_loaded"
+
+
+@pytest.mark.parametrize("name", VALUES_FILES)
+def test_every_generated_config_passes_the_embedded_gateway_schema(name: str) -> None:
+    """The schema `gateway.config` is checked by accepts the complete configs the chart writes, and is
+    itself a draft-07 schema (what Helm reads) without `required`."""
+    embedded = values_schema.schema()["properties"]["gateway"]["properties"]["config"]
+    jsonschema.Draft7Validator.check_schema(embedded)
+    assert '"required"' not in json.dumps(embedded)
+    assert list(jsonschema.Draft7Validator(embedded).iter_errors(gateway_yaml(name))) == []
 
 
 def test_the_values_schema_is_generated_from_values_yaml() -> None:

@@ -1,7 +1,9 @@
 """deploy/helm/affinity-gateway/values.schema.json, generated from values.yaml: every value's type from its
 default, no key that values.yaml does not declare (a misspelt value fails `helm install` instead of being
 ignored), enums and item shapes where the templates need them. The free-form maps (resources, labels,
-annotations, `gateway.config`) take anything.
+annotations) take anything. `gateway.config`, merged over the generated config, is checked by the gateway's
+own config schema (`gateway.config.reference.json_schema`) with nothing required, so a misspelt key of it
+fails at install time too; `pool.policy` and `extraPools[].policy` name one of the gateway's policies.
 
     .venv/bin/python -m tests.unit.deploy.values_schema   # rewrite the schema after changing values.yaml
 """
@@ -14,9 +16,14 @@ from typing import Any
 
 import yaml
 
+from gateway.config.policy_params import POLICY_CONFIGS
+from gateway.config.reference import json_schema
+
 CHART = Path(__file__).resolve().parents[3] / "deploy/helm/affinity-gateway"
-FREE_FORM = {"resources", "config", "annotations", "labels", "podAnnotations", "nodeSelector", "affinity"}
+FREE_FORM = {"resources", "annotations", "labels", "podAnnotations", "nodeSelector", "affinity"}
+POLICIES = list(POLICY_CONFIGS)
 ENUMS = {
+    "pool.policy": POLICIES,
     "replicas.mode": ["stub", "vllm"],
     "discovery.mode": ["dns", "kubernetes"],
     "gateway.logLevel": ["debug", "info", "warning", "error"],
@@ -44,7 +51,7 @@ ITEMS: dict[str, dict[str, Any]] = {
             "name": {"type": "string", "minLength": 1},
             "service": {"type": "string", "minLength": 1},
             "port": _PORT,
-            "policy": {"type": "string"},
+            "policy": {"enum": POLICIES},
             "blockTokens": {"type": "integer", "minimum": 1},
             "tokenizer": {"type": "string"},
             "kvEvents": {
@@ -78,11 +85,34 @@ ITEMS: dict[str, dict[str, Any]] = {
 }
 
 
+def partial(schema: Any) -> Any:
+    """`schema` with no `required` anywhere: `gateway.config` is merged over a complete config, so any
+    part of it may be left out, while a key that is there must still be known and of the right type."""
+    if isinstance(schema, dict):
+        return {k: partial(v) for k, v in schema.items() if k != "required"}
+    if isinstance(schema, list):
+        return [partial(v) for v in schema]
+    return schema
+
+
+def gateway_config_schema() -> dict[str, Any]:
+    """The gateway's config schema (draft 2020-12) as a part of the values schema (which Helm reads with
+    draft-07 semantics): it uses only keywords both drafts read alike, and its `$schema` and `title` go,
+    since they belong to a document's root."""
+    own = partial({k: v for k, v in json_schema().items() if k not in ("$schema", "title")})
+    routing = own["properties"]["pools"]["additionalProperties"]["properties"]["routing"]["properties"]
+    variable = {"type": "string", "pattern": r"\$\{"}  # `${VAR}`, read when the gateway loads it
+    routing["policy"] = {**routing["policy"], "type": "string", "anyOf": [{"enum": POLICIES}, variable]}
+    return {**own, "description": "gateway YAML merged over the generated config"}
+
+
 def schema_of(value: Any, path: str) -> dict[str, Any]:
     """The schema of one value of values.yaml, by its default and its dotted path."""
     name = path.rsplit(".", 1)[-1]
     if path in ENUMS:
         return {"enum": ENUMS[path]}
+    if path == "gateway.config":
+        return gateway_config_schema()
     if name in FREE_FORM:
         return (
             {"type": "object"}

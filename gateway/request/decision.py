@@ -70,7 +70,10 @@ class Decision:
 
     def chosen(self) -> Score | None:
         """The chosen replica's row (its last, should an id repeat), if the policy scored it."""
-        return next((s for s in reversed(self.scores) if s.replica_id == self.replica_id), None)
+        for row in reversed(self.scores):
+            if row.replica_id == self.replica_id:
+                return row
+        return None
 
     def header_value(self, most: int = 8) -> str:
         """Compact one-line form for the opt-in X-Gateway-Route header: the best `most` candidates."""

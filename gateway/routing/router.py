@@ -72,6 +72,8 @@ class Router:
         if exact is not None:
             exact.on_block_size = self.calibration.block_size_seen
         self._background: set[asyncio.Task[None]] = set()
+        self._pool_series: tuple[Any, Any] | None = None  # route_seconds, matched_tokens: `_observe`
+        self._degraded_shown: bool | None = None  # index_degraded as last set
 
     @property
     def prefix_params(self) -> PrefixConfig:
@@ -307,12 +309,20 @@ class Router:
         put_newest(self._predicted, request_id, (chosen, rung), MAX_TRACKED)  # a retry's replaces the earlier
 
     def _observe(self, decision: Decision, chosen: Score | None, rung: str, elapsed_s: float) -> None:
+        """The decision's series; the pool's own children are looked up at its first decision, and the
+        degraded gauge is set when it changes, not on every request."""
         assert self.metrics is not None
         m, pool = self.metrics, self.pool
+        if self._pool_series is None:
+            self._pool_series = (m.route_seconds.labels(pool), m.matched_tokens.labels(pool))
+        route_seconds, matched_tokens = self._pool_series
         m.decisions.labels(pool, self.policy.type, decision.reason).inc()
-        m.route_seconds.labels(pool).observe(elapsed_s)
+        route_seconds.observe(elapsed_s)
         if self.policy.needs_index:
-            m.matched_tokens.labels(pool).observe(chosen.cached_tokens if chosen else 0)
+            matched_tokens.observe(chosen.cached_tokens if chosen else 0)
             if rung:
                 m.evidence.labels(pool, rung).inc()
-            m.index_degraded.labels(pool).set(1 if self.index.degraded else 0)
+            degraded = self.index.degraded
+            if degraded != self._degraded_shown:
+                m.index_degraded.labels(pool).set(1 if degraded else 0)
+                self._degraded_shown = degraded

@@ -28,6 +28,7 @@ from gateway.serving.http_server import GatewayRunner
 
 if TYPE_CHECKING:
     from gateway.config.loader import Config
+from gateway.support.fd_limit import raise_limit
 
 log = structlog.get_logger("gateway.serving.lifecycle")
 CUT_S = 0.5  # after the grace period: time for cut streams to write their error event before connections close
@@ -46,6 +47,7 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 def serve(app: web.Application, config: Config, *, reuse_port: bool = False, private_socket: str | None = None) -> None:
     """Run until SIGTERM/SIGINT, then drain; uvloop if installed. A worker of `serve --workers N`
     shares the port (`reuse_port`) and answers its siblings on a Unix socket of its own (gateway.serving.workers)."""
+    raise_limit()  # two descriptors per request in flight: the soft limit of 1,024 is a few hundred requests
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     try:
         import uvloop

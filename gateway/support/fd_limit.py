@@ -1,8 +1,10 @@
-"""A warning before the process runs out of file descriptors.
+"""The process's file-descriptor limit: raised at start, and a warning before it runs out.
 
 Every client connection, upstream connection, Redis and ZMQ socket is a file descriptor; at the soft
 `RLIMIT_NOFILE` (1,024 by default on many systems) `accept()` and `connect()` fail with EMFILE and
-requests are reset with nothing in the gateway's log (6 of 3,121 in the issue's probe). `FdWatch.check`
+requests are reset. A proxy needs two per request in flight, so `raise_limit` lifts the soft limit to
+the hard one at start (as nginx's `worker_rlimit_nofile` and Go's runtime do; the hard limit is the
+operator's, `ulimit -Hn`, `LimitNOFILE=`, the container's nofile) and logs `fd_limit_raised`. `FdWatch.check`
 is sampled on the health monitor's tick, never per request: it counts `/proc/self/fd` (Linux; elsewhere
 it does nothing) and logs `fd_limit_near` once when the share in use crosses `WARN_SHARE`, and
 `fd_limit_ok` once it is back under `CLEAR_SHARE` (a hysteresis: no warning per tick while it hovers).
@@ -19,7 +21,22 @@ log = structlog.get_logger("gateway.fd_limit")
 
 WARN_SHARE = 0.8
 CLEAR_SHARE = 0.7
+MOST = 1 << 20  # the soft limit asked for when the hard one is unlimited (Linux's default nr_open)
 _FD_DIR = "/proc/self/fd"
+
+
+def raise_limit() -> int:
+    """Lift the soft RLIMIT_NOFILE to the hard limit; the soft limit now (unchanged where it cannot be raised)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MOST if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):
+            return soft
+        log.info("fd_limit_raised", soft_was=soft, soft=wanted, hard=hard)
+        return wanted
+    return soft
 
 
 class FdWatch:

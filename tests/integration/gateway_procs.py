@@ -87,9 +87,11 @@ class Gateway:
         self.proc.stop()
 
 
-def start_gateway(tmp_path: Path, pools: dict[str, Any], *, flags: Sequence[str] = (), **sections: Any) -> Gateway:
+def start_gateway(
+    tmp_path: Path, pools: dict[str, Any], *, flags: Sequence[str] = (), prefix: Sequence[str] = (), **sections: Any
+) -> Gateway:
     """Serve `pools` with fast probes and scrapes; `sections` override whole top-level keys; `flags`
-    go to `serve` (`--workers 2`)."""
+    go to `serve` (`--workers 2`); `prefix` runs it through a command that execs it (`prlimit ... --`)."""
     port = free_port()
     data: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port},
@@ -109,7 +111,7 @@ def start_gateway(tmp_path: Path, pools: dict[str, Any], *, flags: Sequence[str]
     }
     path = tmp_path / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(data))
-    proc = Proc(python_module("gateway", "serve", "--config", str(path), *flags))
+    proc = Proc([*prefix, *python_module("gateway", "serve", "--config", str(path), *flags)])
     gateway = Gateway(path, port, proc, data)
     wait_http(f"{gateway.url}/health", proc)
     return gateway

@@ -11,6 +11,8 @@ Contestants (in one run, interleaved in rounds so drift hits all alike):
 - `ours:<policy>`: our gateway on its shipped defaults with that policy; `ours:<policy>+idle` adds
   tracing (sampling nothing), prices (token costs) and sessions and the prefix report (on by
   default) configured but exercised by no request; `…@N` runs `serve --workers N`;
+- `base:<policy>`: the same from another source tree (`--baseline-tree`, e.g. a `git worktree` of an
+  earlier commit), for a before/after ratio measured in one run;
 - `sglang`, `smg` (their `cache_aware`, from `make peers`) and `nginx` (Debian's, round robin).
 Each request has a different prompt (`completions.lua`). CPU per request is user + system time of
 the router's process tree from /proc over the wrk run, divided by the requests it completed.
@@ -68,7 +70,9 @@ class Cell:
         return self.cpu_s * 1e3 / self.requests if self.requests else float("nan")
 
 
-def start(stack: ExitStack, name: str, replicas: list[str], workdir: Path) -> tuple[str, int | None] | str:
+def start(
+    stack: ExitStack, name: str, replicas: list[str], workdir: Path, baseline: Path | None = None
+) -> tuple[str, int | None] | str:
     """Start one contestant in front of the replicas: (its URL, the pid whose CPU counts), or why not."""
     if name == "direct":
         return replicas[0], None
@@ -77,9 +81,13 @@ def start(stack: ExitStack, name: str, replicas: list[str], workdir: Path) -> tu
     if kind == "bare":
         args = [sys.executable, "-m", "bench.hop.bare_proxy", "--port", str(port)]
         pid = stack.enter_context(running([*args, *(a for r in replicas for a in ("--replica", r))], port))
-    elif kind == "ours":
+    elif kind in ("ours", "base"):
+        if kind == "base" and baseline is None:
+            return "needs --baseline-tree"
         config = gateway_config(port, replicas, spec or "prefix_affinity", workdir)
-        pid = stack.enter_context(running([sys.executable, "-m", "gateway", "serve", "--config", str(config)], port))
+        command = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
+        # `-m` puts the working directory first on sys.path: the baseline's `gateway` is imported
+        pid = stack.enter_context(running(command, port, cwd=baseline if kind == "base" else None))
     elif kind == "nginx":
         binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
         if binary is None:
@@ -162,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contestants", default=CONTESTANTS, help=f"comma-separated (default {CONTESTANTS})")
     parser.add_argument("--modes", default="whole,stream", help="whole (non-streaming) and/or stream")
+    parser.add_argument("--baseline-tree", type=Path, help="source tree the base:<policy> contestants run from")
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     if not set(args.modes) <= {"whole", "stream"}:
@@ -178,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         replicas = fake_replicas(stack)
         targets: dict[str, tuple[str, int | None]] = {}
         for name in names:
-            started = start(stack, name, replicas, Path(workdir))
+            started = start(stack, name, replicas, Path(workdir), args.baseline_tree)
             if isinstance(started, str):
                 missing.append(f"- {name}: {started}")
             else:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 
 @contextmanager
-def running(args: list[str], port: int, env: dict[str, str] | None = None) -> Iterator[int]:
+def running(args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None) -> Iterator[int]:
     """Run a child process until the block ends; ready once its port accepts connections. Yields its pid."""
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        args, stdout=log, stderr=subprocess.STDOUT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}
+        args, stdout=log, stderr=subprocess.STDOUT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, cwd=cwd
     )
     try:
         deadline = time.monotonic() + 60

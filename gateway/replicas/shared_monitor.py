@@ -10,7 +10,7 @@ What a follower takes: each replica's probe state (healthy, its pass and failure
 and whether the owner's last failing probe timed out, which cuts the follower's own attempts there too),
 the last load scrape and the model card and adapters. Its breakers stay its own: they count the faults of
 its own requests. A replica the snapshot does not name (the owner has not probed it yet: it was just added,
-or discovered by this worker first), or whose findings are older than three of their intervals, and every
+or discovered by this worker first), or whose findings are older than three of their intervals (and a second), and every
 replica while the owner does not answer (restarting), is asked directly, as before, so a follower never
 goes blind.
 """
@@ -29,7 +29,8 @@ from gateway.replicas.replica import Replica, ReplicaLoad
 
 PATH = "/internal/monitor"  # the owner answers it on its private socket only (gateway.serving.workers)
 FRESH_S = 0.25  # a follower's loops share one read of the owner's findings within this long
-STALE_INTERVALS = 3  # findings older than this many of their intervals are not taken
+STALE_INTERVALS = 3  # findings older than this many of their intervals (and STALE_MIN_S) are not taken
+STALE_MIN_S = 1.0  # a busy owner's loop may lag a short interval by a few of them: not yet away
 Part = str  # "health", "load" or "models"
 
 

@@ -59,4 +59,4 @@ def test_workers_share_one_monitor_and_fall_back_without_its_owner(tmp_path: Pat
         b.healthy = True
         eventually(lambda: _all_up(gateway.url, WORKERS), timeout_s=30, interval_s=0.2)
         eventually(lambda: {_answered_by(gateway.url) for _ in range(20)} == {"a", "b"}, timeout_s=10)
-        assert _probes_per_s(a, 2.0) <= 1.5 * one_gateway, "worker 0 is back: one monitor again"
+        eventually(lambda: _probes_per_s(a, 1.0) <= 1.5 * one_gateway, timeout_s=10)  # worker 0 is back: one monitor

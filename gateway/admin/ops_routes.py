@@ -5,8 +5,10 @@ prompt-prefix hygiene report, the latest routing decisions, a dry-run route expl
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,17 +140,17 @@ async def admin_usage(request: web.Request) -> web.Response:
 
 async def admin_prefix_report(request: web.Request) -> web.Response:
     """Families of prompts that diverge early and match after it: the cache they lose (`insights.prefix_report`)."""
-    return _json(request.app[OPS].prefix_report.report())
+    return _json(request.app[OPS].prefix_report.report(), headers=THIS_GATEWAYS_VIEW)
 
 
 async def admin_decisions(request: web.Request) -> web.Response:
     """The latest routing decisions, newest first, each candidate's score (`observability.decision_log`); `?limit=`."""
-    return _json({"decisions": request.app[OPS].decisions.latest(_limit(request))})
+    return _json({"decisions": request.app[OPS].decisions.latest(_limit(request))}, headers=THIS_GATEWAYS_VIEW)
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
     """The most recently active agent sessions, their totals (`gateway.insights.sessions`); `?limit=` (default 50)."""
-    return _json({"sessions": request.app[OPS].sessions.recent(_limit(request))})
+    return _json({"sessions": request.app[OPS].sessions.recent(_limit(request))}, headers=THIS_GATEWAYS_VIEW)
 
 
 def _limit(request: web.Request) -> int:
@@ -164,9 +166,10 @@ async def admin_session(request: web.Request) -> web.Response:
     found = request.app[OPS].sessions.get(session_id)
     if found is None:
         raise NotFoundError(
-            f"no session {session_id!r} (unknown, or no longer among the recent ones)", param="session_id"
+            f"no session {session_id!r} (unknown, or no longer among the recent ones on this gateway)",
+            param="session_id",
         )
-    return _json(found)
+    return _json(found, headers=THIS_GATEWAYS_VIEW)
 
 
 async def admin_explain(request: web.Request) -> web.Response:
@@ -214,5 +217,11 @@ async def reload(app: web.Application) -> ConfigError | None:
     return None
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json", headers=headers)
+
+
+# The sessions, the prefix report and the decision log are what this gateway process saw (docs/SCALING.md:
+# kept per gateway by choice); their answers say whose view they are, for a reader behind a load balancer.
+VIEW_HEADER = "X-Gateway-View"
+THIS_GATEWAYS_VIEW = {VIEW_HEADER: f"this gateway only: {socket.gethostname()} pid {os.getpid()}"}

@@ -79,8 +79,13 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
         )
         with httpx.Client(base_url=gateway.url, timeout=20) as http:
             keyed = agent_loop(http, "keyed", {"X-Session-ID": "agent-1"})
-            session = http.get("/admin/sessions/agent-1").json()
+            answer = http.get("/admin/sessions/agent-1")
+            session = answer.json()
             assert session["source"] == "header"
+            pid = gateway.proc.popen.pid  # the views are this gateway's own, and say so
+            for path in ("/admin/sessions/agent-1", "/admin/sessions", "/admin/decisions", "/admin/prefix-report"):
+                view = http.get(path).headers.get("X-Gateway-View", "")
+                assert view.startswith("this gateway only:") and view.endswith(f"pid {pid}"), (path, view)
             check_timeline(session, keyed)
 
             inferred = agent_loop(http, "free", {})  # no key: the growing prefix chain names the session
@@ -98,7 +103,7 @@ def test_an_agent_loop_of_six_hops_is_one_timeline(tmp_path: Path) -> None:
                 assert named["source"] == source and named["hops"] == 1
 
             missing = http.get("/admin/sessions/nobody")
-            assert missing.status_code == 404
+            assert missing.status_code == 404 and "on this gateway" in missing.text
             assert missing.json()["error"]["type"] == "NotFoundError"
             assert http.get("/admin/sessions?limit=0").status_code == 400
 

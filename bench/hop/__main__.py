@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -35,14 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.hop.processes import cpu_seconds, running
-from bench.hop.rig import MODEL, SCRIPT, fake_replicas, gateway_config
+from bench.hop.rig import fake_replicas, gateway_config, wrk
 from lab import peers
 from lab.cluster import free_port
 
 CONTESTANTS = "direct,bare,ours:round_robin,ours:prefix_affinity,ours:prefix_affinity+idle,sglang,smg,nginx"
-RESULT = re.compile(
-    r"WRK_RESULT requests=(\d+) errors=(\d+) status=(\d+) seconds=([\d.]+) p50_ms=([\d.]+) p99_ms=([\d.]+)"
-)
 NGINX_CONF = """daemon off; worker_processes 1; pid {dir}/nginx.pid; error_log {dir}/error.log error;
 events {{ worker_connections 4096; }}
 http {{ access_log off; upstream replicas {{ {servers} keepalive 64; }}
@@ -107,28 +102,17 @@ def start(
     return f"http://127.0.0.1:{port}", pid
 
 
-def wrk(url: str, args: argparse.Namespace, stream: bool, seconds: float) -> tuple[int, int, float, float]:
-    """One wrk run: (completed requests, failed ones, seconds, p99 ms)."""
-    command = ["wrk", "-t", str(args.threads), "-c", str(args.connections), "-d", f"{seconds:g}s", "--latency"]
-    env = {**os.environ, "STREAM": "1" if stream else "0", "MODEL": MODEL}
-    out = subprocess.run([*command, "-s", str(SCRIPT), url], capture_output=True, text=True, env=env, timeout=120)
-    found = RESULT.search(out.stdout)
-    if found is None:
-        raise RuntimeError(f"wrk against {url} gave no result:\n{out.stdout}\n{out.stderr}")
-    requests, errors, status = int(found[1]), int(found[2]), int(found[3])
-    return requests, errors + status, float(found[4]), float(found[6])
-
-
 def measure(targets: dict[str, tuple[str, int | None]], args: argparse.Namespace) -> dict[str, dict[str, Cell]]:
     cells = {mode: {name: Cell() for name in targets} for mode in args.modes}
     for mode in args.modes:
         for url, _ in targets.values():  # warm connections, code paths and the peers' trees
-            wrk(url, args, mode == "stream", 1)
+            wrk(url, args.threads, args.connections, mode == "stream", 1)
     for _ in range(args.rounds):
         for mode in args.modes:
             for name, (url, pid) in targets.items():
                 before = cpu_seconds(pid) if pid else 0.0
-                requests, failed, seconds, p99 = wrk(url, args, mode == "stream", args.seconds)
+                stream = mode == "stream"
+                requests, failed, seconds, p99 = wrk(url, args.threads, args.connections, stream, args.seconds)
                 cell = cells[mode][name]
                 cell.cpu_s += cpu_seconds(pid) - before if pid else 0.0
                 cell.requests += requests

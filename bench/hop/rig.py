@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -13,6 +16,9 @@ from lab.cluster import free_port
 
 MODEL = "bench-model"
 SCRIPT = Path(__file__).with_name("completions.lua")  # wrk's requests: a different prompt each
+RESULT = re.compile(
+    r"WRK_RESULT requests=(\d+) errors=(\d+) status=(\d+) seconds=([\d.]+) p50_ms=([\d.]+) p99_ms=([\d.]+)"
+)
 
 
 def fake_replicas(stack: ExitStack, count: int = 3) -> list[str]:
@@ -45,3 +51,17 @@ def gateway_config(port: int, replicas: list[str], spec: str, workdir: Path) -> 
     path = workdir / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def wrk(url: str, threads: int, connections: int, stream: bool, seconds: float) -> tuple[int, int, float, float]:
+    """One wrk run with `SCRIPT`: (completed requests, failed ones, seconds, p99 ms)."""
+    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s", "--latency"]
+    env = {**os.environ, "STREAM": "1" if stream else "0", "MODEL": MODEL}
+    out = subprocess.run(
+        [*command, "-s", str(SCRIPT), url], capture_output=True, text=True, env=env, timeout=seconds + 60
+    )
+    found = RESULT.search(out.stdout)
+    if found is None:
+        raise RuntimeError(f"wrk against {url} gave no result:\n{out.stdout}\n{out.stderr}")
+    requests, errors, status = int(found[1]), int(found[2]), int(found[3])
+    return requests, errors + status, float(found[4]), float(found[6])

@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench.hop.processes import cpu_seconds, running
-from bench.hop.rig import MODEL, SCRIPT, fake_replicas, gateway_config
+from bench.hop.rig import fake_replicas, gateway_config, wrk
 from lab.cluster import free_port
 
 # (stage, prefixes of `module` or `module:function` in gateway/); the first match wins. None: the
@@ -160,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         config = gateway_config(port, replicas, args.policy, Path(workdir))
         pid = stack.enter_context(running([sys.executable, "-m", "gateway", "serve", "--config", str(config)], port))
         url = f"http://127.0.0.1:{port}"
-        env = {"STREAM": "1" if args.stream else "0", "MODEL": MODEL, "PATH": "/usr/bin:/bin"}
-        wrk = ["wrk", "-t", "2", "-c", str(args.connections), "-s", str(SCRIPT), url]
-        subprocess.run([*wrk[:5], "-d", "2s", *wrk[5:]], capture_output=True, env=env, timeout=60)  # warm-up
+        wrk(url, 2, args.connections, args.stream, 2)  # warm-up
         raw = Path(workdir) / "samples.txt"
         spying = subprocess.Popen(
             [
@@ -184,16 +182,9 @@ def main(argv: list[str] | None = None) -> int:
             stderr=subprocess.DEVNULL,
         )
         before = cpu_seconds(pid)
-        out = subprocess.run(
-            [*wrk[:5], "-d", f"{int(args.seconds)}s", *wrk[5:]],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=args.seconds + 60,
-        )
+        done = wrk(url, 2, args.connections, args.stream, int(args.seconds))[0]
         cpu_s = cpu_seconds(pid) - before
         spying.wait(args.seconds + 60)
-        done = int(out.stdout.partition("WRK_RESULT requests=")[2].split()[0] or 0)
         stages, functions, total = attribute(raw)
         if args.keep:
             shutil.copyfile(raw, args.keep)

@@ -58,6 +58,13 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
     p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="error",
+        help="--compare: the cluster's log level (info: our gateway's request events, each with its decision's "
+        "scored candidates, on stdout; default: %(default)s)",
+    )
+    p.add_argument(
         "--prices",
         default="3,0.3,15",
         type=_prices,
@@ -190,7 +197,7 @@ def _bench(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             model=args.model or "stub-model",
             speedup=args.speedup,
-            log_level="error",
+            log_level=args.log_level,
             num_gpu_blocks=args.num_gpu_blocks,
             engine=args.engine,
             stub_flags=("--batching", args.batching) if args.batching else (),

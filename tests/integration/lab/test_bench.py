@@ -104,6 +104,19 @@ def test_closed_loop_bench_and_simulate_agree(tmp_path: Path) -> None:
     assert b["target_session_rate"] == 0.0  # closed loop: no arrival rate to keep up with
 
 
+@pytest.mark.timeout(120)
+def test_bench_log_level_info_shows_each_requests_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a routing diagnosis reads: each request's log event from our gateway, with its scored candidates."""
+    run(tmp_path, "bench", "bench", "--compare", "round_robin", "--concurrency", "1", "--log-level", "info")
+    events = [
+        orjson.loads(line[line.index("{") :])
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("[gateway") and '"event":"request"' in line
+    ]
+    assert len(events) == 18
+    assert all(e["decision"] and e["replica"] in {c["replica"] for c in e["decision"]} for e in events)
+
+
 @pytest.mark.timeout(180)
 def test_bench_compare_runs_a_peer_router_in_front_of_the_same_stubs(tmp_path: Path) -> None:
     """A peer contestant (`make peers`; skipped without it) starts in front of fresh stubs like our

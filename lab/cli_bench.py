@@ -58,6 +58,13 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="--compare: run every contestant this many times, interleaved (A B A B: drift hits all alike); "
+        "a row per run, then one per contestant with the median of its runs' figures (default: %(default)s)",
+    )
+    p.add_argument(
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="error",
@@ -187,6 +194,9 @@ def _bench(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"affinity-gateway bench: {exc}")
         return 2
+    if args.rounds < 1 or (args.rounds > 1 and not args.compare):
+        print("affinity-gateway bench: --rounds takes an integer >= 1, and more than one only with --compare")
+        return 2
     if args.batching and args.engine == "vllm":
         print("affinity-gateway bench: --batching is a replica-stub flag (vLLM batches continuously)")
         return 2
@@ -214,17 +224,22 @@ def _bench(args: argparse.Namespace) -> int:
         )
         labels: dict[str, dict[str, str]] = {}
         meta["contestants"] = labels
-        runs = benchmark.bench_compare(
-            contestants,
-            sessions,
-            cluster,
-            concurrency=args.concurrency,
-            timeout_s=args.timeout,
-            show=not args.quiet,
-            evidence=evidence,
-            policy_params=policy_params,
-            labels=labels,
-        )
+        meta["rounds"] = args.rounds
+        rounds = [
+            benchmark.bench_compare(
+                contestants,
+                sessions,
+                cluster,
+                concurrency=args.concurrency,
+                timeout_s=args.timeout,
+                show=not args.quiet,
+                evidence=evidence,
+                policy_params=policy_params,
+                labels=labels,
+            )
+            for _ in range(args.rounds)
+        ]
+        runs = rounds[0] if args.rounds == 1 else _with_medians(rounds)
     else:
         meta.update(mode="bench", url=args.url)
         try:
@@ -244,6 +259,17 @@ def _bench(args: argparse.Namespace) -> int:
             )
         }
     return _finish(args, runs, meta)
+
+
+def _with_medians(rounds: list[Any]) -> dict[str, Any]:
+    """Every round's runs (`name #k`), then each contestant's median row (`name: median of N`), which holds
+    no requests of its own (its plots are the rounds')."""
+    from lab.results import median_of
+
+    runs = {f"{name} #{k}": run for k, got in enumerate(rounds, 1) for name, run in got.items()}
+    for name in rounds[0]:
+        runs[f"{name}: median of {len(rounds)}"] = (median_of([got[name][0] for got in rounds]), [])
+    return runs
 
 
 def served_model(url: str) -> str:

@@ -133,6 +133,26 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
     )
 
 
+def median_of(summaries: list[Summary]) -> Summary:
+    """One summary of several runs of the same contestant: each figure the median of the runs' (a run's
+    own percentiles first, then their median across runs, so one noisy run moves no row), each replica's
+    share too; a figure some runs lack (None) is the median of those that have it. Counts stay whole."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Summary):
+        got = [getattr(s, f.name) for s in summaries]
+        if isinstance(got[0], dict):
+            values[f.name] = {k: statistics.median_low([g.get(k, 0) for g in got]) for k in got[0]}
+            continue
+        present = [g for g in got if g is not None]
+        if not present:
+            values[f.name] = None
+        elif all(isinstance(g, int) for g in present):
+            values[f.name] = statistics.median_low(present)
+        else:
+            values[f.name] = statistics.median(present)
+    return Summary(**values)
+
+
 def quantile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank quantile of an ascending list (0.0 for an empty one)."""
     if not sorted_values:

@@ -105,6 +105,17 @@ def test_closed_loop_bench_and_simulate_agree(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_bench_rounds_interleave_the_contestants_and_add_each_ones_median(tmp_path: Path) -> None:
+    result = run(tmp_path, "bench", "bench", "--compare", "round_robin", "--concurrency", "1", "--rounds", "2")
+    runs = result["runs"]
+    assert list(runs) == ["round_robin #1", "round_robin #2", "round_robin: median of 2"]
+    assert runs["round_robin: median of 2"]["requests"] == 18 and result["meta"]["rounds"] == 2
+    ttfts = sorted(runs[f"round_robin #{k}"]["ttft_p90_s"] for k in (1, 2))
+    assert runs["round_robin: median of 2"]["ttft_p90_s"] == pytest.approx(sum(ttfts) / 2)
+    assert main(["bench", "http://127.0.0.1:9", "--rounds", "2", *CASE]) == 2  # rounds compare contestants
+
+
+@pytest.mark.timeout(120)
 def test_bench_log_level_info_shows_each_requests_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """What a routing diagnosis reads: each request's log event from our gateway, with its scored candidates."""
     run(tmp_path, "bench", "bench", "--compare", "round_robin", "--concurrency", "1", "--log-level", "info")

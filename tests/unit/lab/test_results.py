@@ -1,0 +1,37 @@
+"""Summaries of several runs: the median row of `bench --compare --rounds N`."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.results import Result, median_of, summarise
+
+
+def _run(ttfts: list[float], replica: str, later: bool = True) -> list[Result]:
+    return [
+        Result("s", turn=i if later else 0, ok=True, ttft_s=t, e2e_s=t + 1, replica=replica, prompt_tokens=10)
+        for i, t in enumerate(ttfts)
+    ]
+
+
+@pytest.mark.timeout(10)
+def test_each_figure_is_the_median_of_the_runs_and_counts_stay_whole() -> None:
+    runs = [
+        summarise(_run([1.0] * 10, "a"), replicas=["a", "b"]),
+        summarise(_run([2.0] * 10, "a") + _run([2.0] * 2, "b"), replicas=["a", "b"]),
+        summarise(_run([9.0] * 10, "b"), replicas=["a", "b"]),  # one noisy run moves nothing
+    ]
+    merged = median_of(runs)
+    assert merged.ttft_p90_s == 2.0 and merged.e2e_p90_s == 3.0
+    assert merged.requests == 10 and isinstance(merged.requests, int)
+    assert merged.replica_share == {"a": 10, "b": 2}
+
+
+@pytest.mark.timeout(10)
+def test_a_figure_only_some_runs_have_is_the_median_of_those() -> None:
+    runs = [
+        summarise(_run([1.0, 3.0], "a"), replicas=["a"]),
+        summarise(_run([5.0], "a", later=False), replicas=["a"]),  # first turns only: no later-turn p90
+    ]
+    assert runs[1].later_ttft_p90_s is None
+    assert median_of(runs).later_ttft_p90_s == runs[0].later_ttft_p90_s

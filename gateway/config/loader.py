@@ -165,8 +165,8 @@ def apply_env(config: Config, env: Mapping[str, str]) -> Config:
     logging = {"level": FromEnv(level.lower())} if level is not None else {}
     named = {key: f"env {ENV_PREFIX}{name}" for name, key in (*_LISTEN.items(), ("LOG_LEVEL", "level"))}
     made: dict[str, Callable[[], Section]] = {
-        "listen": lambda: schema.changed(config.listen, listen, named),
-        "logging": lambda: schema.changed(config.logging, logging, named),
+        "listen": lambda: schema.changed(config.listen, listen, named, "listen"),
+        "logging": lambda: schema.changed(config.logging, logging, named, "logging"),
         "tracing": lambda: otel_env(config.tracing, env),
     }
     update, errors = {}, []
@@ -207,7 +207,7 @@ def otel_env(tracing: TracingConfig, env: Mapping[str, str]) -> TracingConfig:
                 "parentbased_traceidratio)",
                 key="env OTEL_TRACES_SAMPLER",
             )
-    return schema.changed(tracing, changes, origin)
+    return schema.changed(tracing, changes, origin, "tracing")
 
 
 __all__ = ["ENV_PREFIX", "Config", "apply_env", "load_config", "parse_config"]

@@ -73,21 +73,22 @@ def build(cls: type[S], data: Any, key: str = "") -> S:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, cls).under(key) from None
+        raise _config_error(exc, cls).under(key) from None
 
 
-def changed(section: S, changes: dict[str, Any], origin: dict[str, str]) -> S:
-    """`section` with `changes` made from outside the file (the environment), validated as the file's values
-    are; a mistake names where its value came from (`origin` of the field), not the file's key."""
+def changed(section: S, changes: dict[str, Any], origin: dict[str, str], key: str) -> S:
+    """`section` (the file's `key`) with `changes` made from outside the file (the environment), validated as
+    the file's values are; a mistake in a changed field names where its value came from (`origin`)."""
     if not changes:
         return section
     try:
         return build(type(section), {**dict(section), **changes})
     except ConfigError as exc:
-        raise ConfigError.of([ConfigError(one.reason, key=origin.get(one.key, one.key)) for one in exc.each]) from None
+        mistakes = [ConfigError(one.reason, key=origin.get(one.key) or join_key(key, one.key)) for one in exc.each]
+        raise ConfigError.of(mistakes) from None
 
 
-def config_error(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
+def _config_error(exc: ValidationError, root: type[BaseModel]) -> ConfigError:
     """pydantic's errors in the config's words, in the order found, each naming its dotted key."""
     found = []
     for error in exc.errors(include_url=False):
@@ -200,4 +201,4 @@ def _kind(value: Any) -> str:
     return "nothing" if value is None else f"{type(value).__name__} {value!r}"[:80]
 
 
-__all__ = ["Section", "build", "changed", "config_error", "near"]
+__all__ = ["Section", "build", "changed", "near"]

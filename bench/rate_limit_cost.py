@@ -24,7 +24,7 @@ from gateway.edge.shared_quota import SharedQuota
 
 
 async def main(url: str, n: int) -> None:
-    key = ApiKeyConfig(hash_key("k"), "t", requests_per_minute=10**7, tokens_per_minute=10**9)
+    key = ApiKeyConfig(sha256=hash_key("k"), tenant="t", requests_per_minute=10**7, tokens_per_minute=10**9)
     clock = [1000.0]
 
     def ticking() -> float:

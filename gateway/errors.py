@@ -54,6 +54,20 @@ class ConfigError(ValueError):
         """The same mistakes, each naming `file`."""
         return ConfigError.of([ConfigError(one.reason, key=one.key, file=file) for one in self.each])
 
+    def under(self, prefix: str) -> ConfigError:
+        """The same mistakes, each key taken as relative to `prefix`: a section names its own keys, the
+        load says where the section is."""
+        return ConfigError.of(
+            [ConfigError(one.reason, key=join_key(prefix, one.key), file=one.file) for one in self.each]
+        )
+
+
+def join_key(prefix: str, key: str) -> str:
+    """`prefix.key`, `prefix[i]` for a list index, or whichever of the two is not empty."""
+    if not prefix or not key:
+        return prefix or key
+    return f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
+
 
 class GatewayError(Exception):
     status = 500

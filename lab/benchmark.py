@@ -174,7 +174,7 @@ def simulate_policies(
                 dataclasses.replace(spec, policy=policy, policy_params=params, kv_events=source == "events"),
                 on_result=None,
             )
-            effective[policy] = dataclasses.asdict(simulation.router.policy.params)
+            effective[policy] = simulation.router.policy.params.model_dump()
             with progress(name, num_requests(sessions), show) as on_result:
                 simulation.on_result = on_result
                 results = simulation.run(sessions)

@@ -373,7 +373,7 @@ def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
 
     for summary, _ in runs.values():
         summary.price(args.prices)
-    meta["prices"] = dataclasses.asdict(args.prices)
+    meta["prices"] = args.prices.model_dump()
     path = write_outputs(args.out, runs, meta, plots=not args.no_plots)
     print(table({name: summary for name, (summary, _) in runs.items()}))
     print(f"\nwrote {path}" + ("" if args.no_plots else ", table.md and plots") + f" in {args.out}")

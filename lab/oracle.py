@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.config.schema import Section
 from gateway.request.decision import Candidate, Decision, Score
 from gateway.routing.policies.base import Policy
 from gateway.view import RequestView
@@ -31,9 +31,9 @@ from replica_stub.request import chain_hashes
 MAX_STEPS = 100_000  # a replay this long means a queue no router would choose; stop and call it that long
 
 
-@dataclass(frozen=True)
-class OracleConfig:
-    """No parameters: the oracle is the engine's own arithmetic (kept as a dataclass for the run's record)."""
+class OracleConfig(Section):
+    """No parameters: the oracle is the engine's own arithmetic (a config model like every policy's
+    parameters, for the run's record)."""
 
     seed: int = 0
 

@@ -3,7 +3,6 @@ simulation's clock, and the in-memory index's coroutines run to completion witho
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ def build_policy_for(spec: SimSpec, clock: Callable[[], float]) -> Policy:
         return OraclePolicy()
     params = dict(spec.policy_params)
     config = policy_config(spec.policy, params, "simulate")
-    if "seed" in {f.name for f in dataclasses.fields(config)} and "seed" not in params:
+    if "seed" in type(config).model_fields and "seed" not in params:
         params["seed"] = spec.seed  # reproducible runs
     policy = build_policy(spec.policy, params, "simulate")
     # The prefix policy's prefill queue drains in (virtual) time: give it the simulation's clock.

@@ -19,7 +19,6 @@ exactly `max_tokens` long: `ignore_eos`).
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import random
 from collections.abc import Callable
@@ -62,7 +61,7 @@ class Simulation:
         self.engine = SimEngine(stub.timing, speedup=stub.speedup)
         self.tokenizer = self.engine.tokenizer
         self._encoded: dict[str, list[int]] = {}
-        self.prefix = dataclasses.replace(spec.prefix, block_tokens=stub.block_size)
+        self.prefix = spec.prefix.model_copy(update={"block_tokens": stub.block_size})
         self.exact = (
             ExactTables(prefix.model_seed(spec.model), stub.block_size, self.prefix.speculative_ttl_s, clock=self.clock)
             if spec.kv_events

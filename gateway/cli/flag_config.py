@@ -7,7 +7,6 @@ affinity-gateway check config.yaml     # validate; print the resolved config, se
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -114,15 +113,17 @@ def print_config_error(exc: ConfigError) -> None:
 def with_policy_defaults(config: Config) -> Config:
     """`config` with each pool's routing params as the policy runs with them: every default filled in."""
     pools = {
-        model: dataclasses.replace(
-            pool,
-            routing=dataclasses.replace(
-                pool.routing,
-                params=dataclasses.asdict(
-                    policy_config(pool.routing.policy, pool.routing.params, f"pools.{model}.routing")
-                ),
-            ),
+        model: pool.model_copy(
+            update={
+                "routing": pool.routing.model_copy(
+                    update={
+                        "params": policy_config(
+                            pool.routing.policy, pool.routing.params, f"pools.{model}.routing"
+                        ).model_dump()
+                    }
+                )
+            }
         )
         for model, pool in config.pools.items()
     }
-    return dataclasses.replace(config, pools=pools)
+    return config.model_copy(update={"pools": pools})

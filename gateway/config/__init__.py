@@ -1,4 +1,4 @@
-"""The config file: YAML sections as frozen dataclasses, `${VAR}` expansion, secrets from files, and
+"""The config file: YAML sections as frozen pydantic models, `${VAR}` expansion, secrets from files, and
 validation with errors that name the key.
 
 Imports nothing of the gateway but `gateway.errors`: every feature imports its section from here.

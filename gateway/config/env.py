@@ -13,11 +13,12 @@ secret-sounding keys, so the printed config can be pasted into an issue.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel
 
 from gateway.errors import ConfigError
 
@@ -76,7 +77,10 @@ def with_key_overrides(data: Any, env: Mapping[str, str]) -> Any:
     """The file's data with `AFFINITY_GATEWAY__<SECTION>__<KEY>=value` variables set over it: any key, one
     `__` per level, names lower-cased, as pydantic-settings nests them (`AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES=
     1048576`, `AFFINITY_GATEWAY__POOLS__LLAMA__ROUTING__POLICY=round_robin`). A value is read as its key's
-    type, like a `${VAR}` (`FromEnv`); the schema checks it as it checks the file."""
+    type, like a `${VAR}` (`FromEnv`); the schema checks it as it checks the file, and names a key that is
+    not one with the nearest name. pydantic-settings is not used for this one rule: the config would have to
+    become its settings class, take the YAML as a custom source, and read its variables' text in a lax mode
+    the strict sections refuse."""
     overrides = sorted((name, value) for name, value in env.items() if name.startswith(KEY_PREFIX))
     if not overrides:
         return data
@@ -109,8 +113,8 @@ def resolved(config: Any, secret_paths: set[Path] = frozenset()) -> Any:  # type
 
 
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, BaseModel):
+        return {name: _plain(getattr(value, name)) for name in type(value).model_fields}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

@@ -8,24 +8,20 @@ route table below (`MODEL_ROUTES`, `RESERVED`) is the one `gateway.edge.routes` 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 from urllib.parse import urlsplit
 
+from gateway.config.schema import Section
 from gateway.config.secret_files import read_secret_file, secret_lines
 from gateway.errors import ConfigError
-
-_KEY = "auth"  # AuthConfig is the config's top-level `auth`
-
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
-class ApiKeyConfig:
+class ApiKeyConfig(Section):
     """YAML `auth.keys[]`: one client key by digest, or (`sha256_file`) a file of digests."""
 
     sha256: str = ""
@@ -53,24 +49,23 @@ class ApiKeyConfig:
                 )
         return found
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if self.sha256_file is not None and self.sha256:
-            raise ConfigError("set sha256 or sha256_file, not both", key=f"{key}.sha256_file")
+            raise ConfigError("set sha256 or sha256_file, not both", key="sha256_file")
         if self.sha256_file is None and not self.sha256:
-            raise ConfigError("required key is missing (or give sha256_file)", key=f"{key}.sha256")
+            raise ConfigError("required key is missing (or give sha256_file)", key="sha256")
         if not self.tenant:
-            raise ConfigError("must not be empty", key=f"{key}.tenant")
+            raise ConfigError("must not be empty", key="tenant")
         for name in ("requests_per_minute", "tokens_per_minute"):
             if getattr(self, name) < 0:
-                raise ConfigError("must be >= 0", key=f"{key}.{name}")
+                raise ConfigError("must be >= 0", key=name)
         if self.max_in_flight is not None and self.max_in_flight < 0:
-            raise ConfigError("must be >= 0 (0 = no cap)", key=f"{key}.max_in_flight")
+            raise ConfigError("must be >= 0 (0 = no cap)", key="max_in_flight")
         if self.weight < 1:
-            raise ConfigError("must be >= 1", key=f"{key}.weight")
+            raise ConfigError("must be >= 1", key="weight")
 
 
-@dataclass(frozen=True)
-class AuthConfig:
+class AuthConfig(Section):
     """YAML `auth`: no keys = no authentication."""
 
     keys: tuple[ApiKeyConfig, ...] = ()
@@ -80,21 +75,21 @@ class AuthConfig:
 
     @cached_property
     def entries(self) -> tuple[ApiKeyConfig, ...]:
-        """One entry per digest (each line of a file its own), read once per loaded config, by validate."""
+        """One entry per digest (each line of a file its own), read once per loaded config, by check."""
         seen: set[str] = set()
         out = []
         for i, entry in enumerate(self.keys):
-            for digest, origin in entry.digests(f"{_KEY}.keys[{i}]"):
+            for digest, origin in entry.digests(f"keys[{i}]"):
                 if digest in seen:
                     raise ConfigError("the same key is configured twice", key=origin)
                 seen.add(digest)
-                out.append(dataclasses.replace(entry, sha256=digest, sha256_file=None))
+                out.append(entry.model_copy(update={"sha256": digest, "sha256_file": None}))
         return tuple(out)
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if not 0 < self.rate_limit_window_s <= 3600:
             raise ConfigError(
-                f"must be seconds in (0, 3600], got {self.rate_limit_window_s}", key=f"{key}.rate_limit_window_s"
+                f"must be seconds in (0, 3600], got {self.rate_limit_window_s}", key="rate_limit_window_s"
             )
         self.entries  # noqa: B018 - the files' digests now, at load, not on the event loop at the first request
         shares: dict[str, tuple[int | None, int]] = {}
@@ -102,7 +97,7 @@ class AuthConfig:
             share = shares.setdefault(entry.tenant, (entry.max_in_flight, entry.weight))
             if share != (entry.max_in_flight, entry.weight):
                 raise ConfigError(
-                    f"keys of tenant {entry.tenant!r} must agree on max_in_flight and weight", key=f"{key}.keys[{i}]"
+                    f"keys of tenant {entry.tenant!r} must agree on max_in_flight and weight", key=f"keys[{i}]"
                 )
 
     @property
@@ -110,8 +105,7 @@ class AuthConfig:
         return bool(self.keys)
 
 
-@dataclass(frozen=True)
-class HeadersConfig:
+class HeadersConfig(Section):
     """YAML `headers`: what a client learns from response headers (public deployments turn the ids off)."""
 
     drop_response: tuple[str, ...] = ()  # more replica response headers never to pass on (e.g. debug ones)
@@ -119,12 +113,12 @@ class HeadersConfig:
     affinity_reason: bool = True  # X-Affinity-Reason: why the policy chose it
     session: str = "X-Session-ID"  # the request header naming a conversation (session_affinity's key)
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if not _TOKEN.fullmatch(self.session):
-            raise ConfigError(f"not a header name: {self.session!r}", key=f"{key}.session")
+            raise ConfigError(f"not a header name: {self.session!r}", key="session")
         for i, name in enumerate(self.drop_response):
             if not _TOKEN.fullmatch(name):
-                raise ConfigError(f"not a header name: {name!r}", key=f"{key}.drop_response[{i}]")
+                raise ConfigError(f"not a header name: {name!r}", key=f"drop_response[{i}]")
 
     @cached_property
     def dropped(self) -> frozenset[str]:
@@ -161,16 +155,15 @@ RESERVED = ("/health", "/ready", "/metrics", "/admin/", "/v1/models", "/dashboar
 _PATH = re.compile(r"(/[A-Za-z0-9._~-]+)+")
 
 
-@dataclass(frozen=True)
-class RoutesConfig:
+class RoutesConfig(Section):
     """YAML `routes`."""
 
     passthrough: tuple[str, ...] = ()  # more POST paths forwarded to the pool named by the body's `model`
     default_pool: str | None = None  # where a `model` no pool or alias names goes (gateway.routing.model_names)
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for i, path in enumerate(self.passthrough):
-            where = f"{key}.passthrough[{i}]"
+            where = f"passthrough[{i}]"
             if not _PATH.fullmatch(path):
                 raise ConfigError(f"expected a path like /v1/something, got {path!r}", key=where)
             if (
@@ -183,8 +176,7 @@ class RoutesConfig:
                 raise ConfigError(f"{path} is listed twice", key=where)
 
 
-@dataclass(frozen=True)
-class SessionsConfig:
+class SessionsConfig(Section):
     """YAML `sessions` (read at start)."""
 
     enabled: bool = True
@@ -193,16 +185,15 @@ class SessionsConfig:
     idle_s: float = 300.0  # a session this long without a request has ended (metrics observed)
     infer: bool = True  # a request without a session key joins the session whose prompt it extends
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("max_sessions", "max_requests"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"must be an integer >= 1, got {getattr(self, name)}", key=f"{key}.{name}")
+                raise ConfigError(f"must be an integer >= 1, got {getattr(self, name)}", key=name)
         if self.idle_s <= 0:
-            raise ConfigError(f"must be > 0, got {self.idle_s}", key=f"{key}.idle_s")
+            raise ConfigError(f"must be > 0, got {self.idle_s}", key="idle_s")
 
 
-@dataclass(frozen=True)
-class PrefixReportConfig:
+class PrefixReportConfig(Section):
     """YAML `prefix_report` (read at start)."""
 
     enabled: bool = True
@@ -211,17 +202,16 @@ class PrefixReportConfig:
     queue: int = 64  # finished requests waiting for analysis; more are skipped
     min_tokens: int = 256  # fewer shared tokens after the divergence are no finding
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("families", "samples", "queue", "min_tokens"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"must be an integer >= 1, got {getattr(self, name)}", key=f"{key}.{name}")
+                raise ConfigError(f"must be an integer >= 1, got {getattr(self, name)}", key=name)
 
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
-@dataclass(frozen=True)
-class RedisConfig:
+class RedisConfig(Section):
     """YAML top-level `redis`: the one Redis the gateways share. When it is set, the gateways share their
     token-cost counters (`gateway.insights.shared_usage`) and, with client keys, their quotas
     (`gateway.edge.shared_quota`); `index.store: redis` keeps the warm-prefix index there too."""
@@ -233,28 +223,25 @@ class RedisConfig:
 
     @cached_property
     def resolved_url(self) -> str:
-        """`url`, or the URL in `url_file`: read once per loaded config, by validate."""
+        """`url`, or the URL in `url_file`: read once per loaded config, by check."""
         if self.url_file is not None:
-            return read_secret_file(self.url_file, "redis.url_file")
+            return read_secret_file(self.url_file, "url_file")
         assert self.url is not None, "validated: url or url_file"
         return self.url
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if not self.response_ttl_s > 0:
-            raise ConfigError(
-                f"must be a number of seconds > 0, got {self.response_ttl_s}", key=f"{key}.response_ttl_s"
-            )
+            raise ConfigError(f"must be a number of seconds > 0, got {self.response_ttl_s}", key="response_ttl_s")
         if (self.url is None) == (self.url_file is None):
-            raise ConfigError("set url or url_file (one of them)", key=f"{key}.url")
+            raise ConfigError("set url or url_file (one of them)", key="url")
         if self.url_file is not None:
             if urlsplit(self.resolved_url).scheme not in _REDIS_SCHEMES:  # a secret: not in the message
-                raise ConfigError("the file must hold a redis://, rediss:// or unix:// URL", key=f"{key}.url_file")
+                raise ConfigError("the file must hold a redis://, rediss:// or unix:// URL", key="url_file")
         elif urlsplit(self.resolved_url).scheme not in _REDIS_SCHEMES:
-            raise ConfigError(f"expected a redis://, rediss:// or unix:// URL, got {self.url!r}", key=f"{key}.url")
+            raise ConfigError(f"expected a redis://, rediss:// or unix:// URL, got {self.url!r}", key="url")
 
 
-@dataclass(frozen=True)
-class IndexConfig:
+class IndexConfig(Section):
     """YAML top-level `index`: where the warm-prefix tables live, and how a shared store is used."""
 
     store: Literal["memory", "redis"] = "memory"  # memory (one gateway) or the top-level `redis` (shared by many)
@@ -265,13 +252,13 @@ class IndexConfig:
     reconnect_max_s: float = 5.0  # backoff cap between reconnect attempts
     mirror: bool = True  # keep every table in memory, fed by the others' writes: lookups skip Redis
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("capacity_blocks", "max_pending_writes"):
             if getattr(self, name) < 1:
-                raise ConfigError("must be at least 1", key=f"{key}.{name}")
+                raise ConfigError("must be at least 1", key=name)
         for name in ("ttl_s", "timeout_s", "reconnect_max_s"):
             if getattr(self, name) <= 0:
-                raise ConfigError("must be > 0", key=f"{key}.{name}")
+                raise ConfigError("must be > 0", key=name)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.errors import ConfigError
+from pydantic import Field
+
+from gateway.config.schema import Section
+from gateway.errors import ConfigError, join_key
 
 Role = Literal["prefill", "decode", "both"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "both")
@@ -38,15 +40,14 @@ def is_label_value(text: str) -> bool:
     return bool(_LABEL_VALUE.fullmatch(text))
 
 
-@dataclass(frozen=True)
-class KubernetesDiscoveryConfig:
+class KubernetesDiscoveryConfig(Section):
     """The endpoints of the EndpointSlices selected by `service` and `labels`, watched through the API
     (`gateway.replicas.discovery.kubernetes`); each pod's name is its replica id."""
 
     service: str | None = None  # slices labelled kubernetes.io/service-name=<this>
     namespace: str | None = None  # default: the service account's (or the kubeconfig context's) namespace
     port_name: str | None = None  # the slices' port of this name; default: `discovery.port`
-    labels: dict[str, str] = field(default_factory=dict)  # more label terms the slices must carry
+    labels: dict[str, str] = Field(default_factory=dict)  # more label terms the slices must carry
     kubeconfig: str | None = None  # a kubeconfig file (running outside the cluster); default: in-cluster
     retry_s: float = 1.0  # first reconnect delay after a watch error, doubling up to 30s
     pool_label: str | None = None  # only slices whose label of this key is `pool_value` join the pool
@@ -63,52 +64,48 @@ class KubernetesDiscoveryConfig:
             terms["kubernetes.io/service-name"] = self.service
         return terms
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("service", "namespace", "port_name"):
             value = getattr(self, name)
             if value is not None and not _DNS_LABEL.fullmatch(value):
-                raise ConfigError(f"expected a Kubernetes name like vllm, got {value!r}", key=f"{key}.{name}")
+                raise ConfigError(f"expected a Kubernetes name like vllm, got {value!r}", key=name)
         if self.service is None and not self.labels and self.pool_label is None:
             raise ConfigError(
                 "set `service`, `labels` or `pool_label`: an empty selector would take every "
                 "EndpointSlice of the namespace",
-                key=f"{key}.service",
+                key="service",
             )
         for label, value in self.labels.items():
             if not _LABEL_KEY.fullmatch(label):
-                raise ConfigError(
-                    f"expected a label key like app.kubernetes.io/name, got {label!r}", key=f"{key}.labels"
-                )
+                raise ConfigError(f"expected a label key like app.kubernetes.io/name, got {label!r}", key="labels")
             if not is_label_value(str(value)):
-                raise ConfigError(f"expected a label value, got {value!r}", key=f"{key}.labels.{label}")
+                raise ConfigError(f"expected a label value, got {value!r}", key=f"labels.{label}")
         for name in ("pool_label", "role_label"):
             value = getattr(self, name)
             if value is not None and not _LABEL_KEY.fullmatch(value):
-                raise ConfigError(
-                    f"expected a label key like affinity-gateway.io/pool, got {value!r}", key=f"{key}.{name}"
-                )
+                raise ConfigError(f"expected a label key like affinity-gateway.io/pool, got {value!r}", key=name)
         if self.pool_value is not None:
             if self.pool_label is None:
-                raise ConfigError("a pool_value needs pool_label", key=f"{key}.pool_value")
+                raise ConfigError("a pool_value needs pool_label", key="pool_value")
             if not is_label_value(self.pool_value):
                 raise ConfigError(
                     f"expected a label value (63 of A-Z a-z 0-9 - _ .), got {self.pool_value!r}",
-                    key=f"{key}.pool_value",
+                    key="pool_value",
                 )
         if self.adapter_label_prefix is not None and not _PREFIX.fullmatch(self.adapter_label_prefix):
             raise ConfigError(
                 "expected a label key prefix ending in '/', like adapters.affinity-gateway.io/, "
                 f"got {self.adapter_label_prefix!r}",
-                key=f"{key}.adapter_label_prefix",
+                key="adapter_label_prefix",
             )
         if self.retry_s <= 0:
-            raise ConfigError(f"must be > 0, got {self.retry_s}", key=f"{key}.retry_s")
+            raise ConfigError(f"must be > 0, got {self.retry_s}", key="retry_s")
         if importlib.util.find_spec("lightkube") is None:  # found now, not when the watch task starts
-            raise ConfigError("needs the Kubernetes client: pip install 'affinity-gateway[k8s]'", key=key)
+            raise ConfigError("needs the Kubernetes client: pip install 'affinity-gateway[k8s]'")
 
     def check_pool(self, pool: str, key: str) -> None:
         """The pool's name is the label value to select unless `pool_value` says otherwise."""
         if self.pool_label is not None and self.pool_value is None and not is_label_value(pool):
             raise ConfigError(
-                f"the pool's name {pool!r} cannot be a label value: set pool_value", key=f"{key}.pool_value"
+                f"the pool's name {pool!r} cannot be a label value: set pool_value", key=join_key(key, "pool_value")
             )

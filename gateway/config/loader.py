@@ -1,4 +1,4 @@
-"""The gateway's config file: YAML → frozen dataclasses, validated once, errors naming file and key.
+"""The gateway's config file: YAML → frozen pydantic models, validated once, errors naming file and key.
 
 Usage:
     config = load_config("config.yaml")          # raises ConfigError("config.yaml:pools.m.replicas[0].url: ...")
@@ -12,15 +12,14 @@ and reads the file.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import Field
 
 from gateway.config import schema
 from gateway.config.env import FromEnv, interpolate, with_key_overrides
@@ -36,6 +35,7 @@ from gateway.config.features import (
 )
 from gateway.config.model_names import ModelNames, check_adapters, check_names
 from gateway.config.pools import PoolConfig
+from gateway.config.schema import Section
 from gateway.config.sections import (
     AdmissionConfig,
     HealthConfig,
@@ -43,7 +43,6 @@ from gateway.config.sections import (
     ListenConfig,
     LoadConfig,
     LoggingConfig,
-    LogLevel,
     MetricsConfig,
     ReadinessConfig,
     ShutdownConfig,
@@ -56,27 +55,26 @@ from gateway.errors import ConfigError
 ENV_PREFIX = "AFFINITY_GATEWAY_"
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Section):
     pools: dict[str, PoolConfig]
-    listen: ListenConfig = field(default_factory=ListenConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    load: LoadConfig = field(default_factory=LoadConfig)
-    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    index: IndexConfig = field(default_factory=IndexConfig)  # the warm-prefix index store
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    load: LoadConfig = Field(default_factory=LoadConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)  # the warm-prefix index store
     redis: RedisConfig | None = None  # the Redis the gateways share: index, quotas, token costs
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
-    headers: HeadersConfig = field(default_factory=HeadersConfig)
-    readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
-    routes: RoutesConfig = field(default_factory=RoutesConfig)
-    tracing: TracingConfig = field(default_factory=TracingConfig)
-    sessions: SessionsConfig = field(default_factory=SessionsConfig)  # agent timelines (gateway.insights.sessions)
-    prefix_report: PrefixReportConfig = field(default_factory=PrefixReportConfig)  # gateway.insights.prefix_report
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
+    headers: HeadersConfig = Field(default_factory=HeadersConfig)
+    readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
+    routes: RoutesConfig = Field(default_factory=RoutesConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)  # agent timelines (gateway.insights.sessions)
+    prefix_report: PrefixReportConfig = Field(default_factory=PrefixReportConfig)  # gateway.insights.prefix_report
 
     def backend_key(self, model: str, replica_id: str) -> str | None:
         """The key to send to this replica of this model's pool, if there is one."""
@@ -94,7 +92,7 @@ class Config:
         """Which pool a request's `model` names (aliases, patterns, the default pool)."""
         return ModelNames.of({name: pool.aliases for name, pool in self.pools.items()}, self.routes.default_pool)
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if not self.pools:
             raise ConfigError("at least one model pool is required", key="pools")
         if self.index.store == "redis" and self.redis is None:
@@ -156,21 +154,30 @@ def _moved_to_redis(index: Any) -> None:
         )
 
 
+_LISTEN = {"HOST": "host", "PORT": "port", "WORKERS": "workers"}
+
+
 def apply_env(config: Config, env: Mapping[str, str]) -> Config:
-    """AFFINITY_GATEWAY_HOST, _PORT, _WORKERS and _LOG_LEVEL override the file (containers set them)."""
-    listen, logging = config.listen, config.logging
-    if (host := env.get(ENV_PREFIX + "HOST")) is not None:
-        listen = dataclasses.replace(listen, host=host)
-    if (port := env.get(ENV_PREFIX + "PORT")) is not None:
-        listen = dataclasses.replace(listen, port=_int(port, "PORT"))
-    if (workers := env.get(ENV_PREFIX + "WORKERS")) is not None:
-        if (count := _int(workers, "WORKERS")) < 1:
-            raise ConfigError(f"must be an integer >= 1, got {count}", key=f"env {ENV_PREFIX}WORKERS")
-        listen = dataclasses.replace(listen, workers=count)
-    if (level := env.get(ENV_PREFIX + "LOG_LEVEL")) is not None:
-        level = schema.convert(LogLevel, level.lower(), f"env {ENV_PREFIX}LOG_LEVEL")
-        logging = dataclasses.replace(logging, level=level)
-    return dataclasses.replace(config, listen=listen, logging=logging, tracing=otel_env(config.tracing, env))
+    """AFFINITY_GATEWAY_HOST, _PORT, _WORKERS and _LOG_LEVEL override the file (containers set them), read
+    and checked as the file's values are; a mistake names the variable."""
+    listen = {key: FromEnv(text) for name, key in _LISTEN.items() if (text := env.get(ENV_PREFIX + name)) is not None}
+    level = env.get(ENV_PREFIX + "LOG_LEVEL")
+    logging = {"level": FromEnv(level.lower())} if level is not None else {}
+    named = {key: f"env {ENV_PREFIX}{name}" for name, key in (*_LISTEN.items(), ("LOG_LEVEL", "level"))}
+    made: dict[str, Callable[[], Section]] = {
+        "listen": lambda: schema.changed(config.listen, listen, named, "listen"),
+        "logging": lambda: schema.changed(config.logging, logging, named, "logging"),
+        "tracing": lambda: otel_env(config.tracing, env),
+    }
+    update, errors = {}, []
+    for section, make in made.items():  # every variable's mistake at once, as the file's
+        try:
+            update[section] = make()
+        except ConfigError as exc:
+            errors.append(exc)
+    if errors:
+        raise ConfigError.of(errors)
+    return config.model_copy(update=update)
 
 
 _SAMPLERS = {"always_on": 1.0, "parentbased_always_on": 1.0, "always_off": 0.0, "parentbased_always_off": 0.0}
@@ -182,35 +189,25 @@ def otel_env(tracing: TracingConfig, env: Mapping[str, str]) -> TracingConfig:
     sampler (`OTEL_TRACES_SAMPLER` always_on / always_off / traceidratio with `OTEL_TRACES_SAMPLER_ARG`, each
     also parentbased_: a client's sampled flag is followed either way). Tracing is switched on by the file."""
     changes: dict[str, Any] = {}
-    if endpoint := env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        changes["endpoint"] = endpoint
-    if name := env.get("OTEL_SERVICE_NAME"):
-        changes["service_name"] = name
+    origin: dict[str, str] = {}
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if "endpoint" not in changes and (endpoint := env.get(name)):
+            changes["endpoint"], origin["endpoint"] = endpoint, f"env {name}"
+    if service := env.get("OTEL_SERVICE_NAME"):
+        changes["service_name"], origin["service_name"] = service, "env OTEL_SERVICE_NAME"
     if sampler := env.get("OTEL_TRACES_SAMPLER"):
         if sampler in _SAMPLERS:
-            changes["sampling_ratio"] = _SAMPLERS[sampler]
+            changes["sampling_ratio"], origin["sampling_ratio"] = _SAMPLERS[sampler], "env OTEL_TRACES_SAMPLER"
         elif sampler in ("traceidratio", "parentbased_traceidratio"):
-            changes["sampling_ratio"] = schema.convert(
-                float, FromEnv(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")), "env OTEL_TRACES_SAMPLER_ARG"
-            )
+            changes["sampling_ratio"] = FromEnv(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+            origin["sampling_ratio"] = "env OTEL_TRACES_SAMPLER_ARG"
         else:
             raise ConfigError(
                 f"unsupported sampler {sampler!r} (known: {', '.join([*_SAMPLERS, 'traceidratio'])}, "
                 "parentbased_traceidratio)",
                 key="env OTEL_TRACES_SAMPLER",
             )
-    if not changes:
-        return tracing
-    tracing = dataclasses.replace(tracing, **changes)
-    tracing.validate("tracing (with OTEL_* variables)")
-    return tracing
-
-
-def _int(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"expected an integer, got {text!r}", key=f"env {ENV_PREFIX}{name}") from None
+    return schema.changed(tracing, changes, origin, "tracing")
 
 
 __all__ = ["ENV_PREFIX", "Config", "apply_env", "load_config", "parse_config"]

@@ -9,15 +9,14 @@ this class only (`policy_config`), never a policy: the policies import their cla
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.config import schema
-from gateway.errors import ConfigError
+from gateway.config.schema import Section
+from gateway.errors import ConfigError, join_key
 
 
-@dataclass(frozen=True)
-class CostModelConfig:
+class CostModelConfig(Section):
     """The prefill cost model's parameters (`gateway.routing.policies.cost`), part of prefix_affinity's."""
 
     prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
@@ -29,49 +28,44 @@ class CostModelConfig:
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
     min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if self.prefill_s_per_token <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.prefill_s_per_token")
+            raise ConfigError("must be > 0", key="prefill_s_per_token")
         if self.per_request_tokens < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.per_request_tokens")
+            raise ConfigError("must be >= 0", key="per_request_tokens")
         if self.context_weight < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.context_weight")
+            raise ConfigError("must be >= 0", key="context_weight")
         if not 0 <= self.learn_alpha <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.learn_alpha")
+            raise ConfigError("must be between 0 and 1", key="learn_alpha")
 
 
-@dataclass(frozen=True)
-class PolicyConfig:
+class PolicyConfig(Section):
     """A policy without parameters (round_robin)."""
 
 
-@dataclass(frozen=True)
-class SeededPolicyConfig:
+class SeededPolicyConfig(Section):
     """random, least_loaded and power_of_two: only the seed of their random choices."""
 
     seed: int | None = None  # fixes the policy's random choices (reproducible tests and simulations)
 
 
-@dataclass(frozen=True)
-class ConsistentHashPolicyConfig:
+class ConsistentHashPolicyConfig(Section):
     virtual_nodes: int = 256
     load_epsilon: float = 0.25
     min_bound_requests: int = 4
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if self.virtual_nodes < 1:
-            raise ConfigError("must be at least 1", key=f"{key}.virtual_nodes")
+            raise ConfigError("must be at least 1", key="virtual_nodes")
 
 
-@dataclass(frozen=True)
-class SessionAffinityPolicyConfig:
+class SessionAffinityPolicyConfig(Section):
     bonus_requests: float = 4.0  # the home replica may carry this many more requests and still win
     load_epsilon: float = 0.25
     min_bound_requests: int = 4
     seed: int | None = None
 
 
-@dataclass(frozen=True)
 class PrefixAffinityPolicyConfig(CostModelConfig):
     preamble_weight: float = 0.0  # how much a warm preamble (tools + system prompt) attracts, 0..1
     load_epsilon: float = 0.25  # no replica above (1 + epsilon) × mean load while another has room
@@ -91,35 +85,35 @@ class PrefixAffinityPolicyConfig(CostModelConfig):
     # a new one goes to the least full cache among the tied (1 = never)
     seed: int | None = None
 
-    def validate(self, key: str) -> None:
-        CostModelConfig.validate(self, key)
+    def check(self) -> None:
+        super().check()
         if self.load_epsilon < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.load_epsilon")
+            raise ConfigError("must be >= 0", key="load_epsilon")
         if not 0 <= self.preamble_weight <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.preamble_weight")
+            raise ConfigError("must be between 0 and 1", key="preamble_weight")
         if self.balance_window_s <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.balance_window_s")
+            raise ConfigError("must be > 0", key="balance_window_s")
         if self.shared_preamble_requests < 1:
-            raise ConfigError("must be at least 1", key=f"{key}.shared_preamble_requests")
+            raise ConfigError("must be at least 1", key="shared_preamble_requests")
         if self.bound_margin < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.bound_margin")
+            raise ConfigError("must be >= 0", key="bound_margin")
         if self.full_cache_fill <= 0:
-            raise ConfigError("must be > 0 (above 1: never)", key=f"{key}.full_cache_fill")
+            raise ConfigError("must be > 0 (above 1: never)", key="full_cache_fill")
         if self.delay_weight < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.delay_weight")
+            raise ConfigError("must be >= 0", key="delay_weight")
         if not 0 <= self.home_credit <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.home_credit")
+            raise ConfigError("must be between 0 and 1", key="home_credit")
         if not 0 <= self.conversation_share <= 1:
-            raise ConfigError("must be between 0 and 1", key=f"{key}.conversation_share")
+            raise ConfigError("must be between 0 and 1", key="conversation_share")
         if self.eviction_weight < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.eviction_weight")
+            raise ConfigError("must be >= 0", key="eviction_weight")
         if self.preamble_spread <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.preamble_spread")
+            raise ConfigError("must be > 0", key="preamble_spread")
         if self.tie_s < 0 or self.tie_ratio < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.tie_s")
+            raise ConfigError("must be >= 0", key="tie_s")
 
 
-POLICY_CONFIGS: dict[str, type] = {
+POLICY_CONFIGS: dict[str, type[Section]] = {
     "consistent_hash": ConsistentHashPolicyConfig,
     "least_loaded": SeededPolicyConfig,
     "power_of_two": SeededPolicyConfig,
@@ -152,8 +146,8 @@ def policy_config(type_: str, params: Mapping[str, Any] | None, key: str) -> Any
             hint = f"; {type_!r} is another router's name: write {PEER_NAMES[type_]!r}"
         else:
             hint = schema.near(type_, POLICY_CONFIGS)
-        raise ConfigError(f"unknown policy {type_!r}{hint} (known: {known})", key=f"{key}.policy")
-    return schema.build(cls, params or {}, f"{key}.params")
+        raise ConfigError(f"unknown policy {type_!r}{hint} (known: {known})", key=join_key(key, "policy"))
+    return schema.build(cls, params or {}, join_key(key, "params"))
 
 
 __all__ = [

@@ -10,14 +10,16 @@ pools.<model>:                PoolConfig
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from pydantic import Field
+
 from gateway.config.kubernetes import KubernetesDiscoveryConfig, Role
 from gateway.config.policy_params import policy_config
+from gateway.config.schema import Section
 from gateway.config.secret_files import read_key
 from gateway.config.sections import positive
 from gateway.errors import ConfigError
@@ -28,30 +30,28 @@ _PER_MILLION = 1e6
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
-@dataclass(frozen=True)
-class KVEventsConfig:
+class KVEventsConfig(Section):
     """YAML `kv_events` of one replica: where its engine publishes (vLLM `--kv-events-config`)."""
 
     endpoint: str  # e.g. tcp://10.0.0.5:5557 (the address to connect to, not vLLM's bind form tcp://*:5557)
     replay_endpoint: str | None = None
     topic: str = ""
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("endpoint", "replay_endpoint"):
             value = getattr(self, name)
             if value is None:
                 continue
             if not value.startswith(_SCHEMES):
-                raise ConfigError(f"must start with one of {', '.join(_SCHEMES)}", key=f"{key}.{name}")
+                raise ConfigError(f"must start with one of {', '.join(_SCHEMES)}", key=name)
             if value.startswith("tcp://*"):
-                raise ConfigError("needs the replica's address, not a bind wildcard", key=f"{key}.{name}")
+                raise ConfigError("needs the replica's address, not a bind wildcard", key=name)
 
 
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size (its CPU backend uses 128)
 
 
-@dataclass(frozen=True)
-class PrefixConfig:
+class PrefixConfig(Section):
     """YAML `pools.<name>.routing.prefix`."""
 
     block_chars: int = 64  # ≈ 4 chars/token × vLLM's default block of 16 tokens
@@ -68,14 +68,14 @@ class PrefixConfig:
     tokenize_budget_ms: float = 50.0  # slower than this: character blocks for this request (counted)
     speculative_ttl_s: float = 2.0  # KV-event replicas: a dispatched prompt counts as cached this long
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("block_chars", "block_tokens", "max_blocks"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError("must be at least 1", key=f"{key}.{name}")
+                raise ConfigError("must be at least 1", key=name)
         for name in ("chars_per_token", "tokenize_budget_ms", "speculative_ttl_s"):
             if getattr(self, name) <= 0:
-                raise ConfigError("must be > 0", key=f"{key}.{name}")
+                raise ConfigError("must be > 0", key=name)
         spec = self.tokenizer
         if (
             spec is not None
@@ -86,7 +86,7 @@ class PrefixConfig:
             raise ConfigError(
                 f'{spec!r}: no such file or folder (expected "replica", "sim", "model:smollm2" '
                 "or the path of the model's tokenizer.json, its folder or its .gguf)",
-                key=f"{key}.tokenizer",
+                key="tokenizer",
             )
 
     @property
@@ -100,8 +100,7 @@ class PrefixConfig:
         return self.block_chars / self.chars_per_token
 
 
-@dataclass(frozen=True)
-class StreamChunkingConfig:
+class StreamChunkingConfig(Section):
     """YAML `pools.<model>.stream_chunking`; `X-Stream-Chunking: phrase` uses the pool's bounds."""
 
     mode: Literal["phrase", "none"] = "none"
@@ -109,30 +108,34 @@ class StreamChunkingConfig:
     max_wait_ms: float = 300.0  # pending text is sent this long after its first piece came, boundary or not
     max_chars: int = 200  # ...or once it is this long
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if not self.boundaries:
-            raise ConfigError("needs at least one boundary character", key=f"{key}.boundaries")
+            raise ConfigError("needs at least one boundary character", key="boundaries")
         if self.max_wait_ms <= 0:
-            raise ConfigError(f"must be > 0, got {self.max_wait_ms}", key=f"{key}.max_wait_ms")
+            raise ConfigError(f"must be > 0, got {self.max_wait_ms}", key="max_wait_ms")
         if self.max_chars < 1:
-            raise ConfigError(f"must be >= 1, got {self.max_chars}", key=f"{key}.max_chars")
+            raise ConfigError(f"must be >= 1, got {self.max_chars}", key="max_chars")
+
+    @cached_property
+    def phrased(self) -> StreamChunkingConfig:
+        """These bounds in phrase mode, for a request that asks for phrases: made once, not per request."""
+        return self if self.mode == "phrase" else self.model_copy(update={"mode": "phrase"})
 
 
-@dataclass(frozen=True)
-class PricesConfig:
+class PricesConfig(Section):
     """YAML `pools.<model>.prices`: money per million tokens (one currency for every pool)."""
 
     input: float
     cached_input: float
     output: float
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("input", "cached_input", "output"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"must be >= 0, got {getattr(self, name)}", key=f"{key}.{name}")
+                raise ConfigError(f"must be >= 0, got {getattr(self, name)}", key=name)
         if self.cached_input > self.input:
             raise ConfigError(
-                f"must not exceed input ({self.input:g}): a cache hit is never dearer", key=f"{key}.cached_input"
+                f"must not exceed input ({self.input:g}): a cache hit is never dearer", key="cached_input"
             )
 
     def cost(self, prompt: int, cached: int, completion: int) -> float:
@@ -142,8 +145,7 @@ class PricesConfig:
         return cached * (self.input - self.cached_input) / _PER_MILLION
 
 
-@dataclass(frozen=True)
-class ReplicaConfig:
+class ReplicaConfig(Section):
     url: str
     name: str = ""  # defaults to host:port of `url`
     weight: float = 1.0
@@ -153,32 +155,30 @@ class ReplicaConfig:
     adapters: tuple[str, ...] = ()  # LoRA adapters this replica serves (gateway.routing.adapters)
     role: Role = "both"  # for later prefill/decode splits: shown in /admin and metrics, not yet routed on
 
-    def validate(self, key: str) -> None:
-        read_key(self.api_key_env, self.api_key_file, key)
+    def check(self) -> None:
+        read_key(self.api_key_env, self.api_key_file, "")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"expected an http(s) URL like http://10.0.0.5:8000, got {self.url!r}", key=f"{key}.url")
+            raise ConfigError(f"expected an http(s) URL like http://10.0.0.5:8000, got {self.url!r}", key="url")
         if self.weight <= 0:
-            raise ConfigError(f"weight must be > 0, got {self.weight}", key=f"{key}.weight")
+            raise ConfigError(f"weight must be > 0, got {self.weight}", key="weight")
 
     @property
     def replica_id(self) -> str:
         return self.name or urlsplit(self.url).netloc
 
 
-@dataclass(frozen=True)
-class RoutingConfig:
+class RoutingConfig(Section):
     policy: str = "prefix_affinity"  # the product's reason to exist is the default
-    params: dict[str, Any] = field(default_factory=dict)
-    prefix: PrefixConfig = field(default_factory=PrefixConfig)  # how prompts are hashed, for prefix policies
+    params: dict[str, Any] = Field(default_factory=dict)
+    prefix: PrefixConfig = Field(default_factory=PrefixConfig)  # how prompts are hashed, for prefix policies
     explain_header: bool = False  # add X-Gateway-Route (each candidate's score) to every response
 
-    def validate(self, key: str) -> None:
-        policy_config(self.policy, self.params, key)  # the name and its parameters
+    def check(self) -> None:
+        policy_config(self.policy, self.params, "")  # the name and its parameters
 
 
-@dataclass(frozen=True)
-class DiscoveryConfig:
+class DiscoveryConfig(Section):
     """YAML `pools.<model>.discovery`: replicas from a DNS name's A/AAAA records (a headless Service),
     or from the Kubernetes API (`kubernetes`); exactly one of the two.
 
@@ -204,36 +204,35 @@ class DiscoveryConfig:
             return f"kubernetes:{k8s.namespace or '-'}/{where}"
         return f"dns:{self.dns}"
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if (self.dns is None) == (self.kubernetes is None):
             raise ConfigError(
                 "set exactly one of `dns` and `kubernetes`",
-                key=f"{key}.{'kubernetes' if self.kubernetes is not None else 'dns'}",
+                key="kubernetes" if self.kubernetes is not None else "dns",
             )
         if self.dns is not None and (not self.dns or "/" in self.dns or ":" in self.dns):
-            raise ConfigError(f"expected a host name like replicas.default.svc, got {self.dns!r}", key=f"{key}.dns")
+            raise ConfigError(f"expected a host name like replicas.default.svc, got {self.dns!r}", key="dns")
         for name in ("port", "kv_events_port", "kv_events_replay_port"):
             port = getattr(self, name)
             if port is not None and not 1 <= port <= 65535:
-                raise ConfigError(f"port must be 1..65535, got {port}", key=f"{key}.{name}")
+                raise ConfigError(f"port must be 1..65535, got {port}", key=name)
         if self.kv_events_replay_port is not None and self.kv_events_port is None:
-            raise ConfigError("a replay port needs kv_events_port", key=f"{key}.kv_events_replay_port")
-        positive(self, key, "interval_s", "weight")
+            raise ConfigError("a replay port needs kv_events_port", key="kv_events_replay_port")
+        positive(self, "interval_s", "weight")
 
 
 _EVENTS_NEED_TOKENS = "KV events carry token ids: set routing.prefix.tokenizer so requests are keyed by the same tokens"
 
 
-@dataclass(frozen=True)
-class PoolConfig:
+class PoolConfig(Section):
     replicas: tuple[ReplicaConfig, ...] = ()
-    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     discovery: DiscoveryConfig | None = None  # adds the replicas DNS or the Kubernetes API finds
     api_key_env: str | None = None  # the replicas' key (vLLM --api-key), sent as Authorization: Bearer
     api_key_file: str | None = None
     aliases: tuple[str, ...] = ()  # more names for this pool: exact, or wildcard patterns (gateway.routing.model_names)
     adapters: tuple[str, ...] = ()  # LoRA adapters every replica of the pool serves (gateway.routing.adapters)
-    stream_chunking: StreamChunkingConfig = field(default_factory=StreamChunkingConfig)  # phrases for voice agents
+    stream_chunking: StreamChunkingConfig = Field(default_factory=StreamChunkingConfig)  # phrases for voice agents
     stream_usage: bool = True  # ask for usage on every stream, dropped before the client (gateway.relay.stream_usage)
     prices: PricesConfig | None = None  # money per million tokens: cost, cache savings (gateway.insights.token_costs)
 
@@ -255,25 +254,25 @@ class PoolConfig:
             self.discovery is not None and self.discovery.kv_events_port is not None
         )
 
-    def validate(self, key: str) -> None:
-        read_key(self.api_key_env, self.api_key_file, key)
+    def check(self) -> None:
+        read_key(self.api_key_env, self.api_key_file, "")
         if not self.replicas and self.discovery is None:
-            raise ConfigError("a pool needs at least one replica (or `discovery`)", key=f"{key}.replicas")
+            raise ConfigError("a pool needs at least one replica (or `discovery`)", key="replicas")
         seen: set[str] = set()
         for i, replica in enumerate(self.replicas):
             if replica.replica_id in seen:
                 raise ConfigError(
-                    f"duplicate replica {replica.replica_id!r} (give each a distinct name)", key=f"{key}.replicas[{i}]"
+                    f"duplicate replica {replica.replica_id!r} (give each a distinct name)", key=f"replicas[{i}]"
                 )
             seen.add(replica.replica_id)
             if replica.kv_events is not None and self.routing.prefix.tokenizer is None:
-                raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.replicas[{i}].kv_events")
+                raise ConfigError(_EVENTS_NEED_TOKENS, key=f"replicas[{i}].kv_events")
         if (
             self.discovery is not None
             and self.discovery.kv_events_port is not None
             and self.routing.prefix.tokenizer is None
         ):
-            raise ConfigError(_EVENTS_NEED_TOKENS, key=f"{key}.discovery.kv_events_port")
+            raise ConfigError(_EVENTS_NEED_TOKENS, key="discovery.kv_events_port")
         self._backend_keys  # noqa: B018 - read the key files now, at load, not on the event loop at the first request
 
 

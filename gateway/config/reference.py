@@ -1,6 +1,7 @@
-"""The configuration reference, made from the config's own classes: a JSON Schema (editors validate a
-config file with it) and a Markdown page (docs/config-reference.md), so that neither can drift from what
-the gateway loads. Each key's text is the comment beside its field, or its class's docstring.
+"""The configuration reference, made from the config's models: a JSON Schema (pydantic's own, for editors
+and the Helm chart's values.schema.json) and a Markdown page (docs/config-reference.md), so that neither
+can drift from what the gateway loads. Each key's text is the comment beside its field, or its section's
+docstring (`gateway.config.field_docs`).
 
     affinity-gateway config-reference            # the Markdown page
     affinity-gateway config-reference --json-schema
@@ -8,62 +9,53 @@ the gateway loads. Each key's text is the comment beside its field, or its class
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import io
-import textwrap
-import tokenize
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
+from gateway.config.field_docs import class_doc, field_comments
 from gateway.config.loader import Config
 from gateway.config.policy_params import POLICY_CONFIGS
 
 _SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_VARIABLE = {"type": "string", "pattern": r"\$\{"}  # `${VAR}`: its text is read as the field's type
+
+
+class _ConfigSchema(GenerateJsonSchema):
+    """pydantic's JSON Schema, where a number or a boolean may also be written as a `${VAR}`."""
+
+    def int_schema(self, schema: core_schema.IntSchema) -> JsonSchemaValue:
+        return {"anyOf": [super().int_schema(schema), _VARIABLE]}
+
+    def float_schema(self, schema: core_schema.FloatSchema) -> JsonSchemaValue:
+        return {"anyOf": [super().float_schema(schema), _VARIABLE]}
+
+    def bool_schema(self, schema: core_schema.BoolSchema) -> JsonSchemaValue:
+        return {"anyOf": [super().bool_schema(schema), _VARIABLE]}
 
 
 def json_schema() -> dict[str, Any]:
-    """Draft 2020-12 JSON Schema of a config file (variables as `${VAR}` strings are allowed everywhere)."""
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "Affinity Gateway config",
-        **_schema(Config),
-    }
+    """Draft 2020-12 JSON Schema of a config file, every section written out in place (no `$ref`), so a
+    part of it can be embedded elsewhere (the chart's values schema) and still stand on its own."""
+    schema = Config.model_json_schema(schema_generator=_ConfigSchema)
+    inlined = _inlined(schema, schema.pop("$defs", {}))
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Affinity Gateway config", **inlined}
 
 
-def _schema(tp: Any) -> dict[str, Any]:
-    origin = get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return {"anyOf": [_schema(option) for option in get_args(tp)]}
-    if tp is type(None):
-        return {"type": "null"}
-    if origin is Literal:
-        return {"enum": list(get_args(tp))}
-    if origin in (list, tuple):
-        return {"type": "array", "items": _schema(get_args(tp)[0])}
-    if origin is dict or tp is dict:
-        value = get_args(tp)[1] if get_args(tp) else Any
-        return {"type": "object", "additionalProperties": _schema(value)}
-    if dataclasses.is_dataclass(tp):
-        hints, comments = typing.get_type_hints(tp), _comments(tp)
-        properties = {}
-        for field in dataclasses.fields(tp):
-            prop = _schema(hints[field.name])
-            if comments.get(field.name):
-                prop["description"] = comments[field.name]
-            properties[field.name] = prop
-        out: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-        required = [f.name for f in dataclasses.fields(tp) if _default(f) is dataclasses.MISSING]
-        if required:
-            out["required"] = required
-        doc = _doc(tp)
-        return {**out, "description": doc} if doc else out
-    if tp in _SCALARS:
-        scalar = _SCALARS[tp]
-        numeric = scalar in ("integer", "number", "boolean")  # `${VAR}` text is read as the field's type
-        return {"anyOf": [{"type": scalar}, {"type": "string", "pattern": r"\$\{"}]} if numeric else {"type": scalar}
-    return {}
+def _inlined(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with each `$ref` replaced by its definition (the referring key's own words win) and without
+    the titles pydantic makes from class and field names."""
+    if isinstance(node, list):
+        return [_inlined(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
+    return {k: _inlined(v, defs) for k, v in node.items() if not (k == "title" and isinstance(v, str))}
 
 
 def markdown() -> str:
@@ -83,19 +75,18 @@ def markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _section(out: list[str], cls: Any, key: str, title: str) -> None:
-    hints, comments = typing.get_type_hints(cls), _comments(cls)
-    nested: list[tuple[Any, str]] = []
+def _section(out: list[str], cls: type[BaseModel], key: str, title: str) -> None:
+    comments = field_comments(cls)
+    nested: list[tuple[type[BaseModel], str]] = []
     out += [f"## {title}" if not key else f"## `{key}`", ""]
-    if doc := _doc(cls):
+    if doc := class_doc(cls):
         out += [doc.split("\n\n")[0].replace("\n", " "), ""]
     out += ["| key | type | default | what it is |", "|---|---|---|---|"]
-    for field in dataclasses.fields(cls):
-        tp, sub = hints[field.name], f"{key}.{field.name}" if key else field.name
-        default = _default(field)
-        shown = "required" if default is dataclasses.MISSING else _shown(default)
-        what = comments.get(field.name) or _first_sentence(next((_doc(inner) for inner, _ in _inner(tp)), ""))
-        out.append(f"| `{field.name}` | {_type_name(tp)} | {shown} | {_cell(what)} |")
+    for name, field in cls.model_fields.items():
+        tp, sub = field.annotation, f"{key}.{name}" if key else name
+        shown = "required" if field.is_required() else _shown(field.get_default(call_default_factory=True))
+        what = comments.get(name) or _first_sentence(next((class_doc(inner) for inner, _ in _inner(tp)), ""))
+        out.append(f"| `{name}` | {_type_name(tp)} | {shown} | {_cell(what)} |")
         nested += [(inner, sub + suffix) for inner, suffix in _inner(tp)]
     out.append("")
     for inner, sub in nested:
@@ -103,10 +94,14 @@ def _section(out: list[str], cls: Any, key: str, title: str) -> None:
             _section(out, inner, sub, sub)
 
 
-def _inner(tp: Any) -> list[tuple[Any, str]]:
+def _is_model(tp: Any) -> typing.TypeGuard[type[BaseModel]]:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _inner(tp: Any) -> list[tuple[type[BaseModel], str]]:
     """The sections inside a field's type, with how their key continues (`[]`, `.<name>`)."""
     origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if _is_model(tp):
         return [(tp, "")]
     if origin in (typing.Union, types.UnionType):
         return [found for option in get_args(tp) for found in _inner(option)]
@@ -130,21 +125,13 @@ def _type_name(tp: Any) -> str:
         return f"list of {_type_name(get_args(tp)[0])}"
     if origin is dict:
         return "mapping" if not get_args(tp) or get_args(tp)[1] is Any else f"mapping of {_type_name(get_args(tp)[1])}"
-    if dataclasses.is_dataclass(tp):
+    if _is_model(tp):
         return "section"
     return _SCALARS.get(tp, "any")
 
 
-def _default(field: dataclasses.Field[Any]) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return dataclasses.MISSING
-
-
 def _shown(value: Any) -> str:
-    if dataclasses.is_dataclass(value):
+    if isinstance(value, BaseModel):
         return "see below"
     if value is None:
         return "none"
@@ -157,34 +144,9 @@ def _shown(value: Any) -> str:
     return f"`{value}`" if value != "" else '`""`'
 
 
-def _doc(cls: Any) -> str:
-    """A class's own docstring (not the one dataclasses writes from its signature)."""
-    doc = inspect.getdoc(cls) or ""
-    return "" if doc.startswith(cls.__name__ + "(") else doc
-
-
 def _first_sentence(text: str) -> str:
     return text.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
-
-
-def _comments(cls: Any) -> dict[str, str]:
-    """Each field's trailing comment in the class's source (what the field is for, as the code says it)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    names = {f.name for f in dataclasses.fields(cls)}
-    found: dict[str, str] = {}
-    line_field: dict[int, str] = {}
-    for number, line in enumerate(source.splitlines(), 1):
-        head = line.strip().split(":", 1)[0]
-        if line.startswith("    ") and not line.startswith("     ") and head in names:
-            line_field[number] = head
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT and token.start[0] in line_field:
-            found[line_field[token.start[0]]] = token.string.lstrip("#").strip()
-    return found

@@ -1,6 +1,6 @@
 """Secrets from files (`*_file:` keys), so a Kubernetes Secret or a Docker secret mounts as a file.
 
-Read when the config is loaded (in `validate`), never per request, so a missing or empty file is a
+Read when the config is loaded (in the sections' `check`), never per request, so a missing or empty file is a
 config error naming the key, and a reload re-reads it (rotation). Messages name the file and the
 key, never the content.
 """
@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, join_key
 
 
 def read_secret_file(path: str, key: str) -> str:
@@ -34,14 +34,16 @@ def secret_lines(path: str, key: str) -> list[tuple[int, str]]:
 
 def read_key(env_name: str | None, file_path: str | None, key: str, env: Mapping[str, str] | None = None) -> str | None:
     """A replica's key (`api_key_env` or `api_key_file`), or None when neither is set; ConfigError naming
-    `key` otherwise. Read at load (the sections' `validate`) and again when a pool's keys are first used."""
+    `key` otherwise. Read at load (the sections' `check`) and again when a pool's keys are first used."""
     if env_name is not None and file_path is not None:
-        raise ConfigError("set api_key_env or api_key_file, not both", key=f"{key}.api_key_env")
+        raise ConfigError("set api_key_env or api_key_file, not both", key=join_key(key, "api_key_env"))
     if env_name is not None:
         value = (os.environ if env is None else env).get(env_name, "")
         if not value.strip():
-            raise ConfigError(f"environment variable {env_name!r} is not set or empty", key=f"{key}.api_key_env")
+            raise ConfigError(
+                f"environment variable {env_name!r} is not set or empty", key=join_key(key, "api_key_env")
+            )
         return value.strip()
     if file_path is not None:
-        return read_secret_file(file_path, f"{key}.api_key_file")
+        return read_secret_file(file_path, join_key(key, "api_key_file"))
     return None

@@ -1,37 +1,35 @@
 """The config's top-level sections that shape the server itself: listen, health probes, load scrapes,
 upstream timeouts, client limits, logging, metrics, admission, shutdown, readiness and tracing.
 
-Each is a frozen dataclass named `<Section>Config`, built by `gateway.config.schema` from its YAML
-mapping and checked by its `validate(key)`, whose errors name the key.
+Each is a `gateway.config.schema.Section` (a frozen pydantic model) named `<Section>Config`, validated
+from its YAML mapping; its `check` holds what its fields' types cannot say (ranges, one field against another).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from gateway.config.schema import Section
 from gateway.errors import ConfigError
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
-@dataclass(frozen=True)
-class ListenConfig:
+class ListenConfig(Section):
     host: str = "0.0.0.0"
     port: int = 8000
     workers: int = 1  # gateway processes on this port (`serve --workers N`, gateway.serving.workers)
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be 0..65535, got {self.port}", key=f"{key}.port")
+            raise ConfigError(f"port must be 0..65535, got {self.port}", key="port")
         if self.workers < 1:
-            raise ConfigError(f"must be an integer >= 1, got {self.workers}", key=f"{key}.workers")
+            raise ConfigError(f"must be an integer >= 1, got {self.workers}", key="workers")
 
 
-@dataclass(frozen=True)
-class HealthConfig:
+class HealthConfig(Section):
     """Active probes flip a replica after N consecutive results; upstream faults trip its circuit breaker."""
 
     path: str = "/health"
@@ -45,10 +43,9 @@ class HealthConfig:
     backoff_max_s: float = 30.0
     max_ejection_percent: int = 50  # the breakers never eject more of a pool than this (at least one replica)
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         positive(
             self,
-            key,
             "interval_s",
             "timeout_s",
             "unhealthy_after",
@@ -59,13 +56,10 @@ class HealthConfig:
             "backoff_max_s",
         )
         if not 0 <= self.max_ejection_percent <= 100:
-            raise ConfigError(
-                f"must be an integer 0..100, got {self.max_ejection_percent}", key=f"{key}.max_ejection_percent"
-            )
+            raise ConfigError(f"must be an integer 0..100, got {self.max_ejection_percent}", key="max_ejection_percent")
 
 
-@dataclass(frozen=True)
-class LoadConfig:
+class LoadConfig(Section):
     """Scrape of each replica's Prometheus /metrics (queue, running, KV usage)."""
 
     enabled: bool = True
@@ -73,24 +67,22 @@ class LoadConfig:
     interval_s: float = 0.5
     timeout_s: float = 1.0
 
-    def validate(self, key: str) -> None:
-        positive(self, key, "interval_s", "timeout_s")
+    def check(self) -> None:
+        positive(self, "interval_s", "timeout_s")
 
 
-@dataclass(frozen=True)
-class TimeoutsConfig:
+class TimeoutsConfig(Section):
     """Upstream limits (gateway.relay.watch): a first byte may take a long prefill; silence mid-answer may not."""
 
     connect_s: float = 5.0
     first_byte_s: float = 300.0  # a stream's first chunk, a whole answer's headers; then retried elsewhere
     idle_s: float = 60.0  # longest gap between upstream bytes once the first came
 
-    def validate(self, key: str) -> None:
-        positive(self, key, "connect_s", "first_byte_s", "idle_s")
+    def check(self) -> None:
+        positive(self, "connect_s", "first_byte_s", "idle_s")
 
 
-@dataclass(frozen=True)
-class LimitsConfig:
+class LimitsConfig(Section):
     """Bounds on what one client may send, and how slowly. The header limits apply on restart only."""
 
     max_body_bytes: int = 16 * 1024 * 1024
@@ -107,10 +99,9 @@ class LimitsConfig:
     # largest legitimate answers; 64 MiB holds 2,000 of 1,024 dimensions.
     max_answer_bytes: int = 64 * 1024 * 1024
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         positive(
             self,
-            key,
             "max_body_bytes",
             "max_answer_bytes",
             "max_header_bytes",
@@ -122,31 +113,28 @@ class LimitsConfig:
         )
         for name in ("max_retries", "max_prompt_tokens"):
             if getattr(self, name) < 0:
-                raise ConfigError("must be >= 0", key=f"{key}.{name}")
+                raise ConfigError("must be >= 0", key=name)
 
 
-@dataclass(frozen=True)
-class LoggingConfig:
+class LoggingConfig(Section):
     level: LogLevel = "info"
     format: Literal["json", "console"] = "json"
     requests: bool = True  # one event per request
     prompts: bool = False  # add the prompt text to the request event (never on by default)
 
 
-@dataclass(frozen=True)
-class MetricsConfig:
+class MetricsConfig(Section):
     enabled: bool = True
 
 
-def positive(obj: Any, key: str, *names: str) -> None:
-    """Each named field of `obj` must be > 0; the error names `key.<field>`."""
+def positive(obj: Any, *names: str) -> None:
+    """Each named field of `obj` must be > 0; the error names the field."""
     for name in names:
         if getattr(obj, name) <= 0:
-            raise ConfigError(f"must be > 0, got {getattr(obj, name)}", key=f"{key}.{name}")
+            raise ConfigError(f"must be > 0, got {getattr(obj, name)}", key=name)
 
 
-@dataclass(frozen=True)
-class AdmissionConfig:
+class AdmissionConfig(Section):
     """YAML `admission`."""
 
     max_in_flight_per_replica: int = 0  # 0 = no cap (and no queue unless a tenant is capped)
@@ -156,40 +144,37 @@ class AdmissionConfig:
     retry_after_s: float = 1.0  # the Retry-After of those 429s
     borrow_factor: float = 2.0  # a tenant under its fair share may exceed max_in_flight_per_replica up to × this
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         for name in ("max_in_flight_per_replica", "max_in_flight_per_tenant", "max_queue"):
             if getattr(self, name) < 0:
-                raise ConfigError("must be >= 0", key=f"{key}.{name}")
+                raise ConfigError("must be >= 0", key=name)
         if not self.borrow_factor >= 1:  # NaN too
-            raise ConfigError(f"must be >= 1, got {self.borrow_factor}", key=f"{key}.borrow_factor")
+            raise ConfigError(f"must be >= 1, got {self.borrow_factor}", key="borrow_factor")
         for name in ("queue_timeout_s", "retry_after_s"):
             if getattr(self, name) <= 0:
-                raise ConfigError("must be > 0", key=f"{key}.{name}")
+                raise ConfigError("must be > 0", key=name)
 
 
-@dataclass(frozen=True)
-class ShutdownConfig:
+class ShutdownConfig(Section):
     """YAML `shutdown` (read once, at start)."""
 
     grace_s: float = 30.0  # accepted requests may run this long after SIGTERM
     ready_delay_s: float = 0.0  # /ready is 503 this long before the listener closes
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         if self.grace_s <= 0:
-            raise ConfigError("must be > 0", key=f"{key}.grace_s")
+            raise ConfigError("must be > 0", key="grace_s")
         if self.ready_delay_s < 0:
-            raise ConfigError("must be >= 0", key=f"{key}.ready_delay_s")
+            raise ConfigError("must be >= 0", key="ready_delay_s")
 
 
-@dataclass(frozen=True)
-class ReadinessConfig:
+class ReadinessConfig(Section):
     """YAML `readiness`."""
 
     require_all_pools: bool = False  # 503 as soon as any one pool has no replica taking traffic
 
 
-@dataclass(frozen=True)
-class TracingConfig:
+class TracingConfig(Section):
     """YAML `tracing`: where spans go (OTLP over HTTP) and how many traces are kept. Read at start only."""
 
     enabled: bool = False
@@ -198,22 +183,20 @@ class TracingConfig:
     sampling_ratio: float = 1.0  # of the traces the gateway starts; a client's sampled flag is followed
     service_name: str = "affinity-gateway"
 
-    def validate(self, key: str) -> None:
+    def check(self) -> None:
         url = urlsplit(self.endpoint)
         if url.scheme not in ("http", "https") or not url.netloc:
-            raise ConfigError(f"expected an http(s) URL, got {self.endpoint!r}", key=f"{key}.endpoint")
+            raise ConfigError(f"expected an http(s) URL, got {self.endpoint!r}", key="endpoint")
         if not 0.0 <= self.sampling_ratio <= 1.0:
-            raise ConfigError(f"must be 0..1, got {self.sampling_ratio}", key=f"{key}.sampling_ratio")
+            raise ConfigError(f"must be 0..1, got {self.sampling_ratio}", key="sampling_ratio")
         if not self.service_name:
-            raise ConfigError("must not be empty", key=f"{key}.service_name")
+            raise ConfigError("must not be empty", key="service_name")
         if self.enabled:
             try:
                 for module in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
                     importlib.import_module(module)
             except ImportError:
-                raise ConfigError(
-                    "needs the otel extra: pip install 'affinity-gateway[otel]'", key=f"{key}.enabled"
-                ) from None
+                raise ConfigError("needs the otel extra: pip install 'affinity-gateway[otel]'", key="enabled") from None
 
 
 __all__ = [

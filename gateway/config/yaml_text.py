@@ -2,7 +2,7 @@
 
 An alias (`*name`) repeats its anchor's whole value, so a 1 KB file of nested aliases can stand for 10**8
 values: PyYAML builds that document cheaply (every alias the same Python object), but `${VAR}`
-interpolation and the dataclasses walk every repetition (37 s and 2.39 GB for one such file, on load and on
+interpolation and validation walk every repetition (37 s and 2.39 GB for one such file, on load and on
 reload). So the document's size as it will be walked, counting every repetition, is computed on the
 composed node graph (each distinct node once, linear in the file) and refused over `MAX_VALUES` before
 anything is constructed. An alias of a value that contains itself can never be walked to its end: refused

@@ -12,7 +12,6 @@ Requests that did not opt in never come here: their relay stays byte for byte (`
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,9 @@ def chunking_for(view: RequestView, header: str | None, pool: StreamChunkingConf
         value = header.strip().lower()
         if value not in ("phrase", "none"):
             raise BadRequestError(f"{HEADER} must be phrase or none, got {header[:40]!r}", param=HEADER)
-        pool = dataclasses.replace(pool, mode="phrase" if value == "phrase" else "none")
+        if value == "none":
+            return None
+        pool = pool.phrased
     if pool.mode != "phrase" or not view.stream or view.endpoint not in ("chat", "completions"):
         return None
     return pool

@@ -4,8 +4,6 @@ estimate is worth. Routing reads these; only the replicas' reports change them."
 
 from __future__ import annotations
 
-import dataclasses
-
 import structlog
 
 from gateway.config.pools import PrefixConfig
@@ -50,7 +48,7 @@ class Calibration:
         pool mixing block sizes needs the setting). Set and different: log once, export the gauge."""
         if self._configured_block is None:
             if self.prefix_params.block_tokens is None:
-                self.prefix_params = dataclasses.replace(self.prefix_params, block_tokens=block_size)
+                self.prefix_params = self.prefix_params.model_copy(update={"block_tokens": block_size})
                 if self.exact is not None:
                     self.exact.block_tokens = block_size
                 log.info(

@@ -73,6 +73,7 @@ from gateway.serving.lifecycle import LIFECYCLE, Lifecycle
 from gateway.view import RequestView
 
 log = structlog.get_logger("gateway.serving.app")
+_NO_CHUNKING = StreamChunkingConfig()  # the bounds of a request no pool serves: made once, not per request
 
 
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
@@ -196,7 +197,7 @@ def _stream_options(
     exchange.chunking = chunking_for(
         view,
         request.headers.get(h.STREAM_CHUNKING),
-        pool.stream_chunking if pool is not None else StreamChunkingConfig(),
+        pool.stream_chunking if pool is not None else _NO_CHUNKING,
     )
     exchange.strip_usage = pool is not None and pool.stream_usage and ask_for_usage(view)
 

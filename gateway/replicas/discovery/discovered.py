@@ -22,7 +22,7 @@ def discovered_replica(
     events = None
     if spec.kv_events_port is not None:
         replay = f"tcp://{host}:{spec.kv_events_replay_port}" if spec.kv_events_replay_port else None
-        events = KVEventsConfig(f"tcp://{host}:{spec.kv_events_port}", replay)
+        events = KVEventsConfig(endpoint=f"tcp://{host}:{spec.kv_events_port}", replay_endpoint=replay)
     return ReplicaConfig(
         url=f"{spec.scheme}://{host}:{port}",
         name=name,

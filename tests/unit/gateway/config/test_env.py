@@ -234,3 +234,10 @@ def test_any_key_can_be_set_by_a_variable_one_double_underscore_per_level() -> N
     with pytest.raises(ConfigError) as raised:
         parse_config(data, {"AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES__X": "1"})
     assert raised.value.key == "env AFFINITY_GATEWAY__LIMITS__MAX_BODY_BYTES__X"
+
+
+def test_every_mistaken_variable_is_reported_at_once_naming_the_variable() -> None:
+    data = {"pools": {"m": {"replicas": [{"url": "http://h:1"}]}}}
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data, {"AFFINITY_GATEWAY_PORT": "x", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    assert [one.key for one in raised.value.each] == ["env AFFINITY_GATEWAY_PORT", "env OTEL_EXPORTER_OTLP_ENDPOINT"]

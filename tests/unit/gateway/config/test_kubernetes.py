@@ -39,7 +39,7 @@ def test_the_selector_joins_labels_pool_label_and_service() -> None:
     k8s = config.pools["llama"].discovery.kubernetes  # type: ignore[union-attr]
     assert k8s is not None and k8s.service is None
     assert k8s.selector("llama") == {"app.kubernetes.io/part-of": "llm", "affinity-gateway.io/pool": "llama"}
-    named = KubernetesDiscoveryConfig("vllm", pool_label="p", pool_value="qwen3")
+    named = KubernetesDiscoveryConfig(service="vllm", pool_label="p", pool_value="qwen3")
     assert named.selector("Qwen/Qwen3-8B") == {"p": "qwen3", "kubernetes.io/service-name": "vllm"}
 
 
@@ -114,14 +114,14 @@ async def test_a_discovered_pods_labels_reach_the_adapter_map_and_admin(tmp_path
     state.resolver = no_records
     await state.start()
     try:
-        pod = ReplicaConfig("http://10.0.0.2:8000", name="pod-0", adapters=("labelled",), role="prefill")
+        pod = ReplicaConfig(url="http://10.0.0.2:8000", name="pod-0", adapters=("labelled",), role="prefill")
         await state._discovered("base", [pod], frozenset())
         replica = state.routes["base"].pool.get("pod-0")
         assert replica is not None and replica.describe()["role"] == "prefill"
         assert replica.describe()["adapters"] == ["labelled"]  # from its labels alone: no /v1/models answered
         assert state.adapters.servers["labelled"] == frozenset({"pod-0"})
         assert state.route_for("labelled").model == "base"
-        relabelled = ReplicaConfig("http://10.0.0.2:8000", name="pod-0", role="decode")
+        relabelled = ReplicaConfig(url="http://10.0.0.2:8000", name="pod-0", role="decode")
         await state._discovered("base", [relabelled], frozenset())
         assert state.routes["base"].pool.get("pod-0") is replica and replica.role == "decode"  # same replica
         assert "labelled" not in state.adapters.servers

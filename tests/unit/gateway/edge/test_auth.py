@@ -11,7 +11,12 @@ from gateway.errors import AuthenticationError, ConfigError, PermissionDeniedErr
 from gateway.request.caller import ANONYMOUS
 
 USER, ADMIN = "sk-user", "sk-admin"
-CONFIG = AuthConfig((ApiKeyConfig(hash_key(USER), "acme"), ApiKeyConfig(hash_key(ADMIN), "ops", admin=True)))
+CONFIG = AuthConfig(
+    keys=(
+        ApiKeyConfig(sha256=hash_key(USER), tenant="acme"),
+        ApiKeyConfig(sha256=hash_key(ADMIN), tenant="ops", admin=True),
+    )
+)
 
 
 def test_no_keys_means_open() -> None:

@@ -26,7 +26,7 @@ def at_most_per_window(times: list[float], limit: int, window_s: float = 60.0) -
 async def test_requests_within_any_window_then_says_when_to_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
     monkeypatch.setattr("gateway.edge.rate_limits.time.monotonic", lambda: now[0])
-    key, limits = ApiKeyConfig(hash_key("k"), "t", requests_per_minute=2), RateLimits()
+    key, limits = ApiKeyConfig(sha256=hash_key("k"), tenant="t", requests_per_minute=2), RateLimits()
     await limits.admit(key, 10)
     await limits.admit(key, 10)
     with pytest.raises(RateLimitError) as info:
@@ -42,7 +42,7 @@ async def test_requests_within_any_window_then_says_when_to_retry(monkeypatch: p
 async def test_tokens_are_charged_for_prompt_then_completion(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [0.0]
     monkeypatch.setattr("gateway.edge.rate_limits.time.monotonic", lambda: now[0])
-    key, limits = ApiKeyConfig(hash_key("k"), "t", tokens_per_minute=600), RateLimits()
+    key, limits = ApiKeyConfig(sha256=hash_key("k"), tenant="t", tokens_per_minute=600), RateLimits()
     await limits.admit(key, 100)
     now[0] = 5.0
     limits.charge_tokens(key, 600)  # a long answer overdraws the window
@@ -61,7 +61,7 @@ async def test_no_window_admits_more_than_the_rate_locally(monkeypatch: pytest.M
     # A token bucket admitted its full rate and then a refill on top within the same minute.
     now = [1_800_000_055.0]
     monkeypatch.setattr("gateway.edge.rate_limits.time.monotonic", lambda: now[0])
-    key, limits, admitted = ApiKeyConfig(hash_key("k"), "t", requests_per_minute=10), RateLimits(), []
+    key, limits, admitted = ApiKeyConfig(sha256=hash_key("k"), tenant="t", requests_per_minute=10), RateLimits(), []
     for _ in range(48):
         try:
             await limits.admit(key, 1)
@@ -73,7 +73,7 @@ async def test_no_window_admits_more_than_the_rate_locally(monkeypatch: pytest.M
 
 
 async def test_unlimited_keys_have_no_buckets() -> None:
-    key, limits = ApiKeyConfig(hash_key("k"), "t"), RateLimits()
+    key, limits = ApiKeyConfig(sha256=hash_key("k"), tenant="t"), RateLimits()
     for _ in range(1000):
         await limits.admit(key, 10**6)
 
@@ -88,7 +88,7 @@ async def test_two_gateways_share_one_request_quota(redis_url: str, monkeypatch:
     pinned_window(monkeypatch)
     prefix = f"t{uuid.uuid4().hex}:"
     gateways = [RateLimits(SharedQuota(redis_url, prefix)) for _ in range(2)]
-    key = ApiKeyConfig(hash_key("shared"), "t", requests_per_minute=10)
+    key = ApiKeyConfig(sha256=hash_key("shared"), tenant="t", requests_per_minute=10)
     admitted = 0
     for i in range(30):
         try:
@@ -106,7 +106,7 @@ async def test_owed_tokens_reach_the_shared_counter(redis_url: str, monkeypatch:
     pinned_window(monkeypatch)
     prefix = f"t{uuid.uuid4().hex}:"
     first, second = (RateLimits(SharedQuota(redis_url, prefix)) for _ in range(2))
-    key = ApiKeyConfig(hash_key("tokens"), "t", tokens_per_minute=1000)
+    key = ApiKeyConfig(sha256=hash_key("tokens"), tenant="t", tokens_per_minute=1000)
     await first.admit(key, 200)  # any room admits; the prompt beyond the lease is owed
     first.charge_tokens(key, 900)  # a long answer: the key is past its quota now
     assert first.shared is not None
@@ -121,7 +121,7 @@ async def test_owed_tokens_reach_the_shared_counter(redis_url: str, monkeypatch:
 
 async def test_with_redis_down_each_gateway_enforces_locally_and_says_so() -> None:
     limits = RateLimits(SharedQuota("redis://127.0.0.1:9/0", "down:"))
-    key = ApiKeyConfig(hash_key("k"), "t", requests_per_minute=2)
+    key = ApiKeyConfig(sha256=hash_key("k"), tenant="t", requests_per_minute=2)
     await limits.admit(key, 1)
     assert limits.local_only
     await limits.admit(key, 1)
@@ -147,7 +147,7 @@ async def test_two_gateways_admit_no_more_than_the_rate_in_any_window_across_a_m
         monkeypatch.setattr(name, lambda: now[0], raising=False)
     prefix = f"t{uuid.uuid4().hex}:"
     gateways = [RateLimits(SharedQuota(redis_url, prefix)) for _ in range(2)]
-    key, admitted = ApiKeyConfig(hash_key("window"), "t", requests_per_minute=10), []
+    key, admitted = ApiKeyConfig(sha256=hash_key("window"), tenant="t", requests_per_minute=10), []
     for i in range(24 if step_s < 1 else 48):
         try:
             await gateways[i % 2].admit(key, 1)

@@ -22,7 +22,7 @@ SYSTEM = "\n".join(f"Rule {i}: cite the handbook, section {i}, and nothing else.
 def offer(report: PrefixReport, tenant: str, messages: list[dict[str, Any]]) -> None:
     view = RequestView("r", "chat", "m", False, {"model": "m", "messages": messages}, b"", tenant=tenant)
     attach(view, compute(view, PrefixConfig()))
-    report.offer(tenant, "m", view, 4.0, 0.001, PricesConfig(2.0, 0.5, 8.0))
+    report.offer(tenant, "m", view, 4.0, 0.001, PricesConfig(input=2.0, cached_input=0.5, output=8.0))
 
 
 def drain(report: PrefixReport) -> dict[str, Any]:

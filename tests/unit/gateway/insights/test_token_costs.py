@@ -19,8 +19,8 @@ from gateway.request.usage import Usage
 
 pytestmark = pytest.mark.timeout(30)
 PRICES = PricesConfig(input=3.0, cached_input=0.3, output=15.0)
-POOL = PoolConfig(replicas=(ReplicaConfig("http://127.0.0.1:1"),), prices=PRICES)
-FREE = PoolConfig(replicas=(ReplicaConfig("http://127.0.0.1:1"),))
+POOL = PoolConfig(replicas=(ReplicaConfig(url="http://127.0.0.1:1"),), prices=PRICES)
+FREE = PoolConfig(replicas=(ReplicaConfig(url="http://127.0.0.1:1"),))
 
 
 def usage(prompt: int | None, cached: int | None, completion: int | None) -> Usage:

@@ -14,6 +14,7 @@ from gateway.request.usage import Usage
 from gateway.view import RequestView
 
 CONFIG = parse_config({"pools": {"m1": {"replicas": [{"url": "http://127.0.0.1:9"}]}}})
+KEY = "0" * 64  # a client key's sha256, as the config holds it
 
 
 def _done(
@@ -44,7 +45,9 @@ def test_a_retried_stream_of_a_tenant_counts_its_outcome_retries_and_tokens() ->
     metrics = Metrics()
     usage = Usage(prompt_tokens=30, completion_tokens=11)
     RequestMetrics(metrics).finished(
-        _done("r1", 200, ("r0",), usage, Timing.of(0.0, 0.2, 1.2, True, 11), Caller(ApiKeyConfig(tenant="t")))
+        _done(
+            "r1", 200, ("r0",), usage, Timing.of(0.0, 0.2, 1.2, True, 11), Caller(ApiKeyConfig(sha256=KEY, tenant="t"))
+        )
     )
     sample = metrics.registry.get_sample_value
     assert sample("affinity_gateway_requests_total", {"model_name": "m1", "replica": "r1", "status": "200"}) == 1

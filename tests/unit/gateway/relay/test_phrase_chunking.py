@@ -276,7 +276,7 @@ def test_the_header_opts_in_or_out_over_the_pool() -> None:
     pool = StreamChunkingConfig(mode="phrase", max_chars=7)
     assert chunking_for(_view(), None, StreamChunkingConfig()) is None
     assert chunking_for(_view(), None, pool) == pool
-    phrase = StreamChunkingConfig("phrase", max_chars=9)
+    phrase = StreamChunkingConfig(mode="phrase", max_chars=9)
     assert chunking_for(_view(), " Phrase ", StreamChunkingConfig(max_chars=9)) == phrase
     assert chunking_for(_view(), "none", pool) is None
     assert chunking_for(_view(stream=False), "phrase", pool) is None
@@ -314,7 +314,9 @@ def test_pool_settings_load() -> None:
             }
         }
     )
-    assert config.pools["m"].stream_chunking == StreamChunkingConfig("phrase", ".\n", 120.0, 80)
+    assert config.pools["m"].stream_chunking == StreamChunkingConfig(
+        mode="phrase", boundaries=".\n", max_wait_ms=120.0, max_chars=80
+    )
 
 
 class _Protocol:
@@ -353,7 +355,7 @@ async def test_the_relay_sends_pending_text_at_max_wait_while_upstream_is_silent
     seen: list[bytes] = []
     first: list[float] = []
     task = asyncio.create_task(
-        _relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)), written, seen, first)
+        _relay(reader, PhraseChunker(StreamChunkingConfig(mode="phrase", max_wait_ms=100)), written, seen, first)
     )
     start = loop.time()
     reader.feed_data(chat("no boundary"))
@@ -386,7 +388,7 @@ async def test_the_relay_keeps_max_wait_while_upstream_never_pauses() -> None:
     reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
     written: list[tuple[float, bytes]] = []
     task = asyncio.create_task(
-        _relay(reader, PhraseChunker(StreamChunkingConfig("phrase", max_wait_ms=100)), written, [], [])
+        _relay(reader, PhraseChunker(StreamChunkingConfig(mode="phrase", max_wait_ms=100)), written, [], [])
     )
     for _ in range(25):  # a piece every 20 ms, never a boundary: only the deadline sends text
         reader.feed_data(chat("ab"))

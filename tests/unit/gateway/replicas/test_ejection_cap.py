@@ -4,7 +4,6 @@ every replica (panic) rather than to none."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pytest
@@ -32,7 +31,7 @@ def open_breakers(pool: ReplicaPool, health: HealthConfig) -> list[str | None]:
 )
 def test_the_breakers_eject_at_most_the_share_and_at_least_one(replicas: int, percent: int, ejected: int) -> None:
     pool = pool_of(replicas)
-    verdicts = open_breakers(pool, dataclasses.replace(HEALTH, max_ejection_percent=percent))
+    verdicts = open_breakers(pool, HEALTH.model_copy(update={"max_ejection_percent": percent}))
     assert verdicts == ["opened"] * ejected + ["held"] * (replicas - ejected)
     assert len(pool.candidates()) == (replicas - ejected or replicas), "all ejected: panic offers every one"
 
@@ -40,7 +39,7 @@ def test_the_breakers_eject_at_most_the_share_and_at_least_one(replicas: int, pe
 def test_a_held_fault_opens_the_breaker_once_the_pool_has_room() -> None:
     pool = pool_of(2)
     first, second = pool
-    health = dataclasses.replace(HEALTH, eject_after_failures=2)
+    health = HEALTH.model_copy(update={"eject_after_failures": 2})
     assert [pool.fault(first, health, "x") for _ in range(2)] == [None, "opened"]
     assert [pool.fault(second, health, "x") for _ in range(2)] == [None, "held"]
     first.breaker.open_until, first.breaker.openings = 0.0, 0  # the first came back

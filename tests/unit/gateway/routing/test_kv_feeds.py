@@ -31,7 +31,7 @@ def router() -> Router:
 def members() -> list[ReplicaConfig]:
     """`a` publishes KV events (to a port nobody binds: a SUB socket just waits), `b` does not."""
     events = KVEventsConfig(endpoint=f"tcp://127.0.0.1:{free_port()}")
-    return [ReplicaConfig("http://a:1", "a", kv_events=events), ReplicaConfig("http://b:1", "b")]
+    return [ReplicaConfig(url="http://a:1", name="a", kv_events=events), ReplicaConfig(url="http://b:1", name="b")]
 
 
 async def test_a_feed_follows_its_router_and_goes_with_its_replica() -> None:

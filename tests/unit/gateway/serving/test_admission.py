@@ -61,7 +61,9 @@ async def test_wait_past_the_timeout_is_429_and_leaves_the_queue() -> None:
     pool, queue, waits = _pool()
     with queue.holding(pool.get("a")), queue.holding(pool.get("b")):  # type: ignore[arg-type]
         with pytest.raises(RateLimitError) as info:
-            await queue.candidates((), AdmissionConfig(1, 3, queue_timeout_s=0.05), "m")
+            await queue.candidates(
+                (), AdmissionConfig(max_in_flight_per_replica=1, max_in_flight_per_tenant=3, queue_timeout_s=0.05), "m"
+            )
     assert "waited" in info.value.message and len(queue) == 0 and 0.04 < waits[0] < 0.5
 
 

@@ -50,7 +50,8 @@ def test_each_worker_has_its_own_abstract_socket_named_by_its_supervisor() -> No
 
 
 @pytest.mark.parametrize(
-    ("value", "words"), [("0", "must be an integer >= 1, got 0"), ("two", "expected an integer, got 'two'")]
+    ("value", "words"),
+    [("0", "must be an integer >= 1, got 0"), ("two", "expected an integer from the environment, got 'two'")],
 )
 def test_env_workers_is_checked_and_named(value: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:

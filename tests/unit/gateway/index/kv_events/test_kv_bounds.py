@@ -90,7 +90,7 @@ async def test_a_large_batch_does_not_hold_the_event_loop(publisher: FakePublish
     to 322-419 ms), into the gateway's own tables: the loop's longest stall while the subscriber takes it
     stays under 100 ms."""
     exact = ExactTables(prefix.model_seed("m"), BLOCK)
-    config = KVEventsConfig(publisher.endpoint, publisher.replay_endpoint, "kv")
+    config = KVEventsConfig(endpoint=publisher.endpoint, replay_endpoint=publisher.replay_endpoint, topic="kv")
     sub = KVEventSubscriber("r1", config, exact, replay_timeout_s=0.5)
     sub.start()
     await until(lambda: sub.last_seq == -1)  # synced on the empty buffer

@@ -212,7 +212,7 @@ async def subscribe(
 ) -> tuple[KVEventSubscriber, RecordingSink]:
     """A started subscriber past its start-up sync and (slow joiner) connected for live batches."""
     sink = RecordingSink()
-    config = KVEventsConfig(pub.endpoint, pub.replay_endpoint if replay else None, topic)
+    config = KVEventsConfig(endpoint=pub.endpoint, replay_endpoint=pub.replay_endpoint if replay else None, topic=topic)
     sub = KVEventSubscriber("r1", config, sink, replay_timeout_s=0.5)
     sub.start()
     await until(lambda: bool(sink.calls))  # the start-up `cleared`, after which the replay (if any) is applied
@@ -374,7 +374,9 @@ async def test_other_topics_are_filtered_out(publisher: FakePublisher) -> None:
 
 async def test_close_returns_promptly_even_while_a_replay_waits() -> None:
     dead = f"tcp://127.0.0.1:{free_port()}"  # nothing listens: the replay request can only time out
-    sub = KVEventSubscriber("r1", KVEventsConfig(dead, dead), RecordingSink(), replay_timeout_s=10.0)
+    sub = KVEventSubscriber(
+        "r1", KVEventsConfig(endpoint=dead, replay_endpoint=dead), RecordingSink(), replay_timeout_s=10.0
+    )
     sub.start()
     await asyncio.sleep(0.1)
     began = time.monotonic()

@@ -34,7 +34,9 @@ def test_kubernetes_discovery_loads_and_is_exclusive_with_dns() -> None:
         data({"kubernetes": {"service": "vllm", "namespace": "ml", "port_name": "http", "labels": {"tier": "gpu"}}})
     )
     spec = config.pools["m"].discovery
-    assert spec is not None and spec.kubernetes == KubernetesDiscoveryConfig("vllm", "ml", "http", {"tier": "gpu"})
+    assert spec is not None and spec.kubernetes == KubernetesDiscoveryConfig(
+        service="vllm", namespace="ml", port_name="http", labels={"tier": "gpu"}
+    )
     with pytest.raises(ConfigError, match=r"pools\.m\.discovery\.kubernetes: set exactly one of"):
         parse_config(data({"dns": "r", "kubernetes": {"service": "vllm"}}))
     with pytest.raises(ConfigError, match=r"pools\.m\.discovery\.dns: set exactly one of"):
@@ -60,7 +62,7 @@ def slice_of(raw: dict[str, Any]) -> EndpointSlice:
 
 
 def test_pods_become_named_replicas_and_unready_ones_are_marked() -> None:
-    spec = DiscoveryConfig(kubernetes=KubernetesDiscoveryConfig("vllm", port_name="http"), kv_events_port=5557)
+    spec = DiscoveryConfig(kubernetes=KubernetesDiscoveryConfig(service="vllm", port_name="http"), kv_events_port=5557)
     a = slice_of(endpoint_slice("vllm-a", "vllm", {"vllm-0": ("10.0.0.2", True), "vllm-1": ("10.0.0.3", False)}, 8000))
     b = slice_of(endpoint_slice("vllm-b", "vllm", {"vllm-1": ("10.0.0.3", True)}, 8000))  # moving between slices
     other_port = slice_of(endpoint_slice("x", "vllm", {"vllm-9": ("10.0.0.9", True)}, 9, port_name="metrics"))
@@ -99,7 +101,7 @@ async def watching(api: FakeSliceAPI, tmp_path: Path, apply: Recorder) -> asynci
     path = tmp_path / "kubeconfig"
     path.write_text(api.kubeconfig())
     spec = DiscoveryConfig(
-        kubernetes=KubernetesDiscoveryConfig("vllm", port_name="http", kubeconfig=str(path), retry_s=0.05)
+        kubernetes=KubernetesDiscoveryConfig(service="vllm", port_name="http", kubeconfig=str(path), retry_s=0.05)
     )
     listed = asyncio.Event()
     task = asyncio.create_task(watch_slices("m", spec, apply, listed))

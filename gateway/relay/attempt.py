@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gateway.errors import GatewayError
 from gateway.replicas import Replica, ReplicaPool
 from gateway.request.decision import Decision
@@ -16,8 +18,15 @@ class Attempt:
     replica: Replica
     pool: ReplicaPool  # the replica's: its breakers eject at most `health.max_ejection_percent` of it
     decision: Decision
-    last: bool  # no retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried
     after_fault: bool  # an earlier attempt failed as the input may cause: a second such failure is poison
+    final: bool  # the last the retry limit allows
+    others_left: Callable[[], bool]  # would a retry find a replica this request has not tried?
+
+    @property
+    def last(self) -> bool:
+        """No retry left: a 5xx is the client's answer (and its replica's breaker charge), not retried. Asked
+        only when the attempt failed, so a request that succeeds never looks for another replica."""
+        return self.final or not self.others_left()
 
 
 class Retryable(Exception):

@@ -15,6 +15,7 @@ one is offered, `gateway.replicas.pool`) whose replica refuses the connection st
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from aiohttp import web
 
@@ -55,10 +56,8 @@ async def answer(
                 route.pool,
                 decision,
                 after_fault=bool(deferred),
-                last=number == config.limits.max_retries
-                or not route.pool.has_candidate(
-                    _narrowed(request, view, route, {*exchange.failed_replicas, replica.replica_id})
-                ),
+                final=number == config.limits.max_retries,
+                others_left=partial(_others_left, request, view, route, exchange, replica.replica_id),
             )
             with queue.holding(replica, share):  # its release lets the pool's next waiting request in
                 route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
@@ -107,6 +106,11 @@ async def _decide(
         )
     finally:
         exchange.queue_s += time.perf_counter() - waiting
+
+
+def _others_left(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, tried: str) -> bool:
+    """Whether a retry of this request would find a replica it has not tried (`Attempt.last`)."""
+    return route.pool.has_candidate(_narrowed(request, view, route, {*exchange.failed_replicas, tried}))
 
 
 def _narrowed(request: web.Request, view: RequestView, route: ModelRoute, exclude: set[str]) -> set[str]:

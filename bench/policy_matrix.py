@@ -2,8 +2,11 @@
 (plus prefix_affinity with `preamble_weight=1`), in the simulator. Prints one Markdown table per cell
 and the exact `affinity-gateway simulate` command behind it; results land in `--out`/<cell>/.
 
-    .venv/bin/python bench/policy_matrix.py --replicas 8 --out bench-results/matrix-8
-    .venv/bin/python bench/policy_matrix.py --replicas 64 --scale 8 --loads saturating --out bench-results/matrix-64
+    .venv/bin/python -m bench.policy_matrix --replicas 8 --out bench-results/matrix-8
+    .venv/bin/python -m bench.policy_matrix --replicas 64 --scale 8 --loads saturating --out bench-results/matrix-64
+
+With `--results NAME` the run is also published: docs/benchmarks/results/NAME.json and NAME.md
+(`render` below), which the policy pages include (bench/results.py).
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import io
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
+from bench import results
 from bench.synthetic_trace import generate
 from gateway.cli.main import main as cli
 
@@ -42,12 +47,14 @@ def main() -> None:
     parser.add_argument("--loads", default=",".join(LOADS))
     parser.add_argument("--workloads", default=",".join(MATRIX))
     parser.add_argument("--out", type=Path, default=Path("bench-results/matrix"))
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     trace = args.out / "trace.jsonl"
     trace.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in generate(1000 * args.scale, 1.0, 16 * args.scale, 0)))
     k = args.scale
     sizes = {"g": 64 * k, "u": 64 * k, "r": 2000 * k, "s": 128 * k, "trace": trace}
+    cells = []
     for workload in args.workloads.split(","):
         params, rates = MATRIX[workload]
         for load in args.loads.split(","):
@@ -57,7 +64,7 @@ def main() -> None:
                 f"--no-plots -q"
             )
             cell = args.out / f"{workload}-{load}"
-            runs = {}
+            runs: dict[str, dict[str, Any]] = {}
             started = time.perf_counter()
             for name, extra, out in (
                 ("", "", cell),
@@ -66,16 +73,51 @@ def main() -> None:
                 with contextlib.redirect_stdout(io.StringIO()):
                     cli(shlex.split(f"{base} {extra} --out {out}"))
                 result = orjson.loads((out / "result.json").read_bytes())
-                runs.update({policy + name: run for policy, run in result["runs"].items()})
-            print(
-                f"\n#### {workload}, {load} load ({rate:g} sessions/s, {args.replicas} replicas, "
-                f"{result['meta']['requests']} requests; simulated in {time.perf_counter() - started:.0f} s)\n"
-            )
-            print(f"`affinity-gateway {base} --out {cell}` (+ `--policies prefix_affinity {VARIANT}`)\n")
-            print(_table(runs), flush=True)
+                runs.update({policy + name: {f: run.get(f) for f in FIELDS} for policy, run in result["runs"].items()})
+            figures = {
+                "workload": workload,
+                "load": load,
+                "rate": rate,
+                "replicas": args.replicas,
+                "requests": result["meta"]["requests"],
+                "simulated_s": round(time.perf_counter() - started),
+                "command": f"affinity-gateway {base} --out {cell}",
+                "runs": runs,
+            }
+            cells.append(figures)
+            print("\n" + render_cell(figures), flush=True)
+    if args.results:
+        print(f"\nwrote {results.write(args.results, results.record('bench.policy_matrix', {'cells': cells}), render)}")
 
 
-def _table(runs: dict[str, dict[str, float]]) -> str:
+# the figures of each policy's run that the tables show (the rest stays in the run's result.json)
+FIELDS = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "later_ttft_p90_s",
+    "itl_p50_s",
+    "e2e_p90_s",
+    "cached_ratio",
+    "busiest_over_mean",
+)
+
+
+def render(figures: dict[str, Any]) -> str:
+    """Every cell of a matrix run, as the published page shows it."""
+    return "\n\n".join(render_cell(cell) for cell in figures["cells"])
+
+
+def render_cell(cell: dict[str, Any]) -> str:
+    """One cell: its heading (workload, load, rate, size, how long it took), the exact command, the table."""
+    return (
+        f"### {cell['workload']}, {cell['load']} load ({cell['rate']:g} sessions/s, {cell['replicas']} replicas, "
+        f"{cell['requests']} requests; simulated in {cell['simulated_s']:.0f} s)\n\n"
+        f"`{cell['command']}` (+ `--policies prefix_affinity {VARIANT}`)\n\n{_table(cell['runs'])}"
+    )
+
+
+def _table(runs: dict[str, dict[str, Any]]) -> str:
     rows = [
         "| policy | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | e2e p90 s "
         "| cached | busiest/mean |",

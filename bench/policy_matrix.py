@@ -86,6 +86,7 @@ def main() -> None:
             }
             cells.append(figures)
             print("\n" + render_cell(figures), flush=True)
+    print("\n" + aims(cells))
     if args.results:
         print(f"\nwrote {results.write(args.results, results.record('bench.policy_matrix', {'cells': cells}), render)}")
 
@@ -104,8 +105,37 @@ FIELDS = (
 
 
 def render(figures: dict[str, Any]) -> str:
-    """Every cell of a matrix run, as the published page shows it."""
-    return "\n\n".join(render_cell(cell) for cell in figures["cells"])
+    """The aims table over all cells, then every cell, as the published pages show them: each part is a
+    snippets section (`aims`, `cells`), so a page can put its reading of the aims between the two."""
+    cells = "\n\n".join(render_cell(cell) for cell in figures["cells"])
+    return f"{results.section('aims', aims(figures['cells']))}\n\n{results.section('cells', cells)}"
+
+
+def aims(cells: list[dict[str, Any]]) -> str:
+    """Per cell, round robin's and least loaded's TTFT p90 over prefix_affinity's (all requests, then later
+    turns where the workload has sessions), prefix_affinity's cached share and busiest over mean, and the
+    same ratios for its `preamble_weight=1` variant: the figures the policy's aims are stated in."""
+    rows = [
+        "| workload | load | RR / LL ÷ PA, TTFT p90 | later turns: RR / LL ÷ PA | PA cached | PA busiest/mean "
+        "| with `preamble_weight: 1`: RR / LL ÷ PA | busiest/mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        runs = cell["runs"]
+        pa, variant = runs["prefix_affinity"], runs["prefix_affinity (preamble_weight=1)"]
+        later = "–" if pa.get("later_ttft_p90_s") is None else _over(runs, "prefix_affinity", "later_ttft_p90_s")
+        rows.append(
+            f"| {cell['workload']} | {cell['load']} | {_over(runs, 'prefix_affinity')} | {later} | "
+            f"{pa['cached_ratio']:.2f} | {pa['busiest_over_mean']:.2f} | "
+            f"{_over(runs, 'prefix_affinity (preamble_weight=1)')} | {variant['busiest_over_mean']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def _over(runs: dict[str, dict[str, Any]], name: str, key: str = "ttft_p90_s") -> str:
+    """Round robin's and least loaded's figure over this run's: how many times better it is."""
+    run = runs[name]
+    return f"{runs['round_robin'][key] / run[key]:.2f}× / {runs['least_loaded'][key] / run[key]:.2f}×"
 
 
 def render_cell(cell: dict[str, Any]) -> str:

@@ -6,6 +6,7 @@ Markdown that the command's own `render` function makes of those figures (the sa
 prints the table on the terminal). The benchmark pages include NAME.md (pymdownx.snippets), and
 tests/unit/bench/test_results.py renders every NAME.json again and compares, so a table edited by
 hand, or a renderer changed without a rerun, fails the tests instead of drifting from its run.
+`python -m bench.results` renders every NAME.md again from its NAME.json (after a renderer changed).
 """
 
 from __future__ import annotations
@@ -71,8 +72,20 @@ def header(results: dict[str, Any]) -> str:
 
 
 def fragment(results: dict[str, Any], render: Renderer) -> str:
-    """The Markdown a page includes: the header, then the command's own rendering of the figures."""
-    return f"{header(results)}\n\n{render(results['figures'])}\n"
+    """The Markdown a page includes: the header (also on its own as the section `run`), then the command's
+    own rendering of the figures."""
+    return f"{section('run', header(results))}\n\n{render(results['figures'])}\n"
+
+
+def section(name: str, text: str) -> str:
+    """Text between pymdownx.snippets section markers: a page that wants one part of a results file
+    includes `NAME.md:name`; a page that includes the whole file never sees the markers."""
+    return f"--8<-- [start:{name}]\n{text}\n--8<-- [end:{name}]"
+
+
+def plain(text: str) -> str:
+    """The text without section markers, for the terminal."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("--8<-- ["))
 
 
 def renderer(results: dict[str, Any]) -> Renderer:
@@ -100,3 +113,15 @@ def write(name: str, results: dict[str, Any], render: Renderer, folder: Path = R
     markdown = folder / f"{name}.md"
     markdown.write_text(fragment(results, render))
     return markdown
+
+
+def main() -> None:
+    """Render every published NAME.md again from its NAME.json: after a change to a command's renderer,
+    the pages follow without rerunning the benchmarks (the figures stay those of their runs)."""
+    for path in sorted(RESULTS.glob("*.json")):
+        published = orjson.loads(path.read_bytes())
+        print(write(path.stem, published, renderer(published)))
+
+
+if __name__ == "__main__":
+    main()

@@ -139,10 +139,11 @@ def _over(runs: dict[str, dict[str, Any]], name: str, key: str = "ttft_p90_s") -
 
 
 def render_cell(cell: dict[str, Any]) -> str:
-    """One cell: its heading (workload, load, rate, size, how long it took), the exact command, the table."""
+    """One cell: its heading (workload and load, so its anchor stays put from run to run), rate, size and how
+    long it took, the exact command, the table."""
     return (
-        f"### {cell['workload']}, {cell['load']} load ({cell['rate']:g} sessions/s, {cell['replicas']} replicas, "
-        f"{cell['requests']} requests; simulated in {cell['simulated_s']:.0f} s)\n\n"
+        f"### {cell['workload']}, {cell['load']} load\n\n{cell['rate']:g} sessions/s, {cell['replicas']} replicas, "
+        f"{cell['requests']} requests; simulated in {cell['simulated_s']:.0f} s:\n\n"
         f"`{cell['command']}` (+ `--policies prefix_affinity {VARIANT}`)\n\n{_table(cell['runs'])}"
     )
 

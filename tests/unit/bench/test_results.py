@@ -49,3 +49,27 @@ def test_a_hand_edited_table_is_caught(tmp_path: Path) -> None:
     edited = tmp_path / "edited.md"
     edited.write_text(edited.read_text().replace("| 0.88 |", "| 0.98 |", 1))
     assert edited.read_text() != results.fragment(published, render)
+
+
+# The README's and the overview's headline table: the high-load cells of the published head-to-head.
+HEADLINE_COLUMNS = ("prefix_affinity", "sglang:cache_aware", "smg:cache_aware", "vllm-router:consistent_hash")
+HEADLINE_COLUMNS += ("round_robin",)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("page", [DOCS.parent.parent / "README.md", DOCS / "index.md"], ids=["README", "overview"])
+def test_the_headline_table_quotes_the_published_head_to_head(page: Path) -> None:
+    """A rerun of the peers matrix changes results/peers.md; the hand-written headline copies must follow."""
+    published = results.load("peers")
+    assert published is not None
+    high = {cell["family"]: cell["runs"] for cell in published["figures"]["cells"] if cell["load"] == "high"}
+    lines = page.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| workload | prefix_affinity |"))
+    after = lines[start + 2 :]
+    rows = after[: next((i for i, line in enumerate(after) if not line.startswith("| ")), len(after))]
+    assert {row.split("|")[1].split()[0] for row in rows} == set(high)
+    for row in rows:
+        cells = [c.strip().strip("*") for c in row.strip("|").split("|")]
+        figures = high[cells[0].split()[0]]
+        quoted = [f"{figures[name]['ttft_p90_ms']:.0f}" for name in HEADLINE_COLUMNS]
+        assert cells[1:] == quoted, f"{page.name}: {cells[0]} quotes {cells[1:]}, the published run has {quoted}"

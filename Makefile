@@ -128,7 +128,7 @@ nginx-check:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light; \
 	  else echo "nginx not found: the overhead benchmark will report it as not installed" >&2; fi; }
 
-# The published head-to-head (docs/BENCHMARKS.md): every contestant in front of fresh stubs, per cell.
+# The published head-to-head (docs/benchmarks/peers.md): every contestant in front of fresh stubs, per cell.
 bench-peers: install peers
 	$(BIN)/python -m bench.peers_matrix
 

@@ -4,7 +4,10 @@ lengths through `affinity-gateway bench --compare` against fresh sim replica stu
 throughput) and the exact bench commands behind it. Routing is round robin by default, so the
 replicas' batching is the only thing that differs between the two rows.
 
-    .venv/bin/python -m bench.batching --out bench-results/batching
+    .venv/bin/python -m bench.batching --out bench-results/batching [--results batching]
+
+`--results NAME` also writes docs/benchmarks/results/NAME.json and NAME.md (bench/results.py), which the
+batching page includes.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from bench import results
 from gateway.cli.main import main as cli
 from replica_stub.scheduler import BATCHING
 
@@ -35,47 +39,68 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-results/batching"))
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args()
     base = (
         f"bench --compare {args.policy} --replicas {args.replicas} --speedup {args.speedup:g} -w varied-output "
         f"{args.params} --concurrency {args.concurrency} --seed {args.seed} --no-plots -q"
     )
     runs: dict[str, dict[str, Any]] = {}
+    commands = []
     for mode in BATCHING:
         command = f"{base} --batching {mode} --out {args.out / mode}"
         print(f"`affinity-gateway {command}`", flush=True)
         with contextlib.redirect_stdout(io.StringIO()):
             cli(shlex.split(command))
         result = orjson.loads((args.out / mode / "result.json").read_bytes())
-        runs[mode] = result["runs"][args.policy]
-    print(
-        f"\n{result['meta']['requests']} requests, {args.replicas} sim replicas at speedup {args.speedup:g}, "
-        f"{args.concurrency} in flight, routing {args.policy}\n"
-    )
-    print(table(runs))
+        runs[mode] = {key: result["runs"][args.policy][key] for key in ("requests", "errors", *COLUMNS.values())}
+        commands.append(f"affinity-gateway {command}")
+    figures = {
+        "requests": result["meta"]["requests"],
+        "replicas": args.replicas,
+        "speedup": args.speedup,
+        "concurrency": args.concurrency,
+        "policy": args.policy,
+        "commands": commands,
+        "runs": runs,
+    }
+    print("\n" + render(figures))
+    if args.results:
+        print(f"\nwrote {results.write(args.results, results.record('bench.batching', figures), render)}")
 
 
-def table(runs: dict[str, dict[str, Any]]) -> str:
-    """One row per batching mode, then static's figures over continuous's."""
-    columns = (
-        ("TTFT p50 s", "ttft_p50_s"),
-        ("TTFT p90 s", "ttft_p90_s"),
-        ("e2e p50 s", "e2e_p50_s"),
-        ("e2e p90 s", "e2e_p90_s"),
-        ("out tok/s", "output_tokens_per_s"),
-    )
+COLUMNS = {
+    "TTFT p50 s": "ttft_p50_s",
+    "TTFT p90 s": "ttft_p90_s",
+    "e2e p50 s": "e2e_p50_s",
+    "e2e p90 s": "e2e_p90_s",
+    "out tok/s": "output_tokens_per_s",
+}
+
+
+def render(figures: dict[str, Any]) -> str:
+    """The bench commands behind the two rows, the set-up in one line, then one row per batching mode
+    and static's figures over continuous's."""
+    runs: dict[str, dict[str, Any]] = figures["runs"]
     rows = [
-        "| batching | requests | errors | " + " | ".join(name for name, _ in columns) + " |",
-        "|---|---|---|" + "---|" * len(columns),
+        "```sh",
+        *figures["commands"],
+        "```",
+        "",
+        f"{figures['requests']} requests, {figures['replicas']} sim replicas at speedup {figures['speedup']:g}, "
+        f"{figures['concurrency']} in flight, routing {figures['policy']}:",
+        "",
+        "| batching | requests | errors | " + " | ".join(COLUMNS) + " |",
+        "|---|---|---|" + "---|" * len(COLUMNS),
     ]
     for mode, run in runs.items():
         rows.append(
             f"| {mode} | {run['requests']} | {run['errors']} | "
-            + " | ".join(f"{run[key]:.0f}" if key == "output_tokens_per_s" else f"{run[key]:.3f}" for _, key in columns)
+            + " | ".join(f"{run[k]:.0f}" if k == "output_tokens_per_s" else f"{run[k]:.3f}" for k in COLUMNS.values())
             + " |"
         )
     static, continuous = runs["static"], runs["continuous"]
-    ratios = [f"{static[key] / continuous[key]:.2f}x" if continuous[key] else "-" for _, key in columns]
+    ratios = [f"{static[k] / continuous[k]:.2f}x" if continuous[k] else "-" for k in COLUMNS.values()]
     rows.append("| static / continuous | | | " + " | ".join(ratios) + " |")
     return "\n".join(rows)
 

@@ -10,8 +10,9 @@ Round robin, which rarely hits, is past its own capacity at the tight load: that
     .venv/bin/python -m bench.peers_matrix --families tenant-chat --loads high \
         --contestants prefix_affinity,smg:cache_aware
 
-Prints the one-screen table of docs/BENCHMARKS.md (TTFT p90, of later turns for session workloads;
-cached share; busiest/mean) and each cell's `affinity-gateway bench` command.
+Prints the one-screen table of the head-to-head page (TTFT p90, of later turns for session workloads;
+cached share; busiest/mean) and each cell's `affinity-gateway bench` command. `--report --results peers`
+publishes it: docs/benchmarks/results/peers.json and peers.md (bench/results.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from bench import results
 from gateway.cli.main import main as cli
 from lab.workloads import Session, build
 from replica_stub.engine.timing import TimingModel
@@ -91,6 +93,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-results/peers"))
     parser.add_argument("--seeds", default="0", help="workload seeds per cell; the table shows each figure's median")
     parser.add_argument("--report", action="store_true", help="only print the table of the cells already in --out")
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args()
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for family in args.families.split(","):
@@ -118,34 +121,57 @@ def main() -> None:
                     print(f"{family} {load} seed {seed}: no result in {out}", flush=True)
                     continue
                 cells.setdefault((family, load), []).append(orjson.loads((out / "result.json").read_bytes()))
-    print("\n" + table(cells, args.contestants.split(",")))
+    figures = summarize(cells, args.contestants.split(","))
+    print("\n" + render(figures))
+    if args.results:
+        print(f"\nwrote {results.write(args.results, results.record('bench.peers_matrix', figures), render)}")
 
 
-def table(cells: dict[tuple[str, str], list[dict[str, Any]]], contestants: list[str]) -> str:
-    """One row per cell, one column per contestant: TTFT p90 ms / cached share / busiest over mean,
-    each the median over the cell's seeds. Session workloads count their later turns (the ones
-    whose history a replica can hold)."""
-    head = "| workload | load | seeds | " + " | ".join(contestants) + " |"
-    rows = [head, "|---|---|---|" + "---|" * len(contestants)]
-    for (family, load), results in cells.items():
-        line = [family, f"{load} ({LOADS[load]:.0%})", str(len(results))]
+def summarize(cells: dict[tuple[str, str], list[dict[str, Any]]], contestants: list[str]) -> dict[str, Any]:
+    """The published figures: per cell and contestant, TTFT p90 in ms, cached share and busiest over
+    mean, each the median over the cell's seeds, and the errors summed. Session workloads count their
+    later turns (the ones whose history a replica can hold). A contestant missing from a seed's run
+    is None: a median over fewer seeds than the row says would mislead."""
+    rows = []
+    for (family, load), runs_by_seed in cells.items():
+        figures: dict[str, dict[str, float] | None] = {}
         for name in contestants:
-            runs = [result["runs"][name] for result in results if name in result["runs"]]
-            if len(runs) < len(results):
+            runs = [result["runs"][name] for result in runs_by_seed if name in result["runs"]]
+            if len(runs) < len(runs_by_seed):
+                figures[name] = None
+                continue
+            p90 = [r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"] for r in runs]
+            figures[name] = {
+                "ttft_p90_ms": median(p90) * 1000,
+                "cached": median([r["cached_ratio"] for r in runs]),
+                "busiest_over_mean": median([r["busiest_over_mean"] for r in runs]),
+                "errors": sum(r["errors"] for r in runs),
+            }
+        rows.append({"family": family, "load": load, "share": LOADS[load], "seeds": len(runs_by_seed), "runs": figures})
+    return {"contestants": contestants, "cells": rows}
+
+
+def render(figures: dict[str, Any]) -> str:
+    """One row per cell, one column per contestant: TTFT p90 ms / cached share / busiest over mean."""
+    contestants: list[str] = figures["contestants"]
+    rows = ["| workload | load | seeds | " + " | ".join(contestants) + " |"]
+    rows.append("|---|---|---|" + "---|" * len(contestants))
+    for cell in figures["cells"]:
+        line = [cell["family"], f"{cell['load']} ({cell['share']:.0%})", str(cell["seeds"])]
+        for name in contestants:
+            r = cell["runs"].get(name)
+            if r is None:
                 line.append("missing")
                 continue
-            p90 = median(
-                [r["later_ttft_p90_s"] if r.get("later_ttft_p90_s") is not None else r["ttft_p90_s"] for r in runs]
-            )
-            errors = sum(r["errors"] for r in runs)
             line.append(
-                f"{p90 * 1000:.0f} / {median([r['cached_ratio'] for r in runs]):.2f} / "
-                f"{median([r['busiest_over_mean'] for r in runs]):.2f}" + (f", {errors} err" if errors else "")
+                f"{r['ttft_p90_ms']:.0f} / {r['cached']:.2f} / {r['busiest_over_mean']:.2f}"
+                + (f", {r['errors']} err" if r["errors"] else "")
             )
         rows.append("| " + " | ".join(line) + " |")
     return (
-        "\n".join(rows) + "\n\nEach cell: TTFT p90 ms (later turns for session workloads) / cached share / "
-        "busiest÷mean, each the median over the row's seeds."
+        "\n".join(rows) + "\n\nEach cell: TTFT p90 ms (of later turns for the session workloads: tenant-chat, "
+        "agent-loop) / cached share of the prompt tokens / busiest replica's requests ÷ the mean; medians over "
+        "the row's seeds."
     )
 
 

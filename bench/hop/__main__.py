@@ -31,7 +31,9 @@ import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from bench import results
 from bench.hop.processes import cpu_seconds, running
 from bench.hop.rig import fake_replicas, gateway_config, wrk
 from lab import peers
@@ -122,28 +124,59 @@ def measure(targets: dict[str, tuple[str, int | None]], args: argparse.Namespace
     return cells
 
 
-def report(cells: dict[str, dict[str, Cell]], args: argparse.Namespace) -> list[str]:
-    rounds = " | ".join(f"rps round {i + 1}" for i in range(args.rounds))
+def summarize(cells: dict[str, dict[str, Cell]], args: argparse.Namespace) -> dict[str, Any]:
+    """The published figures: the run's set-up, and per mode and contestant its requests/s per round,
+    CPU ms per request (None for `direct`, which has no router), worst p99 and failed requests."""
+    return {
+        "threads": args.threads,
+        "connections": args.connections,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "python": platform.python_version(),
+        "cells": {
+            mode: {
+                name: {
+                    "rates": cell.rates,
+                    "cpu_ms_per_request": None if name == "direct" else cell.cpu_ms_per_request,
+                    "p99_ms": max(cell.p99_ms),
+                    "failed": cell.failed,
+                }
+                for name, cell in row.items()
+            }
+            for mode, row in cells.items()
+        },
+    }
+
+
+def render(figures: dict[str, Any]) -> str:
+    """The table: rates per round and their mean, each against the bare proxy's and SMG's, CPU per request
+    against the bare proxy's. p99 and failed are "-" where a run did not record them."""
+    rounds = " | ".join(f"rps round {i + 1}" for i in range(figures["rounds"]))
     lines = [
-        f"# hop: wrk -t{args.threads} -c{args.connections}, {args.seconds:g} s per run, {args.rounds} rounds, "
-        f"3 zero-delay replicas; {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}",
+        f"wrk -t{figures['threads']} -c{figures['connections']}, {figures['seconds']:g} s per run, "
+        f"{figures['rounds']} rounds, 3 zero-delay replicas; Python {figures['python']}.",
         "",
         f"| mode | contestant | {rounds} | rps mean | / bare | / smg | CPU ms per request | / bare | p99 ms | failed |",
-        "|---|---|" + "---|" * (args.rounds + 7),
+        "|---|---|" + "---|" * (figures["rounds"] + 7),
     ]
-    for mode, row in cells.items():
-        bare, smg = row.get("bare"), row.get("smg")
+    nan = float("nan")
+    for mode, row in figures["cells"].items():
+        rate = {name: statistics.mean(cell["rates"]) if cell["rates"] else nan for name, cell in row.items()}
+        bare_rate, smg_rate = rate.get("bare", nan), rate.get("smg", nan)
+        bare_cpu = row["bare"]["cpu_ms_per_request"] if "bare" in row else None
         for name, cell in row.items():
-            cpu = cell.cpu_ms_per_request
+            cpu = cell["cpu_ms_per_request"]
             lines.append(
-                f"| {mode} | {name} | " + " | ".join(f"{r:,.0f}" for r in cell.rates) + f" | {cell.rate:,.0f} | "
-                f"{cell.rate / bare.rate if bare else float('nan'):.2f} | "
-                f"{cell.rate / smg.rate if smg else float('nan'):.2f} | "
-                + ("-" if name == "direct" else f"{cpu:.3f}")
-                + f" | {cpu / bare.cpu_ms_per_request if bare and name != 'direct' else float('nan'):.2f} | "
-                f"{max(cell.p99_ms):.1f} | {cell.failed} |"
+                f"| {mode} | {name} | " + " | ".join(f"{r:,.0f}" for r in cell["rates"]) + f" | {rate[name]:,.0f} | "
+                f"{rate[name] / bare_rate:.2f} | {rate[name] / smg_rate:.2f} | "
+                + ("-" if cpu is None else f"{cpu:.3f}")
+                + " | "
+                + ("" if cpu is None or bare_cpu is None else f"{cpu / bare_cpu:.2f}")
+                + " | "
+                + ("-" if cell["p99_ms"] is None else f"{cell['p99_ms']:.1f}")
+                + f" | {'-' if cell['failed'] is None else cell['failed']} |"
             )
-    return lines
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contestants", default=CONTESTANTS, help=f"comma-separated (default {CONTESTANTS})")
     parser.add_argument("--modes", default="whole,stream", help="whole (non-streaming) and/or stream")
     parser.add_argument("--baseline-tree", type=Path, help="source tree the base:<policy> contestants run from")
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     if not set(args.modes) <= {"whole", "stream"}:
@@ -177,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 targets[name] = started
         cells = measure(targets, args)
-    print("\n".join(report(cells, args)))
+    figures = summarize(cells, args)
+    print(render(figures))
+    if args.results:
+        print(f"\nwrote {results.write(args.results, results.record('bench.hop', figures, argv), render)}")
     if missing:
         print("\nNot measured:\n" + "\n".join(missing))
     return 0

@@ -9,6 +9,7 @@ gateway's own code names it (`STAGES`, by module), and the samples of libraries 
 (aiohttp's client, prometheus_client, structlog, …) count to it as well, in their own column. Samples
 with no gateway frame at all are the framework's own (aiohttp's server, the event loop): the floor a
 bare proxy pays too. `--top N` also lists the N functions of our own code with the most samples.
+`--results NAME` publishes the stage table (docs/benchmarks/results/NAME.json and .md, bench/results.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
+from bench import results
 from bench.hop.processes import cpu_seconds, running
 from bench.hop.rig import fake_replicas, gateway_config, wrk
 from lab.cluster import free_port
@@ -127,19 +130,46 @@ def attribute(raw: Path) -> tuple[collections.Counter[tuple[str, bool]], collect
     return stages, functions, total
 
 
-def table(stages: collections.Counter[tuple[str, bool]], total: int, requests: int, cpu_ms: float) -> list[str]:
+def summarize(
+    stages: collections.Counter[tuple[str, bool]], total: int, args: argparse.Namespace, requests: int, cpu_ms: float
+) -> dict[str, Any]:
+    """The published figures: the run's set-up, CPU per request, and per stage (busiest first) its share
+    of the samples in our own code and in the libraries that code called."""
     names = sorted({s for s, _ in stages}, key=lambda s: -(stages[(s, True)] + stages[(s, False)]))
+    return {
+        "policy": args.policy,
+        "stream": args.stream,
+        "connections": args.connections,
+        "seconds": args.seconds,
+        "requests": requests,
+        "cpu_ms_per_request": cpu_ms,
+        "samples": total,
+        "stages": [
+            {"stage": name, "own": stages[(name, True)] / total, "called": stages[(name, False)] / total}
+            for name in names
+        ],
+    }
+
+
+def render(figures: dict[str, Any]) -> str:
+    """The set-up in one line, then per stage its share of the gateway's CPU, that share in µs per request,
+    and how it splits between our code and the libraries it calls."""
+    cpu_ms = figures["cpu_ms_per_request"]
+    counted = "" if figures["requests"] is None else f", {figures['requests']} requests, {figures['samples']} samples"
     lines = [
+        f"Ours ({figures['policy']}, {'streaming' if figures['stream'] else 'whole answers'}), wrk -t2 "
+        f"-c{figures['connections']} for {figures['seconds']:g} s: {cpu_ms:.3f} ms CPU per request under "
+        f"py-spy{counted}.",
+        "",
         "| stage | share of the gateway's CPU | µs per request | in our code | in libraries it calls |",
         "|---|---|---|---|---|",
     ]
-    for name in names:
-        own, called = stages[(name, True)], stages[(name, False)]
-        share = (own + called) / total
+    for row in figures["stages"]:
+        share = row["own"] + row["called"]
         lines.append(
-            f"| {name} | {share:.1%} | {share * cpu_ms * 1e3:.0f} | {own / total:.1%} | {called / total:.1%} |"
+            f"| {row['stage']} | {share:.1%} | {share * cpu_ms * 1e3:.0f} | {row['own']:.1%} | {row['called']:.1%} |"
         )
-    return lines
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest functions of ours")
     parser.add_argument("--keep", type=Path, help="also copy py-spy's raw samples here (flamegraph input)")
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
@@ -189,12 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep:
             shutil.copyfile(raw, args.keep)
     cpu_ms = cpu_s * 1e3 / max(done, 1)
-    print(
-        f"# stages: ours ({args.policy}, {'streaming' if args.stream else 'whole answers'}), wrk -t2 "
-        f"-c{args.connections} for {args.seconds:g} s: {done} requests, {cpu_ms:.3f} ms CPU each; "
-        f"{total} py-spy samples"
-    )
-    print("\n".join(table(stages, total, done, cpu_ms)))
+    figures = summarize(stages, total, args, done, cpu_ms)
+    print(render(figures))
+    if args.results:
+        print(f"\nwrote {results.write(args.results, results.record('bench.hop.stages', figures, argv), render)}")
     if args.top:
         print("\n| function of ours (innermost) | samples |\n|---|---|")
         print("\n".join(f"| {name} | {n / total:.1%} |" for name, n in functions.most_common(args.top)))

@@ -20,7 +20,7 @@ in flight at `r` (counted at dispatch, until they finish), slows the next first 
 It is known at dispatch, before any scrape: a burst of long prompts sent to one replica raises its
 predicted wait with each one, so the next spills before the home queue builds, and comes back as they
 finish. (A flat price per request undercharged a burst of 1,600-token prompts: the home replica was kept
-until a cold miss elsewhere looked cheaper, about 15 requests in; tenant-bursts, docs/BENCHMARKS.md.)
+until a cold miss elsewhere looked cheaper, about 15 requests in; tenant-bursts, docs/benchmarks/stress.md.)
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
 estimate for the pool, or one per replica; prefix_affinity feeds it only requests that found

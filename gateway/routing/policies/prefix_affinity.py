@@ -229,7 +229,7 @@ class PrefixAffinityPolicy(Policy):
         history: a miss re-prefills all of it), nor for a new one where most traffic is conversations (its
         placement is its later turns' home), nor once the caches are full (a prompt moved evicts another's,
         and the bound's full-cache rule keeps it home for that reason): there the per-request price alone
-        kept the tails lower (agent-loop, tenant-chat, prefix-groups in docs/BENCHMARKS.md)."""
+        kept the tails lower (agent-loop, tenant-chat, prefix-groups in docs/benchmarks/peers.md)."""
         if has_home or self._conversational(now):
             return False
         fill = sum([c.cache_fill for c in candidates])

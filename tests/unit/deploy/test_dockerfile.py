@@ -67,7 +67,7 @@ def test_copies_exist_in_the_repository_and_pass_the_ignore_file(
 
 
 def test_the_ignore_file_keeps_the_context_small() -> None:
-    for path in (".venv", ".git", "tests", "docs/BENCHMARKS.md", "deploy/k8s/gateway.yaml"):
+    for path in (".venv", ".git", "tests", "docs/benchmarks/index.md", "deploy/k8s/gateway.yaml"):
         assert ignored(path), f"{path} would be sent to the builder"
 
 

@@ -81,8 +81,10 @@ class Summary:
 
     @property
     def busiest_over_mean(self) -> float:
+        """The busiest replica's requests over the mean; 0.0 when no answer named its replica (a router in
+        front of vLLM, which names none), shown as "-"."""
         counts = list(self.replica_share.values())
-        return max(counts) / statistics.fmean(counts) if counts else 0.0
+        return max(counts) / statistics.fmean(counts) if sum(counts) else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "busiest_over_mean": round(self.busiest_over_mean, 4)}
@@ -101,7 +103,7 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
     achieved = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else 0.0
     prompt = sum(r.prompt_tokens for r in ok)
     share = Counter({name: 0 for name in replicas or ()})
-    share.update(r.replica for r in ok)
+    share.update(r.replica for r in ok if r.replica)  # an answer that names no replica is in no replica's share
     errors = [abs(r.predicted_cached_tokens - r.cached_tokens) for r in ok if r.predicted_cached_tokens is not None]
     return Summary(
         requests=len(results),
@@ -173,6 +175,7 @@ def table(summaries: dict[str, Summary]) -> str:
         error = "-" if s.prediction_error_tokens is None else f"{s.prediction_error_tokens:.1f}"
         later = "-" if s.later_ttft_p90_s is None else f"{s.later_ttft_p90_s:.3f}"
         cost = "-" if s.cost is None else f"{s.cost:.4g}"
+        busiest = f"{s.busiest_over_mean:.2f}" if s.busiest_over_mean else "-"
         saved = (
             "-"
             if s.saved_by_cache is None
@@ -181,7 +184,7 @@ def table(summaries: dict[str, Summary]) -> str:
         rows.append(
             f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
             f"{s.ttft_p99_s:.3f} | {later} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
-            f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {s.busiest_over_mean:.2f} | "
+            f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {busiest} | "
             f"{s.lag_p99_s * 1000:.1f} | {error} | {cost} | {saved} |"
         )
     return "\n".join(rows)

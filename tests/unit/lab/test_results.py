@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.results import Result, median_of, summarise
+from lab.results import Result, median_of, summarise, table
 
 
 def _run(ttfts: list[float], replica: str, later: bool = True) -> list[Result]:
@@ -35,3 +35,12 @@ def test_a_figure_only_some_runs_have_is_the_median_of_those() -> None:
     ]
     assert runs[1].later_ttft_p90_s is None
     assert median_of(runs).later_ttft_p90_s == runs[0].later_ttft_p90_s
+
+
+@pytest.mark.timeout(10)
+def test_answers_that_name_no_replica_leave_the_share_unknown_not_lopsided() -> None:
+    """A router in front of vLLM names no replica: its spread is not known, where it read 3.00 for two replicas."""
+    unnamed = summarise(_run([1.0] * 6, ""), replicas=["a", "b"])
+    assert unnamed.replica_share == {"a": 0, "b": 0} and unnamed.busiest_over_mean == 0.0
+    assert "| 0.000 | - |" in table({"peer": unnamed})
+    assert "| 1.00 |" in table({"ours": summarise(_run([1.0] * 2, "a") + _run([1.0] * 2, "b"), replicas=["a", "b"])})

@@ -49,13 +49,16 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def record(module: str, figures: Figures, argv: list[str] | None = None, note: str = "") -> dict[str, Any]:
+def record(
+    module: str, figures: Figures, argv: list[str] | None = None, note: str = "", program: str | None = None
+) -> dict[str, Any]:
     """One run's results: the figures, the command that made them (`module` is also how the test finds
-    the renderer), where and when. `note` says what a reader must know that the figures do not show."""
+    the renderer; `program` names a command that is not `python -m <module>`, such as
+    `affinity-gateway`), where and when. `note` says what a reader must know that the figures do not show."""
     args = sys.argv[1:] if argv is None else argv
     return {
         "module": module,
-        "command": shlex.join(["python", "-m", module, *args]),
+        "command": shlex.join([*(program.split() if program else ["python", "-m", module]), *args]),
         "machine": machine(),
         "date": now(),
         "note": note,

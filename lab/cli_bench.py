@@ -56,6 +56,12 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload (and policy) seed")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="directory for result.json, table.md, PNGs")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument(
+        "--results",
+        metavar="NAME",
+        help="in a checkout of the project: also publish the table into docs/benchmarks/results/NAME.json and "
+        "NAME.md, which the benchmark pages include",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress bar")
     p.add_argument(
         "--rounds",
@@ -376,5 +382,29 @@ def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
     meta["prices"] = args.prices.model_dump()
     path = write_outputs(args.out, runs, meta, plots=not args.no_plots)
     print(table({name: summary for name, (summary, _) in runs.items()}))
+    if args.results:
+        _publish(args.results, {name: summary.to_dict() for name, (summary, _) in runs.items()}, meta, args.argv)
     print(f"\nwrote {path}" + ("" if args.no_plots else ", table.md and plots") + f" in {args.out}")
     return 1 if any(summary.errors for summary, _ in runs.values()) else 0
+
+
+def _publish(name: str, summaries: dict[str, Any], meta: dict[str, Any], argv: list[str]) -> None:
+    """`--results NAME`: the run's table as the benchmark pages include it (`bench.results`, which lives in
+    the project's checkout, not in the installed package)."""
+    try:
+        from bench import results
+    except ImportError:
+        print("affinity-gateway: --results publishes into a checkout of the project (its bench/ and docs/)")
+        return
+    figures = {"runs": summaries, "meta": meta}
+    published = results.record(__name__, figures, argv, program="affinity-gateway")
+    print(results.write(name, published, render, folder=results.RESULTS))
+
+
+def render(figures: dict[str, Any]) -> str:
+    """The published table of a `bench` or `simulate` run (`--results`), from its summaries."""
+    from lab.results import Summary, table
+
+    fields = {f.name for f in dataclasses.fields(Summary)}
+    runs = figures["runs"].items()
+    return table({name: Summary(**{k: v for k, v in run.items() if k in fields}) for name, run in runs})

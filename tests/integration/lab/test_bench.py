@@ -116,6 +116,21 @@ def test_bench_rounds_interleave_the_contestants_and_add_each_ones_median(tmp_pa
 
 
 @pytest.mark.timeout(120)
+def test_bench_results_publishes_the_table_the_pages_include(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "published")
+    run(tmp_path, "bench", "bench", "--compare", "round_robin", "--concurrency", "1", "--results", "closed-loop")
+    published = results.load("closed-loop", tmp_path / "published")
+    assert published is not None and published["module"] == "lab.cli_bench"
+    assert published["command"].startswith("affinity-gateway bench --compare round_robin")
+    assert published["figures"]["runs"]["round_robin"]["requests"] == 18
+    markdown = (tmp_path / "published" / "closed-loop.md").read_text()
+    assert markdown == results.fragment(published, results.renderer(published))
+    assert "| round_robin | 18 | 0 |" in markdown
+
+
+@pytest.mark.timeout(120)
 def test_bench_log_level_info_shows_each_requests_decision(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """What a routing diagnosis reads: each request's log event from our gateway, with its scored candidates."""
     run(tmp_path, "bench", "bench", "--compare", "round_robin", "--concurrency", "1", "--log-level", "info")

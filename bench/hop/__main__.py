@@ -148,6 +148,11 @@ def summarize(cells: dict[str, dict[str, Cell]], args: argparse.Namespace) -> di
     }
 
 
+def _ratio(rate: float, reference: float) -> str:
+    """`rate` over a reference contestant's, "-" where that one did not run (or served nothing)."""
+    return f"{rate / reference:.2f}" if reference > 0 else "-"
+
+
 def render(figures: dict[str, Any]) -> str:
     """The table: rates per round and their mean, each against the bare proxy's and SMG's, CPU per request
     against the bare proxy's. p99 and failed are "-" where a run did not record them."""
@@ -168,7 +173,7 @@ def render(figures: dict[str, Any]) -> str:
             cpu = cell["cpu_ms_per_request"]
             lines.append(
                 f"| {mode} | {name} | " + " | ".join(f"{r:,.0f}" for r in cell["rates"]) + f" | {rate[name]:,.0f} | "
-                f"{rate[name] / bare_rate:.2f} | {rate[name] / smg_rate:.2f} | "
+                f"{_ratio(rate[name], bare_rate)} | {_ratio(rate[name], smg_rate)} | "
                 + ("-" if cpu is None else f"{cpu:.3f}")
                 + " | "
                 + ("" if cpu is None or bare_cpu is None else f"{cpu / bare_cpu:.2f}")

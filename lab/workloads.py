@@ -284,7 +284,7 @@ WORKLOADS: dict[str, Callable[..., list[Session]]] = {
         answer_tokens=32,
         rate_per_s=4.0,
     ),
-    # Issue 34's families (lab/stress_workloads.py): bursts, RAG chunks in varying order, long answers.
+    # The stress families (lab/stress_workloads.py): bursts, RAG chunks in varying order, long answers.
     "tenant-bursts": tenant_bursts,
     "rag-chunks": rag_chunks,
     "decode-heavy": partial(

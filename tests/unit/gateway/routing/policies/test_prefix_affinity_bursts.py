@@ -1,4 +1,4 @@
-"""Issue 34: prefix_affinity prices the prompts it has in flight at each replica (`context_weight`), per
+"""prefix_affinity prices the prompts it has in flight at each replica (`context_weight`), per
 preamble, so a tenant's burst spills off its home before the home's batch is long, and comes back after."""
 
 from __future__ import annotations

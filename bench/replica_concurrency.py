@@ -6,9 +6,13 @@ once with aiohttp, reads every chunk, and reports the replica's own event-loop l
 with peak running requests, tokens per second, client-side TTFT and the replica's CPU use
 (cores busy on average: above ~0.8 the replica itself is the bottleneck). Lag is split into the
 ramp (all N connections and requests arriving at once) and the steady phase (all N running);
-"le" figures are histogram bucket bounds: the true value is at most that.
+"le" figures are histogram bucket bounds: the true value is at most that. `--runs N` repeats the
+run against a fresh replica each time (the lag's worst samples vary from run to run).
 
-    python bench/replica_concurrency.py --streams 1000 --speedup 100 --max-tokens 200
+    python -m bench.replica_concurrency --streams 1000 --speedup 100 --max-tokens 200 [--runs 3] [--results NAME]
+
+`--results NAME` also writes docs/benchmarks/results/NAME.json and NAME.md (bench/results.py), which the
+replica stub page includes.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
+from bench import results
 from lab.cluster import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +140,20 @@ def main() -> int:
     parser.add_argument("--ramp-s", type=float, default=0.0, help="spread the stream starts over this time")
     parser.add_argument("--max-num-seqs", type=int, default=1024)
     parser.add_argument("--num-gpu-blocks", type=int, default=16384, help="KV capacity; the default holds all streams")
+    parser.add_argument("--runs", type=int, default=1, help="repeat against a fresh replica each time")
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args()
+    runs = [one_run(args) for _ in range(args.runs)]
+    figures = {"streams": args.streams, "speedup": args.speedup, "max_tokens": args.max_tokens, "runs": runs}
+    print(render(figures))
+    if args.results:
+        published = results.record("bench.replica_concurrency", figures)
+        print(f"\nwrote {results.write(args.results, published, render)}")
+    return 0 if all(run["completed"] == args.streams for run in runs) else 1
+
+
+def one_run(args: argparse.Namespace) -> dict[str, float]:
+    """One replica stub started for this run alone, so no run inherits another's heap or histograms."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -161,9 +180,34 @@ def main() -> int:
     finally:
         replica.terminate()
         replica.wait(10)
-    for key, value in result.items():
-        print(f"{key:>20}: {value:.4g}" if isinstance(value, float) else f"{key:>20}: {value}")
-    return 0 if result["completed"] == args.streams else 1
+    return result
+
+
+def render(figures: dict[str, Any]) -> str:
+    """One row per run: whether every stream completed and ran at once, then the loop lag ("≤": a
+    histogram bucket's bound, the true value is at most that), the replica's CPU and throughput."""
+    streams = figures["streams"]
+    rows = [
+        f"{streams} streams of {figures['max_tokens']} tokens, sim replica at speedup {figures['speedup']:g}:",
+        "",
+        "| run | completed | peak running | steady lag p99 | steady lag max | ramp lag max | max lag (gauge) | "
+        "replica CPU (cores) | tokens/s | TTFT p50 / p99 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for number, run in enumerate(figures["runs"], 1):
+        rows.append(
+            f"| {number} | {run['completed']}/{streams} | {run['peak_running']:.0f} | "
+            f"{_bound(run['steady_lag_p99_le_s'])} | {_bound(run['steady_lag_max_le_s'])} | "
+            f"{_bound(run['ramp_lag_max_le_s'])} | {run['lag_max_s'] * 1000:.1f} ms | {run['replica_cpu_util']:.2f} | "
+            f"{run['tokens_per_s']:,.0f} | {run['ttft_p50_s']:.2f} / {run['ttft_p99_s']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def _bound(seconds: float | None) -> str:
+    """A bucket bound as the page writes it. Past the last finite bucket the lag has no upper bound
+    (infinity, which the JSON keeps as null)."""
+    return "> largest bucket" if seconds is None or seconds == float("inf") else f"≤ {seconds * 1000:.0f} ms"
 
 
 async def wait_ready(url: str, timeout_s: float = 30) -> None:

@@ -11,7 +11,10 @@ heap for the memory store (all gateways' and the test data), `MEMORY USAGE` for 
 `--gateways N` spreads the routes over N Routers sharing the Redis tables, so each one's local
 table (the Redis lookup's hints) holds only its own writes, as in a multi-gateway deployment.
 
-    .venv/bin/python -m bench.routing_cost --redis redis://127.0.0.1:6379/0 [--gateways 2]
+    .venv/bin/python -m bench.routing_cost --redis redis://127.0.0.1:6379/0 [--gateways 2] [--results NAME]
+
+`--results NAME` also writes docs/benchmarks/results/NAME.json and NAME.md (bench/results.py), which the
+routing cost page includes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from bench import results
 from gateway.config.features import IndexConfig, IndexStore
 from gateway.config.pools import PrefixConfig
 from gateway.index import WarmIndex, build_index
@@ -146,25 +150,40 @@ def main() -> None:
     parser.add_argument("--policy", default="prefix_affinity")
     parser.add_argument("--redis", help="also measure the Redis index at this URL (keys are removed afterwards)")
     parser.add_argument("--gateways", type=int, default=1, help="Routers sharing the Redis tables, taking turns")
+    parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args()
     setup_logging("warning")
-    print(
-        "| index | prompt tokens | route p50 ms | route p99 ms | max ms | CPU p50 ms | CPU p99 ms | lookup p50 ms "
-        "| lookup p99 ms | gateway heap MB | Redis MB |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    runs = [("memory", True)] + ([(args.redis, True), (args.redis, False)] if args.redis else [])
-    for store, mirror in runs:
-        r = asyncio.run(measure(store, mirror, args))
+    rows = []
+    for store, mirror in [("memory", True)] + ([(args.redis, True), (args.redis, False)] if args.redis else []):
         name = "memory" if store == "memory" else "redis, mirror" if mirror else "redis, mirror: false"
         if store != "memory" and args.gateways > 1:
             name += f", ×{args.gateways} gateways"
-        print(
-            f"| {name} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
+        rows.append({"index": name, **asyncio.run(measure(store, mirror, args))})
+        print(f"{name}: route p99 {rows[-1]['p99_ms']:.3f} ms", flush=True)
+    figures = {"replicas": args.replicas, "requests": args.requests, "rows": rows}
+    print("\n" + render(figures))
+    if args.results:
+        print(f"\nwrote {results.write(args.results, results.record('bench.routing_cost', figures), render)}")
+
+
+def render(figures: dict[str, Any]) -> str:
+    """One row per index (memory, Redis with its mirror, Redis with a round trip per lookup): the route's
+    wall and CPU time, the lookup's share, and the memory the tables take."""
+    lines = [
+        f"{figures['requests']} timed routes per row, {figures['replicas']} replicas:",
+        "",
+        "| index | prompt tokens | route p50 ms | route p99 ms | max ms | CPU p50 ms | CPU p99 ms | lookup p50 ms "
+        "| lookup p99 ms | gateway heap MB | Redis MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in figures["rows"]:
+        lines.append(
+            f"| {r['index']} | {r['prompt_tokens']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['max_ms']:.2f} | "
             f"{r['cpu_p50_ms']:.3f} | {r['cpu_p99_ms']:.3f} | "
             f"{r['lookup_p50_ms']:.3f} | {r['lookup_p99_ms']:.3f} | {r['heap_mb']:.1f} "
             f"| {r.get('redis_mb', 0):.1f} |"
         )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

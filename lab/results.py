@@ -163,28 +163,48 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def table(summaries: dict[str, Summary]) -> str:
-    """A Markdown table, one row per run (policy), the columns a reader compares first."""
+def table(summaries: dict[str, Summary] | dict[str, dict[str, Any]]) -> str:
+    """A Markdown table, one row per run (policy), the columns a reader compares first. A run is a Summary or
+    its `to_dict()` (a published run); a figure a run lacks (None, or absent from a run transcribed from a
+    page that did not show it) is "-", never a made-up number."""
     head = (
         "| run | requests | errors | TTFT p50 s | TTFT p90 s | TTFT p99 s | later turns TTFT p90 s | ITL p50 ms | "
         "e2e p90 s | out tok/s | cached | busiest/mean | lag p99 ms | prediction error tok | cost | "
         "saved by cache |"
     )
     rows = [head, "|" + "---|" * 16]
-    for name, s in summaries.items():
-        error = "-" if s.prediction_error_tokens is None else f"{s.prediction_error_tokens:.1f}"
-        later = "-" if s.later_ttft_p90_s is None else f"{s.later_ttft_p90_s:.3f}"
-        cost = "-" if s.cost is None else f"{s.cost:.4g}"
-        busiest = f"{s.busiest_over_mean:.2f}" if s.busiest_over_mean else "-"
-        saved = (
-            "-"
-            if s.saved_by_cache is None
-            else f"{s.saved_by_cache:.4g} ({100 * (s.saved_share_of_prompt_cost or 0):.1f} % of prompt cost)"
-        )
-        rows.append(
-            f"| {name} | {s.requests} | {s.errors} | {s.ttft_p50_s:.3f} | {s.ttft_p90_s:.3f} | "
-            f"{s.ttft_p99_s:.3f} | {later} | {s.itl_p50_s * 1000:.1f} | {s.e2e_p90_s:.2f} | "
-            f"{s.output_tokens_per_s:.0f} | {s.cached_ratio:.3f} | {busiest} | "
-            f"{s.lag_p99_s * 1000:.1f} | {error} | {cost} | {saved} |"
-        )
+    for name, summary in summaries.items():
+        s = summary.to_dict() if isinstance(summary, Summary) else summary
+        share = s.get("saved_share_of_prompt_cost") or 0
+        saved = _figure(s, "saved_by_cache", ".4g")
+        cells = [
+            name,
+            _figure(s, "requests", "d"),
+            _figure(s, "errors", "d"),
+            *(_figure(s, key, ".3f") for key in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "later_ttft_p90_s")),
+            _figure(s, "itl_p50_s", ".1f", 1000),
+            _figure(s, "e2e_p90_s", ".2f"),
+            _figure(s, "output_tokens_per_s", ".0f"),
+            _figure(s, "cached_ratio", ".3f"),
+            f"{busiest:.2f}" if (busiest := _busiest(s)) else "-",
+            _figure(s, "lag_p99_s", ".1f", 1000),
+            _figure(s, "prediction_error_tokens", ".1f"),
+            _figure(s, "cost", ".4g"),
+            saved if saved == "-" else f"{saved} ({100 * share:.1f} % of prompt cost)",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _figure(run: dict[str, Any], key: str, spec: str, scale: float = 1) -> str:
+    value = run.get(key)
+    return "-" if value is None else format(value * scale if scale != 1 else value, spec)
+
+
+def _busiest(run: dict[str, Any]) -> float:
+    """Busiest over mean from the replica share when the run has one (as Summary computes it), else the
+    figure a transcribed run carries."""
+    counts: list[int] = list((run.get("replica_share") or {}).values())
+    if sum(counts):
+        return max(counts) / statistics.fmean(counts)
+    return float(run.get("busiest_over_mean") or 0.0)

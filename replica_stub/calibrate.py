@@ -9,6 +9,8 @@ simulator mirrors what a real replica costs here, not what the bare model costs:
 
 Both are least-squares fits of the formulas in `engine/timing.py`; negative coefficients
 (noise) are clamped to zero. The result is written as YAML usable with `replica-stub --config`.
+In a checkout of the project, `--results NAME` also publishes the measured-against-fitted table into
+docs/benchmarks/results/NAME.json and NAME.md (bench/results.py), which the real model page includes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -127,16 +129,22 @@ def measure(engine: RealEngine, *, quick: bool = False, repeats: int = 3) -> lis
     return samples
 
 
-def report(samples: Sequence[Sample], model: TimingModel) -> str:
-    """A markdown table of measured vs fitted step times."""
+def render(figures: dict[str, Any]) -> str:
+    """Measured against fitted step times, then the fitted `timing:` (what the simulator would use):
+    one rendering for the terminal and the published page."""
+    model = TimingModel(**figures["timing"])
     lines = ["| step | new tokens / batch | cached / context | measured ms | fitted ms |", "|---|---|---|---|---|"]
-    for s in samples:
+    for s in (Sample(**sample) for sample in figures["samples"]):
         fitted = model.solo_prefill_ms(s.a, s.b) if s.kind == "prefill" else model.step_ms([], [s.b] * s.a)
         lines.append(f"| {s.kind} | {s.a} | {s.b} | {s.ms:.1f} | {fitted:.1f} |")
-    return "\n".join(lines)
+    timing = ", ".join(f"{name}: {value:g}" for name, value in figures["timing"].items())
+    lines += ["", f"Fitted, {figures['threads']} torch thread(s), block size {figures['block_size']}:", ""]
+    return "\n".join([*lines, "```yaml", f"timing: {{{timing}}}", "```"])
 
 
-def run_calibration(output: Path, *, threads: int, block_size: int, quick: bool) -> TimingModel:
+def run_calibration(
+    output: Path, *, threads: int, block_size: int, quick: bool, results_name: str | None = None
+) -> TimingModel:
     configure_torch_env()
     from replica_stub.engine.real import RealEngine
 
@@ -148,6 +156,20 @@ def run_calibration(output: Path, *, threads: int, block_size: int, quick: bool)
         f"block_size {block_size}, measured {time.strftime('%Y-%m-%d %H:%M %Z')}\n"
     )
     output.write_text(header + yaml.safe_dump({"timing": asdict(model)}, sort_keys=False))
-    print(report(samples, model))
+    figures = {"threads": threads, "block_size": block_size, "samples": [asdict(s) for s in samples]}
+    figures["timing"] = asdict(model)
+    print(render(figures))
     print(f"\nwrote {output}: use it with `replica-stub --engine sim --config {output}`")
+    if results_name:
+        publish(results_name, figures)
     return model
+
+
+def publish(name: str, figures: dict[str, Any]) -> None:
+    """`--results NAME`: bench.results lives in the project's checkout, not in the installed package."""
+    try:
+        from bench import results
+    except ImportError:
+        print("replica-stub: --results publishes into a checkout of the project (its bench/ and docs/)")
+        return
+    print(results.write(name, results.record(__name__, figures, program="replica-stub"), render))

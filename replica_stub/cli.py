@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--torch-threads", type=int, default=2, help="torch threads (default 2)")
     calibrate.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     calibrate.add_argument("--quick", action="store_true", help="a small grid (seconds, for smoke tests)")
+    calibrate.add_argument(
+        "--results",
+        metavar="NAME",
+        help="in a checkout of the project: also publish the table into docs/benchmarks/results/NAME.json and .md",
+    )
     return parser
 
 
@@ -130,7 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "calibrate":
         from replica_stub.calibrate import run_calibration
 
-        run_calibration(Path(args.output), threads=args.torch_threads, block_size=args.block_size, quick=args.quick)
+        run_calibration(
+            Path(args.output),
+            threads=args.torch_threads,
+            block_size=args.block_size,
+            quick=args.quick,
+            results_name=args.results,
+        )
         return 0
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config") and v is not None}
     try:

@@ -44,3 +44,13 @@ def test_answers_that_name_no_replica_leave_the_share_unknown_not_lopsided() -> 
     assert unnamed.replica_share == {"a": 0, "b": 0} and unnamed.busiest_over_mean == 0.0
     assert "| 0.000 | - |" in table({"peer": unnamed})
     assert "| 1.00 |" in table({"ours": summarise(_run([1.0] * 2, "a") + _run([1.0] * 2, "b"), replicas=["a", "b"])})
+
+
+@pytest.mark.timeout(10)
+def test_a_published_run_renders_as_its_summary_and_a_transcribed_one_shows_what_it_lacks_as_dashes() -> None:
+    """The published table renders from to_dict(); a run transcribed from an older page has only that page's figures."""
+    summary = summarise(_run([1.0] * 2, "a") + _run([1.0] * 2, "b"), replicas=["a", "b"])
+    assert table({"ours": summary.to_dict()}) == table({"ours": summary})
+    transcribed = {"requests": 12, "errors": 0, "ttft_p50_s": 1.5, "ttft_p90_s": 3.6, "busiest_over_mean": 1.5}
+    row = table({"old": transcribed}).splitlines()[-1]
+    assert row.startswith("| old | 12 | 0 | 1.500 | 3.600 | - | - | - |") and "| 1.50 |" in row

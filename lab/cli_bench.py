@@ -186,6 +186,7 @@ def _policies(value: str) -> list[str]:
 def _bench(args: argparse.Namespace) -> int:
     from lab import benchmark, peers
     from lab.cluster import ClusterSpec
+    from lab.published import with_medians
 
     if bool(args.url) == bool(args.compare):
         print("affinity-gateway bench: give either a URL or --compare POLICIES", flush=True)
@@ -245,7 +246,7 @@ def _bench(args: argparse.Namespace) -> int:
             )
             for _ in range(args.rounds)
         ]
-        runs = rounds[0] if args.rounds == 1 else _with_medians(rounds)
+        runs = rounds[0] if args.rounds == 1 else with_medians(rounds)
     else:
         meta.update(mode="bench", url=args.url)
         try:
@@ -265,17 +266,6 @@ def _bench(args: argparse.Namespace) -> int:
             )
         }
     return _finish(args, runs, meta)
-
-
-def _with_medians(rounds: list[Any]) -> dict[str, Any]:
-    """Every round's runs (`name #k`), then each contestant's median row (`name: median of N`), which holds
-    no requests of its own (its plots are the rounds')."""
-    from lab.results import median_of
-
-    runs = {f"{name} #{k}": run for k, got in enumerate(rounds, 1) for name, run in got.items()}
-    for name in rounds[0]:
-        runs[f"{name}: median of {len(rounds)}"] = (median_of([got[name][0] for got in rounds]), [])
-    return runs
 
 
 def served_model(url: str) -> str:
@@ -375,6 +365,7 @@ def _evidence(value: str) -> list[str]:
 
 def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
     from lab.benchmark import write_outputs
+    from lab.published import publish
     from lab.results import table
 
     for summary, _ in runs.values():
@@ -383,27 +374,6 @@ def _finish(args: argparse.Namespace, runs: Any, meta: dict[str, Any]) -> int:
     path = write_outputs(args.out, runs, meta, plots=not args.no_plots)
     print(table({name: summary for name, (summary, _) in runs.items()}))
     if args.results:
-        _publish(args.results, {name: summary.to_dict() for name, (summary, _) in runs.items()}, meta, args.argv)
+        publish(args.results, {name: summary.to_dict() for name, (summary, _) in runs.items()}, meta, args.argv)
     print(f"\nwrote {path}" + ("" if args.no_plots else ", table.md and plots") + f" in {args.out}")
     return 1 if any(summary.errors for summary, _ in runs.values()) else 0
-
-
-def _publish(name: str, summaries: dict[str, Any], meta: dict[str, Any], argv: list[str]) -> None:
-    """`--results NAME`: the run's table as the benchmark pages include it (`bench.results`, which lives in
-    the project's checkout, not in the installed package)."""
-    try:
-        from bench import results
-    except ImportError:
-        print("affinity-gateway: --results publishes into a checkout of the project (its bench/ and docs/)")
-        return
-    figures = {"runs": summaries, "meta": meta}
-    published = results.record(__name__, figures, argv, program="affinity-gateway")
-    print(results.write(name, published, render, folder=results.RESULTS))
-
-
-def render(figures: dict[str, Any]) -> str:
-    """The published table of a `bench` or `simulate` run (`--results`), from its summaries; a run
-    transcribed from an earlier page may lack figures that page did not show, and they read "-"."""
-    from lab.results import table
-
-    return table(figures["runs"])

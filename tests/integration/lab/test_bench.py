@@ -122,7 +122,7 @@ def test_bench_results_publishes_the_table_the_pages_include(tmp_path: Path, mon
     monkeypatch.setattr(results, "RESULTS", tmp_path / "published")
     run(tmp_path, "bench", "bench", "--compare", "round_robin", "--concurrency", "1", "--results", "closed-loop")
     published = results.load("closed-loop", tmp_path / "published")
-    assert published is not None and published["module"] == "lab.cli_bench"
+    assert published is not None and published["module"] == "lab.published"
     assert published["command"].startswith("affinity-gateway bench --compare round_robin")
     assert published["figures"]["runs"]["round_robin"]["requests"] == 18
     markdown = (tmp_path / "published" / "closed-loop.md").read_text()

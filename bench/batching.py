@@ -13,16 +13,12 @@ batching page includes.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shlex
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench import results
-from gateway.cli.main import main as cli
+from bench.quiet_run import run_quietly
 from replica_stub.scheduler import BATCHING
 
 
@@ -48,11 +44,10 @@ def main() -> None:
     runs: dict[str, dict[str, Any]] = {}
     commands = []
     for mode in BATCHING:
-        command = f"{base} --batching {mode} --out {args.out / mode}"
+        run = f"{base} --batching {mode}"
+        command = f"{run} --out {args.out / mode}"
         print(f"`affinity-gateway {command}`", flush=True)
-        with contextlib.redirect_stdout(io.StringIO()):
-            cli(shlex.split(command))
-        result = orjson.loads((args.out / mode / "result.json").read_bytes())
+        result = run_quietly(shlex.split(run), args.out / mode)
         runs[mode] = {key: result["runs"][args.policy][key] for key in ("requests", "errors", *COLUMNS.values())}
         commands.append(f"affinity-gateway {command}")
     figures = {

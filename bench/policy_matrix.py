@@ -12,8 +12,6 @@ With `--results NAME` the run is also published: docs/benchmarks/results/NAME.js
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shlex
 import time
 from pathlib import Path
@@ -22,8 +20,8 @@ from typing import Any
 import orjson
 
 from bench import results
+from bench.quiet_run import run_quietly
 from bench.synthetic_trace import generate
-from gateway.cli.main import main as cli
 
 # multi-turn's shape besides its size (production-stack's multi-round QA); bench.multi_turn_tail uses it too
 MULTI_TURN = dict(rounds=10, systems=4, system_tokens=1000, first_turn_tokens=2000, answer_tokens=100, think_s=2)
@@ -70,9 +68,7 @@ def main() -> None:
                 ("", "", cell),
                 (" (preamble_weight=1)", f"--policies prefix_affinity {VARIANT}", cell / "preamble1"),
             ):
-                with contextlib.redirect_stdout(io.StringIO()):
-                    cli(shlex.split(f"{base} {extra} --out {out}"))
-                result = orjson.loads((out / "result.json").read_bytes())
+                result = run_quietly(shlex.split(f"{base} {extra}"), out)
                 runs.update({policy + name: {f: run.get(f) for f in FIELDS} for policy, run in result["runs"].items()})
             figures = {
                 "workload": workload,

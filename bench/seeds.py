@@ -13,17 +13,13 @@ publishes them (docs/benchmarks/results/NAME.json and .md, bench/results.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shlex
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-import orjson
-
 from bench import results
-from gateway.cli.main import main as cli
+from bench.quiet_run import run_quietly
 
 QUANTILES = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")
 
@@ -47,11 +43,9 @@ def main() -> None:
     by_seed: dict[str, dict[str, list[float]]] = {}
     for seed in args.seeds:
         out = args.out / f"seed-{seed}"
-        command = [*cell, "--seed", str(seed), "--no-plots", "-q", "--out", str(out)]
-        print(f"affinity-gateway simulate {shlex.join(command)}", flush=True)
-        with contextlib.redirect_stdout(io.StringIO()):
-            cli(["simulate", *command])
-        runs = orjson.loads((out / "result.json").read_bytes())["runs"]
+        command = [*cell, "--seed", str(seed), "--no-plots", "-q"]
+        print(f"affinity-gateway simulate {shlex.join([*command, '--out', str(out)])}", flush=True)
+        runs = run_quietly(["simulate", *command], out)["runs"]
         by_seed[str(seed)] = {policy: [run[q] for q in QUANTILES] for policy, run in runs.items()}
     figures = {"simulate": shlex.join(cell), "seeds": by_seed}
     print("\n" + render(figures))

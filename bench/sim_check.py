@@ -13,16 +13,12 @@ writes docs/benchmarks/results/NAME.json and NAME.md (bench/results.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shlex
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench import results
-from gateway.cli.main import main as cli
+from bench.quiet_run import run_quietly
 from lab.cli_bench import ALL_POLICIES
 
 BENCH: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "cached_ratio", "busiest_over_mean", "requests", "errors")
@@ -39,16 +35,15 @@ def main() -> None:
     parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args, workload = parser.parse_known_args()
     cluster = ["--replicas", str(args.replicas), "--speedup", f"{args.speedup:g}", *workload, "--no-plots", "-q"]
-    commands = {
-        "bench": ["bench", "--compare", args.policies, *cluster, "--out", str(args.out / "bench")],
-        "simulate": ["simulate", "--policies", args.policies, *cluster, "--out", str(args.out / "simulate")],
+    argvs = {
+        "bench": ["bench", "--compare", args.policies, *cluster],
+        "simulate": ["simulate", "--policies", args.policies, *cluster],
     }
+    commands = {kind: [*argv, "--out", str(args.out / kind)] for kind, argv in argvs.items()}
     runs = {}
     for kind, command in commands.items():
         print(f"affinity-gateway {shlex.join(command)}", flush=True)
-        with contextlib.redirect_stdout(io.StringIO()):
-            cli(command)
-        runs[kind] = orjson.loads((args.out / kind / "result.json").read_bytes())["runs"]
+        runs[kind] = run_quietly(argvs[kind], args.out / kind)["runs"]
     figures = {
         "commands": [f"affinity-gateway {shlex.join(command)}" for command in commands.values()],
         "policies": {

@@ -11,9 +11,7 @@ tree, check them on the new one, and quote the check in the commit message.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import io
 import shlex
 import sys
 import tempfile
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.cli.main import main as cli
+from bench.quiet_run import run_quietly
 
 # The peers families at high load (rates from bench.peers_matrix.rate_for), plus the 8-replica multi-turn
 # cell with KV events: token keys, exact tables and speculative entries are on the path there.
@@ -36,9 +34,8 @@ CELLS = {
 
 def fingerprint(cell: str, out: Path) -> str:
     """sha256 of the cell's per-policy results (the run's metadata, with its timings, left out)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        cli(shlex.split(f"simulate {CELLS[cell]} --speedup 10 --no-plots -q --out {out / cell}"))
-    runs = orjson.loads((out / cell / "result.json").read_bytes())["runs"]
+    argv = shlex.split(f"simulate {CELLS[cell]} --speedup 10 --no-plots -q")
+    runs = run_quietly(argv, out / cell, stderr=True)["runs"]
     return hashlib.sha256(orjson.dumps(runs, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

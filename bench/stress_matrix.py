@@ -15,18 +15,14 @@ deterministic, so a rerun on any machine prints the same figures; `--results NAM
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shlex
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-import orjson
-
 from bench import results
+from bench.quiet_run import run_quietly
 from bench.simulator_fingerprint import CELLS as FINGERPRINT
-from gateway.cli.main import main as cli
 
 # cell -> its simulate arguments (with --seed; `--seeds` replaces it)
 CELLS = {
@@ -48,9 +44,7 @@ NO_PRICE = "prefix_affinity, context_weight=0"
 def simulate(arguments: str, out: Path) -> dict[str, dict[str, Any]]:
     """One simulate run: per policy, its TTFT p90 and that of later turns (None without sessions). A run
     with `--evidence events` names its policies `<policy>+events`; the table names the policy."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        cli(shlex.split(f"simulate {arguments} --speedup 10 --no-plots -q --out {out}"))
-    runs = orjson.loads((out / "result.json").read_bytes())["runs"]
+    runs = run_quietly(shlex.split(f"simulate {arguments} --speedup 10 --no-plots -q"), out, stderr=True)["runs"]
     return {
         name.partition("+")[0]: {k: run.get(k) for k in ("ttft_p90_s", "later_ttft_p90_s")}
         for name, run in runs.items()

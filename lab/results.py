@@ -186,7 +186,7 @@ def table(summaries: dict[str, Summary] | dict[str, dict[str, Any]]) -> str:
             _figure(s, "e2e_p90_s", ".2f"),
             _figure(s, "output_tokens_per_s", ".0f"),
             _figure(s, "cached_ratio", ".3f"),
-            f"{busiest:.2f}" if (busiest := _busiest(s)) else "-",
+            f"{busiest:.2f}" if (busiest := s.get("busiest_over_mean")) else "-",  # 0: no replica named
             _figure(s, "lag_p99_s", ".1f", 1000),
             _figure(s, "prediction_error_tokens", ".1f"),
             _figure(s, "cost", ".4g"),
@@ -199,12 +199,3 @@ def table(summaries: dict[str, Summary] | dict[str, dict[str, Any]]) -> str:
 def _figure(run: dict[str, Any], key: str, spec: str, scale: float = 1) -> str:
     value = run.get(key)
     return "-" if value is None else format(value * scale if scale != 1 else value, spec)
-
-
-def _busiest(run: dict[str, Any]) -> float:
-    """Busiest over mean from the replica share when the run has one (as Summary computes it), else the
-    figure a transcribed run carries."""
-    counts: list[int] = list((run.get("replica_share") or {}).values())
-    if sum(counts):
-        return max(counts) / statistics.fmean(counts)
-    return float(run.get("busiest_over_mean") or 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 from lab import vllm_replica
 from lab.vllm_replica import VLLMReplica
 from tests.helpers import Proc, free_port, wait_http
-from tests.integration.gateway_procs import Gateway, start_gateway
+from tests.integration.gateway_procs import STEADY_HEALTH, Gateway, start_gateway
 from tests.integration.reliability_tools import eventually
 from tests.vllm.netns import join_loopback_namespace
 
@@ -125,6 +125,7 @@ def gateway(vllm: VLLMPair, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         tmp_path_factory.mktemp("vllm-gateway"),
         gateway_config(vllm),
         timeouts={"connect_s": 2.0, "first_byte_s": 120.0},
+        health=STEADY_HEALTH,
     )
     try:
         eventually(lambda: all(feed(gw, r)["certain"] for r in ("vllm-0", "vllm-1")), timeout_s=30)
@@ -142,6 +143,7 @@ class Turn:
     replica: str
     predicted: int  # cached tokens /admin/route/explain predicted on the replica the request then went to
     reported: int  # usage.prompt_tokens_details.cached_tokens
+    why: str = field(default="", compare=False)  # the decision's reason and explained candidates (for failures)
 
 
 def explain(gw: Gateway, body: dict[str, Any]) -> dict[str, Any]:
@@ -161,4 +163,6 @@ def chat_turn(gw: Gateway, messages: list[dict[str, Any]], max_tokens: int = 8) 
     predicted = next(c["cached_tokens"] for c in explained["candidates"] if c["replica"] == replica)
     data = answer.json()
     reported = data["usage"]["prompt_tokens_details"]["cached_tokens"] or 0
-    return Turn(replica, predicted, reported), data["choices"][0]["message"]["content"]
+    rows = " ".join(f"{c['replica']}:{c['cached_tokens']}/{c['score']}s/{c['load']}" for c in explained["candidates"])
+    why = f"{answer.headers.get('X-Affinity-Reason')} (explained: {explained['replica']}; {rows})"
+    return Turn(replica, predicted, reported, why), data["choices"][0]["message"]["content"]

@@ -43,7 +43,7 @@ def converse(gw: Gateway, messages: list[dict[str, Any]], questions: tuple[str, 
 def test_predicted_equals_reported_over_a_conversation(gateway: Gateway) -> None:
     turns = converse(gateway, [{"role": "system", "content": system_prompt()}], QUESTIONS)
     assert [t.predicted for t in turns] == [t.reported for t in turns], turns
-    assert all(t.reported > 0 for t in turns[1:]), turns  # the conversation stayed with its cache
+    assert all(t.reported > 0 for t in turns[1:]), (turns, gateway.replicas(MODEL))  # it stayed with its cache
 
 
 def direct(pair: VLLMPair, replica: str, content: str, max_tokens: int = 1) -> None:

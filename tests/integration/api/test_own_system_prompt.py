@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.helpers import free_port
-from tests.integration.gateway_procs import MODEL, Stub, running, start_gateway
+from tests.integration.gateway_procs import MODEL, STEADY_HEALTH, Stub, running, start_gateway
 from tests.integration.reliability_tools import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,10 +36,10 @@ def test_one_conversation_stays_home_whatever_the_block_size(tmp_path: Path, blo
             "replicas": replicas,
             "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim", "block_tokens": block}},
         }
-        gateway = track(start_gateway(tmp_path, {MODEL: pool}))
+        gateway = track(start_gateway(tmp_path, {MODEL: pool}, health=STEADY_HEALTH))
         eventually(lambda: all(r["kv_events"]["certain"] for r in gateway.replicas().values()), timeout_s=10)
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-        homes = []
+        homes, reasons = [], []
         for turn in range(6):
             messages.append({"role": "user", "content": f"Letter {turn}?"})
             answer = httpx.post(
@@ -49,5 +49,6 @@ def test_one_conversation_stays_home_whatever_the_block_size(tmp_path: Path, blo
             )
             assert answer.status_code == 200, answer.text
             homes.append(answer.headers["X-Replica-Id"])
+            reasons.append(answer.headers["X-Affinity-Reason"])
             messages.append({"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]})
-        assert homes == [homes[0]] * 6, homes
+        assert homes == [homes[0]] * 6, (homes, reasons, gateway.replicas())

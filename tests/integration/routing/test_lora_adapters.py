@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.helpers import free_port
-from tests.integration.gateway_procs import MODEL, Stub, running, start_gateway
+from tests.integration.gateway_procs import MODEL, STEADY_HEALTH, Stub, running, start_gateway
 from tests.integration.reliability_tools import eventually
 
 pytestmark = pytest.mark.timeout(90)
@@ -63,7 +63,7 @@ def test_adapters_route_to_their_replicas_and_never_share_cached_tokens(tmp_path
             "replicas": [e0, e1],
             "routing": {"policy": "prefix_affinity", "prefix": {"tokenizer": "sim", "block_tokens": 16}},
         }
-        gateway = track(start_gateway(tmp_path, {MODEL: pool}))
+        gateway = track(start_gateway(tmp_path, {MODEL: pool}, health=STEADY_HEALTH))
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=20)
         with httpx.Client(base_url=gateway.url, timeout=10) as http:
 
@@ -120,7 +120,7 @@ def test_declared_adapters_and_no_healthy_replica_serving_one(tmp_path: Path) ->
             "replicas": [{"url": r0.url, "name": "r-0", "adapters": ["sql"]}, {"url": r1.url, "name": "r-1"}],
             "routing": {"policy": "round_robin"},
         }
-        gateway = track(start_gateway(tmp_path, {MODEL: pool}, load={"enabled": False}))
+        gateway = track(start_gateway(tmp_path, {MODEL: pool}, load={"enabled": False}, health=STEADY_HEALTH))
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=20)
         assert {complete(client, "sql", text(f"d{i}-"))[0] for i in range(4)} == {"r-0"}
         r0.stop()

@@ -73,7 +73,7 @@ from gateway.prompt.tokenizers import build_prompt_tokenizer
 
 async def main():
     keys = PromptKeys(build_prompt_tokenizer("model:smollm2"), budget_s=0.01)  # the compile alone takes ~40 ms
-    await asyncio.sleep(1.0)  # the gateway starting up: the warm-up runs meanwhile
+    await asyncio.sleep(3.0)  # the gateway starting up: the warm-up runs meanwhile (a loaded machine: seconds)
     body = {"messages": [{"role": "user", "content": "The first question of a fresh gateway."}]}
     print("within budget" if await keys.encode("chat", body) is not None else "over budget")
     await keys.close()

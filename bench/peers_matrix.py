@@ -184,8 +184,8 @@ def render(figures: dict[str, Any]) -> str:
         rows.append("| " + " | ".join(line) + " |")
     return (
         "\n".join(rows) + "\n\nEach cell: TTFT p90 ms (of later turns for the session workloads: tenant-chat, "
-        "agent-loop) / cached share of the prompt tokens / busiest replica's requests ÷ the mean; medians over "
-        "the row's seeds."
+        "agent-loop, decode-heavy) / cached share of the prompt tokens / busiest replica's requests ÷ the mean; "
+        "medians over the row's seeds."
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from bench import results
+from bench.stress_matrix import CELLS as STRESS_CELLS
 from gateway.cli.main import main as cli
 from lab.workloads import Session, build
 from replica_stub.engine.timing import TimingModel
@@ -54,13 +55,22 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "decode-heavy": ("decode-heavy", ""),
 }
 LOADS = {"moderate": 0.5, "high": 0.9}
-# The stress families at the arrival rates of their oracle table (bench.stress_matrix), so the two
-# tables compare cell by cell: a burst's rate is not a session arrival rate that ideal_busy_s can set.
-FIXED_RATES: dict[str, dict[str, float]] = {
-    "tenant-bursts": {"moderate": 6.0, "high": 10.0},
-    "rag-chunks": {"moderate": 12.0, "high": 18.0},
-    "decode-heavy": {"moderate": 3.0, "high": 6.0},
-}
+
+
+def _stress_rates() -> dict[str, dict[str, float]]:
+    """family -> load -> the `--rate` of its cell in the oracle table (bench.stress_matrix, read from its
+    cells), so the two tables compare cell by cell: a burst's rate is not a session arrival rate that
+    ideal_busy_s can set."""
+    rates: dict[str, dict[str, float]] = {}
+    for name, arguments in STRESS_CELLS.items():
+        family, _, load = name.partition(", ")
+        if load in LOADS:  # not the fingerprint cells
+            words = shlex.split(arguments)
+            rates.setdefault(family, {})[load] = float(words[words.index("--rate") + 1])
+    return rates
+
+
+FIXED_RATES = _stress_rates()
 REPLICAS, SPEEDUP, BLOCK = 4, 10.0, 16
 
 

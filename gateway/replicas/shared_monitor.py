@@ -10,9 +10,9 @@ What a follower takes: each replica's probe state (healthy, its pass and failure
 and whether the owner's last failing probe timed out, which cuts the follower's own attempts there too),
 the last load scrape and the model card and adapters. Its breakers stay its own: they count the faults of
 its own requests. A replica the snapshot does not name (the owner has not probed it yet: it was just added,
-or discovered by this worker first), or whose findings are older than three of their intervals (and a second), and every
-replica while the owner does not answer (restarting), is asked directly, as before, so a follower never
-goes blind.
+or discovered by this worker first), or whose findings are older than three of their intervals and at
+least a second, and every replica while the owner does not answer (restarting), is asked directly, as
+before, so a follower never goes blind.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _fresh(entry: dict[str, Any], replica: Replica, part: Part, now: float, inte
     return (
         entry.get("url") == replica.url
         and isinstance(when, (int, float))
-        and now - when <= STALE_INTERVALS * interval_s
+        and now - when <= max(STALE_INTERVALS * interval_s, STALE_MIN_S)
     )
 
 

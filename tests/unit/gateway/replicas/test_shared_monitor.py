@@ -9,7 +9,7 @@ import pytest
 
 from gateway.replicas import ReplicaPool
 from gateway.replicas.replica import Replica, ReplicaLoad
-from gateway.replicas.shared_monitor import FRESH_S, Findings, Follower
+from gateway.replicas.shared_monitor import FRESH_S, STALE_MIN_S, Findings, Follower
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -60,6 +60,17 @@ async def test_no_owner_stale_findings_or_another_address_mean_asking_the_replic
     moved[0].get("r0").url = "http://elsewhere"  # type: ignore[union-attr]
     follower = Follower(lambda: _returns(findings.snapshot(owner)))
     assert [r.replica_id for r in await follower.take("health", moved, 2.0, print)] == ["r0"]
+
+
+async def test_findings_of_a_short_interval_stay_fresh_for_a_second() -> None:
+    """A busy owner's loop lags a 0.1 s interval by a few of them: its followers must not start probing."""
+    owner, findings = owner_findings()
+    findings.at["load"] = {url: time.monotonic() - 0.6 for url in findings.at["load"]}  # 6 intervals of 0.1 s
+    lagging = Follower(lambda: _returns(findings.snapshot(owner)))
+    assert await lagging.take("load", pools(), 0.1, print) == []
+    findings.at["load"] = {url: time.monotonic() - (STALE_MIN_S + 0.2) for url in findings.at["load"]}
+    away = Follower(lambda: _returns(findings.snapshot(owner)))
+    assert len(await away.take("load", pools(), 0.1, print)) == 2
 
 
 async def test_the_owner_is_read_once_per_fresh_window() -> None:

@@ -26,7 +26,7 @@ class CostModelConfig(Section):
     # request's whole context, so long prompts in flight slow the next first token more
     context_weight: float = 0.05
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
-    min_learn_tokens: int = 64  # learn only from requests that prefilled at least this many tokens
+    min_learn_tokens: int = 64  # until prompt sizes vary enough to fit a line, shorter prefills teach the fixed part
 
     def check(self) -> None:
         if self.prefill_s_per_token <= 0:

@@ -10,7 +10,7 @@ from gateway.config import schema
 from gateway.config.policy_params import CostModelConfig
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
-from gateway.routing.policies.cost import CostModel
+from gateway.routing.policies.cost import CostModel, LineFit
 from tests.unit.gateway.routing.policies.predictions import predict, wait_s
 
 
@@ -172,3 +172,34 @@ def test_cancelled_prefill_leaves_the_queue() -> None:
     assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(1.0)
     cost.cancelled("a", 5.0)  # never below empty
     assert wait_s(cost, Candidate("a"), clock.now) == 0.0
+
+
+def test_prompts_of_many_sizes_teach_the_fixed_part_and_the_per_token_cost_apart() -> None:
+    """A CPU engine's step costs a lot more than its tokens: with no short prompts to show it, the
+    line through the (uncached tokens, TTFT) pairs does."""
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=0.0, learn_alpha=0.1)
+    for tokens in [60, 90, 120, 150, 180, 210, 240, 270] * 3:
+        cost.observe("a", ttft_s=0.3 + 0.0026 * tokens, uncached_tokens=tokens, predicted_wait_s=0.0)
+    assert cost.prefill_s_per_token("a") == pytest.approx(0.0026)
+    assert cost._base_s == pytest.approx(0.3)
+    # Seven queued prefills of 100 tokens share one step: one fixed part, not seven.
+    for _ in range(7):
+        cost.dispatched("a", 100)
+    assert wait_s(cost, Candidate("a"), clock.now) == pytest.approx(0.3 + 7 * 0.26)
+
+
+def test_prompts_of_one_size_fall_back_to_the_mean_cost() -> None:
+    cost, _ = model(prefill_s_per_token=0.001, learn_alpha=0.1)
+    for _ in range(20):
+        cost.observe("a", ttft_s=0.56, uncached_tokens=100, predicted_wait_s=0.0)
+    assert cost.prefill_s_per_token("a") == pytest.approx(0.0056)
+    assert cost._base_s == 0.0
+
+
+def test_the_fitted_line_never_has_a_negative_fixed_part() -> None:
+    fit = LineFit()
+    for tokens in [100, 1000] * 5:  # costs grow faster than the tokens (attention): the line meets y < 0
+        fit.add(tokens, 0.000001 * tokens**2, 0.1)
+    line = fit.line(0.0, 1.0)
+    assert line is not None and line[0] == 0.0 and line[1] == pytest.approx(fit.mean_y / fit.mean_x)
+    assert LineFit().line(0.0, 1.0) is None

@@ -21,7 +21,7 @@ class CostModelConfig(Section):
 
     prefill_s_per_token: float = 0.0002  # starting point (5k tokens/s); learned online
     calibrate: Literal["pool", "replica"] = "pool"  # one cost for the pool's (alike) replicas, or each its own
-    per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens (scales with speed)
+    per_request_tokens: float = 50.0  # TTFT each running request adds, in prefill tokens; learned lower, never higher
     # ...plus this many prefill tokens per token of its prompt: every batched step reads each in-flight
     # request's whole context, so long prompts in flight slow the next first token more
     context_weight: float = 0.05

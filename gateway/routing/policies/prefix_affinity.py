@@ -67,10 +67,11 @@ class PrefixAffinityPolicy(Policy):
         super().__init__(params)
         self.cost = CostModel(params)
         self._rng = random.Random(params.seed)
-        # Requests sent to a replica that had nothing else: only their TTFTs teach the prefill cost.
+        # Requests sent where none of this gateway's prefills was queued: with nothing in flight there their
+        # TTFTs teach the prefill cost, with requests in flight the price of those (`CostModel.observe_loaded`).
         # Behind a queue, any error in the predicted wait would be learned as a slower or faster
         # prefill, and the next waits predicted with it: an estimate that feeds on itself.
-        self._idle: dict[str, str] = {}  # request id -> the idle replica it was sent to
+        self._unqueued: dict[str, tuple[str, float, float]] = {}  # request id -> (replica, load, load scale)
         # Each preamble's last replica (view.preamble_key -> replica id), oldest first; bounded.
         self._homes: dict[int, str] = {}
         # The prompt tokens of each request in flight, and where (the cost model sums them per replica).
@@ -326,10 +327,12 @@ class PrefixAffinityPolicy(Policy):
             self._continuing = (_decay(self._continuing, now, window) + 1.0, now)
         if replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
+            self._unqueued.pop(view.request_id, None)
+            if not loads[last] or self.cost.queue_empty(replica_id):
+                put_newest(
+                    self._unqueued, view.request_id, (replica_id, loads[last], self.cost.load_scale), MAX_TRACKED
+                )
             done_at, prefill_s = self.cost.dispatched(replica_id, prompt - cached[last])
-            self._idle.pop(view.request_id, None)
-            if not loads[last]:
-                put_newest(self._idle, view.request_id, replica_id, MAX_TRACKED)
             put_newest(self._done_at, view.request_id, (replica_id, done_at, prefill_s), MAX_TRACKED)
 
     def _ended(self, request_id: str) -> None:
@@ -340,8 +343,8 @@ class PrefixAffinityPolicy(Policy):
     def on_failed(self, view: RequestView, replica_id: str) -> None:
         """It never ran there: its prefill leaves that replica's virtual queue, its context the batch."""
         self._ended(view.request_id)
-        if self._idle.get(view.request_id) == replica_id:
-            del self._idle[view.request_id]
+        if self._unqueued.get(view.request_id, ("",))[0] == replica_id:
+            del self._unqueued[view.request_id]
         dispatched = self._done_at.get(view.request_id)
         if dispatched is not None and dispatched[0] == replica_id:
             del self._done_at[view.request_id]
@@ -364,14 +367,18 @@ class PrefixAffinityPolicy(Policy):
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
         self._ended(view.request_id)
-        if self._idle.get(view.request_id) != replica_id:
+        unqueued = self._unqueued.get(view.request_id)
+        if unqueued is None or unqueued[0] != replica_id:
             return  # it queued behind others (or this attempt is not the one dispatched last)
-        del self._idle[view.request_id]
+        del self._unqueued[view.request_id]
         if not outcome.ok or outcome.ttft_s is None or outcome.predicted is None:
             return
         prompt = outcome.prompt_tokens or view.prompt_tokens_estimate
         cached = outcome.cached_tokens if outcome.cached_tokens is not None else outcome.predicted.cached_tokens
-        self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
+        if unqueued[1]:
+            self.cost.observe_loaded(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s, unqueued[2])
+        else:
+            self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
 
 
 def _continues(view: RequestView) -> bool:

@@ -10,7 +10,7 @@ from gateway.config import schema
 from gateway.config.policy_params import CostModelConfig
 from gateway.errors import ConfigError
 from gateway.request.decision import Candidate
-from gateway.routing.policies.cost import CostModel, LineFit
+from gateway.routing.policies.cost import LOAD_SCALE_MAX, CostModel, LineFit
 from tests.unit.gateway.routing.policies.predictions import predict, wait_s
 
 
@@ -203,3 +203,23 @@ def test_the_fitted_line_never_has_a_negative_fixed_part() -> None:
     line = fit.line(0.0, 1.0)
     assert line is not None and line[0] == 0.0 and line[1] == pytest.approx(fit.mean_y / fit.mean_x)
     assert LineFit().line(0.0, 1.0) is None
+
+
+def test_requests_in_flight_that_cost_less_than_their_price_teach_a_lower_one() -> None:
+    """vLLM's CPU build: a running request added about a third of what `per_request_tokens` prices."""
+    cost, clock = model(prefill_s_per_token=0.001, per_request_tokens=50.0, learn_alpha=0.1)
+    priced = wait_s(cost, Candidate("a", in_flight=2), clock.now)
+    assert priced == pytest.approx(2 * 50 * 0.001)
+    for _ in range(30):  # each found two in flight, no prefill queued, and waited a third of their price
+        cost.observe_loaded("a", ttft_s=priced / 3 + 0.1, uncached_tokens=100, predicted_wait_s=priced, scale=1.0)
+    assert cost.load_scale == pytest.approx(1 / 3)
+    assert wait_s(cost, Candidate("a", in_flight=2), clock.now) == pytest.approx(priced / 3)
+    # Near the price, or dearer: the price stands (the simulator's engine, which it was tuned on).
+    for _ in range(60):
+        cost.observe_loaded(
+            "a", ttft_s=0.1 + 0.9 * priced, uncached_tokens=100, predicted_wait_s=priced / 3, scale=1 / 3
+        )
+    assert cost.load_scale == 1.0 and cost._load_learned == pytest.approx(0.9, rel=0.01)
+    for _ in range(60):
+        cost.observe_loaded("a", ttft_s=5.0, uncached_tokens=100, predicted_wait_s=priced, scale=1.0)
+    assert cost.load_scale == 1.0 and 0.99 < cost._load_learned <= LOAD_SCALE_MAX == 1.0

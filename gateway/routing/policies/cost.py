@@ -57,6 +57,12 @@ LOAD_SCALE_MIN, LOAD_SCALE_MAX = 0.1, 1.0
 LOAD_SCALE_APPLIES = 0.7  # a learned scale above this is taken as the configured price's noise
 
 
+def learning_weight(samples: int, alpha: float) -> float:
+    """The weight of the newest of `samples` observations: a running mean over the first 1/alpha, then an
+    EWMA, so a default that is far off is corrected at once and later noise moves it only by alpha."""
+    return max(alpha, 1 / samples)
+
+
 class CostModel:
     """Per-replica prefill cost and virtual prefill queue. All methods are sync and O(1)."""
 
@@ -199,13 +205,13 @@ class CostModel:
             return
         if uncached_tokens < self.params.min_learn_tokens:
             self._base_samples += 1
-            self._base_s += max(alpha, 1 / self._base_samples) * (residual - self._base_s)
+            self._base_s += learning_weight(self._base_samples, alpha) * (residual - self._base_s)
             return
         sample = max(0.0, residual - self._base_s) / uncached_tokens
         sample = min(max(sample, default / self.CLAMP), default * self.CLAMP)
         n = self._samples[key] = self._samples.get(key, 0) + 1
         current = self.prefill_s_per_token(replica_id)
-        self._per_token[key] = current + max(alpha, 1 / n) * (sample - current)
+        self._per_token[key] = current + learning_weight(n, alpha) * (sample - current)
 
     def observe_loaded(
         self, replica_id: str, ttft_s: float, uncached_tokens: int, predicted_wait_s: float, scale: float
@@ -220,7 +226,7 @@ class CostModel:
         added = ttft_s - self._base_s - self.prefill_s_per_token(replica_id) * uncached_tokens
         sample = min(max(added / priced, LOAD_SCALE_MIN), LOAD_SCALE_MAX)
         self._load_samples += 1
-        self._load_learned += max(alpha, 1 / self._load_samples) * (sample - self._load_learned)
+        self._load_learned += learning_weight(self._load_samples, alpha) * (sample - self._load_learned)
         self.load_scale = self._load_learned if self._load_learned < LOAD_SCALE_APPLIES else 1.0
 
     def forget(self, replica_id: str) -> None:
@@ -248,7 +254,7 @@ class LineFit:
 
     def add(self, x: float, y: float, alpha: float) -> None:
         self.samples += 1
-        weight = max(alpha, 1 / self.samples)
+        weight = learning_weight(self.samples, alpha)
         dx, dy = x - self.mean_x, y - self.mean_y
         self.mean_x += weight * dx
         self.mean_y += weight * dy

@@ -29,6 +29,7 @@ from gateway.serving.http_server import GatewayRunner
 if TYPE_CHECKING:
     from gateway.config.loader import Config
 from gateway.support.fd_limit import raise_limit
+from gateway.support.heap import settle_heap
 
 log = structlog.get_logger("gateway.serving.lifecycle")
 CUT_S = 0.5  # after the grace period: time for cut streams to write their error event before connections close
@@ -86,6 +87,7 @@ async def _serve(
             if not private_socket.startswith("\0"):  # a path (not an abstract name): left by a crashed predecessor
                 Path(private_socket).unlink(missing_ok=True)
             await web.UnixSite(runner, private_socket).start()
+        settle_heap()  # what start-up built is out of the collector's sight from here on
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -61,6 +61,7 @@ STAGES: tuple[tuple[str | None, tuple[str, ...]], ...] = (
             "gateway/relay/headers",
             "gateway/replicas/backend_auth",
             "gateway/relay/proxy:Proxy._send_once",
+            "gateway/relay/upstream",
         ),
     ),
     ("relay", ("gateway/relay/",)),

@@ -1,7 +1,8 @@
 """Forwarding and streaming relay: raw bytes in and out, one concern per layer.
 
     attempt       one upstream request up to its response headers (its retry loop: gateway.serving.attempts);
-                  maps aiohttp errors once, a failure another replica may answer to `Retryable`
+                  maps aiohttp errors once, a failure another replica may answer to `Retryable`;
+                  sent by gateway.relay.upstream (aiohttp's primitives, not ClientSession.request's per-request work)
     _relay        body back to the client: streams chunk by chunk as received (_relay_stream),
                   (or re-chunked in phrases, for a request that opted in: gateway.relay.phrase_chunking),
                   others in one piece (_relay_whole)
@@ -50,6 +51,7 @@ from gateway.relay.attempt import Attempt, Retryable, input_may_cause
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
+from gateway.relay.upstream import Upstream
 from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any, read_whole
 from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.backend_auth import set_upstream_auth
@@ -118,6 +120,7 @@ class Proxy:
         on_poison: Callable[[], None] | None = None,
     ) -> None:
         self._session = session
+        self._upstream = Upstream(session)  # the attempts' send, on the session's connections
         self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
         self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
         self.watches = Watches()  # every attempt in flight: cut on ejection and at the end of a drain
@@ -168,13 +171,8 @@ class Proxy:
         try:
             try:
                 async with watch.sending():
-                    upstream = await self._session.request(
-                        request.method,
-                        replica.url + request.path_qs,
-                        data=view.raw,
-                        headers=out_headers,
-                        timeout=timeout,
-                        allow_redirects=False,
+                    upstream = await self._upstream.send(
+                        request.method, replica.url, request.path_qs, view.raw, out_headers, timeout
                     )
             except aiohttp.ConnectionTimeoutError as exc:
                 raise Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"), "connect") from exc

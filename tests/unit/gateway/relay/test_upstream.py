@@ -14,6 +14,8 @@ from multidict import CIMultiDict
 from gateway.relay.upstream import INLINE_BODY_MAX, Upstream
 from gateway.relay.watch import attempt_timeout
 
+pytestmark = pytest.mark.timeout(10)
+
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
 HEADERS = CIMultiDict([("Content-Type", "application/json"), ("X-Request-Id", "r1"), ("Accept", "text/plain")])
 

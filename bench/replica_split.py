@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from lab.results import busiest_over_mean
+
 _RUN_START = re.compile(r"^\[vllm-0\] .*non-default args")
 _THROUGHPUT = re.compile(
     r"^\[vllm-(\d+)\] .*Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s"
@@ -36,11 +38,6 @@ def split(lines: Iterable[str]) -> list[dict[int, tuple[float, float]]]:
             tokens[0] += float(found.group(2)) * LOG_INTERVAL_S
             tokens[1] += float(found.group(3)) * LOG_INTERVAL_S
     return [{replica: (t[0], t[1]) for replica, t in sorted(run.items())} for run in runs]
-
-
-def busiest_over_mean(values: list[float]) -> float:
-    total = sum(values)
-    return max(values) * len(values) / total if total else 0.0
 
 
 def render(runs: list[dict[int, tuple[float, float]]], contestants: list[str]) -> str:

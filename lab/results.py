@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +84,7 @@ class Summary:
     def busiest_over_mean(self) -> float:
         """The busiest replica's requests over the mean; 0.0 when no answer named its replica (a router in
         front of vLLM, which names none), shown as "-"."""
-        counts = list(self.replica_share.values())
-        return max(counts) / statistics.fmean(counts) if sum(counts) else 0.0
+        return busiest_over_mean(list(self.replica_share.values()))
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "busiest_over_mean": round(self.busiest_over_mean, 4)}
@@ -199,3 +199,8 @@ def table(summaries: dict[str, Summary] | dict[str, dict[str, Any]]) -> str:
 def _figure(run: dict[str, Any], key: str, spec: str, scale: float = 1) -> str:
     value = run.get(key)
     return "-" if value is None else format(value * scale if scale != 1 else value, spec)
+
+
+def busiest_over_mean(counts: Sequence[float]) -> float:
+    """The busiest replica's share of the work over the mean share; 0.0 when there was none."""
+    return max(counts) / statistics.fmean(counts) if sum(counts) else 0.0

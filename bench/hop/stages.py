@@ -49,7 +49,7 @@ STAGES: tuple[tuple[str | None, tuple[str, ...]], ...] = (
         "view",
         ("gateway/view", "gateway/routing/model_names", "gateway/routing/route_table", "gateway/serving/app:_resolved"),
     ),
-    ("limits and auth", ("gateway/edge/", "gateway/serving/app:auth_middleware", "gateway/serving/app:_within")),
+    ("limits and auth", ("gateway/edge/", "gateway/serving/app:edge_middleware", "gateway/serving/app:_within")),
     ("prefix keying and hashing", ("gateway/prompt/", "gateway/index/")),
     ("policy", ("gateway/routing/",)),
     ("admission", ("gateway/serving/admission", "gateway/replicas/")),

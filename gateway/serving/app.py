@@ -77,7 +77,7 @@ _NO_CHUNKING = StreamChunkingConfig()  # the bounds of a request no pool serves:
 
 
 def make_app(config: Config, config_path: str | Path | None = None, *, handle_sighup: bool = False) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, auth_middleware])  # limits: read_view, live config
+    app = web.Application(middlewares=[edge_middleware])  # limits: read_view, live config
     app[METRICS] = registry = Metrics()
     app[ROUTE_TABLE] = state = RouteTable(config, config_path, registry.routing)
     registry.watch(state.pools)
@@ -103,7 +103,8 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
     app.cleanup_ctx.append(_upstream_ctx)
     if handle_sighup:
         app.cleanup_ctx.append(_sighup_ctx)
-    add_model_routes(app, _endpoint, config.routes)  # every vLLM route, by the body's model
+    # every vLLM route, by the body's model; `_proxied` is the handler itself (no wrapper coroutine per request)
+    add_model_routes(app, lambda endpoint: partial(_proxied, endpoint=endpoint), config.routes)
     add_by_id_routes(app, app[HOMES], lambda: app[ROUTE_TABLE], lambda: app[PROXY].session)
     add_ops_routes(
         app,
@@ -147,15 +148,8 @@ def _observers(app: web.Application) -> Observers:
     return observers
 
 
-def _endpoint(endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await _proxied(request, endpoint)
-
-    return handler
-
-
 async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
-    """The request's story, top to bottom (its caller is authenticated already: `auth_middleware`)."""
+    """The request's story, top to bottom (its caller is authenticated already: `edge_middleware`)."""
     started = time.perf_counter()
     app, caller = request.app, request[CALLER]
     state = app[ROUTE_TABLE]
@@ -238,13 +232,21 @@ def _failed(app: web.Application, view: RequestView, exchange: Exchange, exc: Ba
         exchange.status, exchange.error = 500, f"internal error: {type(exc).__name__}"
 
 
+# The dashboard's page and assets hold no data; the monitor's findings are answered on a worker's private
+# socket only (gateway.serving.workers), 404 on the public port.
+_OPEN_PATHS = OPEN_PATHS | DASHBOARD_PATHS | {shared_monitor.PATH}
+
+
 @web.middleware
-async def error_middleware(
+async def edge_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Outermost: every failure becomes an OpenAI-shape error; unexpected ones are logged as 500s."""
+    """The only middleware (one layer, not one per concern: it wraps every request): the request's id, who is
+    calling, before anything else is read (the key itself goes no further than this), and every failure as
+    an OpenAI-shape error; unexpected ones are logged as 500s."""
     request[REQUEST_ID] = request_id = h.request_id(request.headers.get(h.REQUEST_ID))
     try:
+        request[CALLER] = authenticate(request.app[ROUTE_TABLE].config.auth, request.path, request.headers, _OPEN_PATHS)
         return await handler(request)
     except GatewayError as exc:
         if exc.status in (401, 403):
@@ -259,20 +261,6 @@ async def error_middleware(
     except Exception:
         log.exception("unhandled_error", request_id=request_id, path=request.path)
         return _error(request, 500, error_body("internal gateway error", "InternalServerError", 500), {})
-
-
-# The dashboard's page and assets hold no data; the monitor's findings are answered on a worker's private
-# socket only (gateway.serving.workers), 404 on the public port.
-_OPEN_PATHS = OPEN_PATHS | DASHBOARD_PATHS | {shared_monitor.PATH}
-
-
-@web.middleware
-async def auth_middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Who is calling, before anything else is read; the key itself goes no further than this."""
-    request[CALLER] = authenticate(request.app[ROUTE_TABLE].config.auth, request.path, request.headers, _OPEN_PATHS)
-    return await handler(request)
 
 
 def _replica_names(config: Config) -> Iterator[str]:

@@ -15,7 +15,7 @@ AROUND = "main (gateway/cli/main.py:44);serve (gateway/serving/lifecycle.py:57);
 
 def test_a_frame_is_staged_by_its_module_and_function() -> None:
     assert stage_of("choose", "gateway/routing/policies/prefix_affinity.py") == "policy"
-    assert stage_of("auth_middleware", "/srv/app/gateway/serving/app.py") == "limits and auth"
+    assert stage_of("edge_middleware", "/srv/app/gateway/serving/app.py") == "limits and auth"
     assert stage_of("_proxied", "gateway/serving/app.py") == "request bookkeeping"
     assert stage_of("serve", "gateway/serving/lifecycle.py") is None  # around every request
     assert stage_of("_request", "aiohttp/client.py") is None

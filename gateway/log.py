@@ -6,6 +6,8 @@ import contextvars
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -103,8 +105,34 @@ def _write_line(stream: IO[bytes], event: str, fields: dict[str, Any]) -> None:
             fields.setdefault(var.name[len(_PREFIX) :], value)
     fields["level"] = "info"
     fields["timestamp"] = iso_utc(time.time())
+    if _together is not None:
+        _together.append(orjson.dumps(fields) + b"\n")
+        return
     stream.write(orjson.dumps(fields) + b"\n")
     stream.flush()
+
+
+_together: list[bytes] | None = None  # lines held by `lines_together`
+
+
+@contextmanager
+def lines_together() -> Iterator[None]:
+    """Hot events' lines (`HotLogger` under the JSON configuration) written in one write when the block
+    ends, not one write and flush each: for a batch of finished requests' log events. Other events are
+    written as they come, so one may land before lines held here."""
+    global _together
+    if _together is not None or _json_lines is None:  # nested, or no JSON lines to hold
+        yield
+        return
+    held: list[bytes] = []
+    _together = held
+    try:
+        yield
+    finally:
+        _together = None
+        if held:
+            _json_lines.stream.write(b"".join(held))
+            _json_lines.stream.flush()
 
 
 def iso_utc(now: float) -> str:

@@ -128,23 +128,24 @@ def make_app(config: Config, config_path: str | Path | None = None, *, handle_si
 
 def _observers(app: web.Application) -> Observers:
     """Who hears of every request, in this order: the router first (the learned costs the prefix report
-    reads are updated by then), the request's log event before its trace ends (the event carries the
-    trace id). A feature of its own adds itself with `app[OBSERVERS].add(...)`."""
+    reads are updated by then), and what later requests read (stored responses' homes, rate-limit
+    accounts) as the request ends; the tracing span ends then too, its clock and context the request's.
+    The request's metrics, log event and insights hear of it in a batch once the answer has gone
+    (`gateway.request.observers`), its log event carrying its trace id. A feature of its own adds itself
+    with `app[OBSERVERS].add(...)`."""
     observers = Observers()
-    for observer in (
-        RoutingFeedback(),
-        app[HOMES],
+    for observer in (RoutingFeedback(), app[HOMES], app[RATE_LIMITS], app[TRACING]):
+        if observer is not None:  # tracing off: no tracing observer
+            observers.add(observer)
+    for batched in (
         RequestMetrics(app[METRICS]),
         app[TOKEN_COSTS],
         app[DECISIONS],
         app[SESSIONS],
         app[PREFIX_REPORT],
-        app[RATE_LIMITS],
         RequestLog(),
-        app[TRACING],
     ):
-        if observer is not None:  # tracing off: no tracing observer
-            observers.add(observer)
+        observers.add(batched, batched=True)
     return observers
 
 
@@ -314,6 +315,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     monitor.start()
     yield
+    app[OBSERVERS].flush()  # the last requests' batch, should the loop not have turned since they ended
     await monitor.stop()
     await state.close()
     await session.close()

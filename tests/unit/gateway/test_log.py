@@ -11,7 +11,7 @@ import orjson
 import pytest
 import structlog
 
-from gateway.log import HotLogger, iso_utc, setup_logging
+from gateway.log import HotLogger, iso_utc, lines_together, setup_logging
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -72,3 +72,22 @@ def test_timestamps_read_as_timestampers(now: float) -> None:
     stamped = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat().replace("+00:00", "Z")
     assert iso_utc(now)[:19] == stamped[:19] and iso_utc(now).endswith("Z")
     assert abs(datetime.datetime.fromisoformat(iso_utc(now)).timestamp() - now) < 2e-6
+
+
+def test_lines_held_together_are_written_in_one_write_in_their_order(
+    capture_stderr: Callable[[], io.BytesIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    captured_stderr = capture_stderr()
+    setup_logging("info", "json")
+    writes: list[bytes] = []
+    stream = sys.stderr.buffer
+    original = stream.write
+    monkeypatch.setattr(stream, "write", lambda data: writes.append(bytes(data)) or original(data))
+    logger = HotLogger("gateway.request")
+    with lines_together():
+        for request_id in ("r-1", "r-2", "r-3"):
+            logger.event("request", {"request_id": request_id})
+        assert captured_stderr.getvalue() == b""  # held until the block ends
+    logger.event("request", {"request_id": "r-4"})  # after it: written at once again
+    assert len(writes) == 2
+    assert [line["request_id"] for line in _lines(captured_stderr)] == ["r-1", "r-2", "r-3", "r-4"]

@@ -3,6 +3,9 @@ gateway/serving is edited for it. Each hook reaches only the observers that defi
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
@@ -94,3 +97,54 @@ def test_a_hook_reaches_only_the_observers_that_define_it() -> None:
     assert (len(observers._first_byte), len(observers._attempt_failed), len(observers._finished)) == (0, 0, 1)
     observers.finished(None)  # type: ignore[arg-type]
     assert only.calls == 1
+
+
+class Calls:
+    """Observers that record the order their `finished` hooks ran in, and the request's context then."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object, object]] = []
+
+    def observer(self, name: str, fails_on: object = None) -> RequestObserver:
+        calls = self.calls
+
+        class Named(RequestObserver):
+            def finished(self, done: FinishedRequest) -> None:
+                calls.append((name, done, _REQUEST.get(None)))
+                if done == fails_on:
+                    raise RuntimeError("one odd request")
+
+        return Named()
+
+
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request")
+
+
+async def test_batched_hooks_run_once_the_loop_turns_one_hook_over_the_batch_in_each_requests_context() -> None:
+    recorded, observers = Calls(), Observers()
+    observers.add(recorded.observer("router"))
+    observers.add(recorded.observer("metrics"), batched=True)
+    observers.add(recorded.observer("log", fails_on="a"), batched=True)
+    for request in ("a", "b"):
+        token = _REQUEST.set(f"context of {request}")
+        observers.finished(request)  # type: ignore[arg-type]
+        _REQUEST.reset(token)
+    assert recorded.calls == [("router", "a", "context of a"), ("router", "b", "context of b")]  # at once
+    await asyncio.sleep(0)  # one turn of the loop
+    assert recorded.calls[2:] == [
+        ("metrics", "a", "context of a"),
+        ("metrics", "b", "context of b"),
+        ("log", "a", "context of a"),  # failed: logged, and the batch goes on
+        ("log", "b", "context of b"),
+    ]
+    observers.finished("c")  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert [(name, done) for name, done, _ in recorded.calls[6:]] == [("router", "c"), ("metrics", "c"), ("log", "c")]
+
+
+def test_without_a_running_loop_the_batched_hooks_run_at_once_after_the_others() -> None:
+    recorded, observers = Calls(), Observers()
+    observers.add(recorded.observer("log"), batched=True)
+    observers.add(recorded.observer("router"))
+    observers.finished("a")  # type: ignore[arg-type]
+    assert [name for name, _, _ in recorded.calls] == ["router", "log"]

@@ -46,7 +46,8 @@ from gateway.config.pools import KVEventsConfig
 
 log = structlog.get_logger("gateway.index.kv_events.relay")
 
-REBIND_S = 0.5  # a name still held (a replaced feed's forwarder closing) is tried again at most this often
+REBIND_S = 0.1  # a name still held is tried again at most this often, at the next batch to forward
+WARN_AFTER_S = 2.0  # held this long, it is worth a warning: a replaced feed's forwarder lets go within milliseconds
 
 
 @dataclass(frozen=True)
@@ -87,19 +88,29 @@ class Forwarder:
         self.unbound = 0  # messages dropped while the name could not be bound
         self._pub = zmq.Context.shadow(ctx.underlying).socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._bound = False
+        self._bound = self._warned = False
         self._retry_at = 0.0
+        self._since = time.monotonic()
         self._bind()
 
     def _bind(self) -> bool:
+        """Bind the name, unless tried less than `REBIND_S` ago. A feed replaced by a reload or a new router
+        gets a forwarder on the same name at once, and ZMQ closes the old socket a moment later, in its I/O
+        thread: a first bind that fails is usual, and what it costs is a gap the followers replay."""
         now = time.monotonic()
         if now < self._retry_at:
             return False
         try:
             self._pub.bind(self.endpoint)
         except zmq.ZMQError as exc:
-            if self._retry_at == 0.0:
-                log.warning("kv_events_relay_bind_failed", endpoint=self.endpoint, error=str(exc))
+            if not self._warned and now - self._since >= WARN_AFTER_S:
+                self._warned = True
+                log.warning(
+                    "kv_events_relay_bind_failed",
+                    endpoint=self.endpoint,
+                    error=str(exc),
+                    for_s=round(now - self._since, 1),
+                )
             self._retry_at = now + REBIND_S
             return False
         self._bound = True

@@ -21,6 +21,10 @@ subscriber that sees a gap in `seq` recovers it by replay. The last `buffer_step
 kept; the ROUTER on `replay_endpoint` answers a start seq (8 big-endian bytes, sent by REQ or by
 DEALER without the empty delimiter) with `[identity, (b"" if REQ), seq, payload]` for every
 buffered seq >= start, then `[identity, (b""), -1 as 8 signed bytes, b""]`.
+
+Not in vLLM: `subscribers` counts the connections to the PUB socket now (a ZMQ socket monitor's
+accepted minus disconnected) and `replays` the replay requests served, shown by `/debug/kv_cache`, so
+that tests can see how many subscriptions a fleet of gateways costs a replica.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Iterator
+from itertools import count
 from typing import Any, Literal
 
 import msgpack
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from replica_stub.block_pool import BlockRemoved, BlockStored, KVEvent
 
@@ -46,6 +52,7 @@ ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 MEDIUM = "GPU"
 SNDHWM = 100_000  # vLLM's KVEventsConfig.hwm
 END_MARKER = (-1).to_bytes(8, "big", signed=True)
+_MONITORS = count()  # one inproc name per publisher's socket monitor
 
 
 def encode_event(event: KVEvent, encoding: Encoding) -> list[Any] | dict[str, Any]:
@@ -97,6 +104,8 @@ class KVEventPublisher:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
         self.topic, self.encoding = topic.encode(), encoding
         self.published = self.dropped = 0
+        self.subscribers = 0  # connections to the PUB socket now
+        self.replays = 0  # replay requests served
         self._seq = 0
         self._pending: list[KVEvent] = []
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -104,11 +113,16 @@ class KVEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, SNDHWM)
         self._pub.bind(endpoint)
+        async_ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
+        monitor = f"inproc://kv-events-monitor-{next(_MONITORS)}"
+        self._pub.monitor(monitor, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._monitor = async_ctx.socket(zmq.PAIR)
+        self._monitor.connect(monitor)
         self._replay: zmq.asyncio.Socket | None = None
         if replay_endpoint:
-            self._replay = zmq.asyncio.Context.shadow(self._ctx.underlying).socket(zmq.ROUTER)
+            self._replay = async_ctx.socket(zmq.ROUTER)
             self._replay.bind(replay_endpoint)
-        self._replay_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def on_event(self, event: KVEvent) -> None:
         """The BlockPool hook: just queue it (no I/O inside the scheduler)."""
@@ -130,18 +144,28 @@ class KVEventPublisher:
             self.dropped += 1
 
     def start(self) -> None:
-        """Serve replay requests (needs the running event loop)."""
-        if self._replay is not None and self._replay_task is None:
-            self._replay_task = asyncio.create_task(self._serve_replay(self._replay), name="kv-events-replay")
+        """Serve replay requests and count subscribers (needs the running event loop)."""
+        if self._tasks:
+            return
+        self._tasks.append(asyncio.create_task(self._count_subscribers(), name="kv-events-monitor"))
+        if self._replay is not None:
+            self._tasks.append(asyncio.create_task(self._serve_replay(self._replay), name="kv-events-replay"))
 
     async def close(self) -> None:
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            await asyncio.gather(self._replay_task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._replay is not None:
             self._replay.close(linger=0)
+        self._pub.disable_monitor()
+        self._monitor.close(linger=0)
         self._pub.close(linger=0)
         self._ctx.term()
+
+    async def _count_subscribers(self) -> None:
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            self.subscribers += 1 if event == zmq.EVENT_ACCEPTED else -1
 
     async def _serve_replay(self, router: zmq.asyncio.Socket) -> None:
         while True:
@@ -156,6 +180,7 @@ class KVEventPublisher:
     async def _replay_from(
         self, router: zmq.asyncio.Socket, identity: bytes, envelope: list[bytes], start: int
     ) -> None:
+        self.replays += 1
         batches = [(seq, payload) for seq, payload in self._buffer if seq >= start]
         try:
             for seq, payload in batches:

@@ -277,14 +277,19 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 
 async def kv_cache_state(request: web.Request) -> web.Response:
     """What the prefix cache holds now (not a vLLM endpoint): lets tests compare a router's view of
-    this replica with the truth."""
+    this replica with the truth; with KV events on, how many subscribers and replays they cost it."""
     pool = request.app[ENGINE_LOOP].scheduler.kv.pool
+    publisher = request.app.get(KV_EVENTS)
+    events = (
+        {} if publisher is None else {"kv_events": {"subscribers": publisher.subscribers, "replays": publisher.replays}}
+    )
     return _json(
         {
             "block_size": pool.block_size,
             "num_gpu_blocks": pool.num_blocks,
             "cached_blocks": len(pool.cached),
             "free_blocks": pool.num_free_blocks,
+            **events,
         }
     )
 

@@ -4,6 +4,8 @@ Each feed fills its router's exact tables (`gateway.index.exact`). A feed follow
 router rebuilt by a reload starts from a fresh feed, and a removed replica's feed goes with it.
 All feeds share one ZMQ I/O thread. Between scrapes, `watch` sees what a feed cannot: a replica
 that went down or restarted. The route table (`gateway.routing.route_table`) says which replicas want feeds.
+Under `serve --workers N`, `sharing` (set before start) makes worker 0's feeds the only subscribers to the
+replicas and the other workers' feeds read worker 0's (`gateway.index.kv_events.relay`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import zmq.asyncio
 
 from gateway.config.pools import KVEventsConfig, ReplicaConfig
 from gateway.index.exact import ExactTables
+from gateway.index.kv_events.relay import Sharing
 from gateway.index.kv_events.subscriber import KVEventSubscriber
 from gateway.replicas import ReplicaPool
 from gateway.routing.router import Router
@@ -30,6 +33,7 @@ class KVFeeds:
         self._watch: dict[tuple[str, str], tuple[bool, float | None]] = {}  # (healthy, completed) last seen
         self._forgetting: set[asyncio.Task[None]] = set()  # history drops of restarted replicas, in flight
         self._zmq: zmq.asyncio.Context | None = None  # one ZMQ I/O thread for every feed
+        self.sharing: Sharing | None = None  # one of `serve --workers N`; None: a gateway on its own
 
     async def sync(self, routers: Mapping[str, Router], members: Callable[[str], Iterable[ReplicaConfig]]) -> None:
         """One subscriber per replica with `kv_events` (of each model's `members`), feeding its
@@ -50,7 +54,8 @@ class KVFeeds:
         for key, (exact, events) in wanted.items():
             if key not in self._feeds:
                 self._zmq = self._zmq or zmq.asyncio.Context()
-                feed = KVEventSubscriber(key[1], events, exact)
+                relay = self.sharing.feed(*key, events) if self.sharing is not None else None
+                feed = KVEventSubscriber(key[1], events, exact, relay=relay)
                 feed.start(self._zmq)
                 self._feeds[key] = (feed, exact, events)
 

@@ -16,7 +16,8 @@ supervisor only starts, watches and stops them:
 Each worker keeps its own state (warm-prefix tables unless Redis or KV events share them, breakers,
 admission counts; docs/SCALING.md says what that costs), but for one monitor: worker 0 probes, scrapes
 and lists the replicas and the others take its findings (`gateway.replicas.shared_monitor`), so the
-replicas see one gateway's background traffic whatever N. Its /metrics are its own too, so
+replicas see one gateway's background traffic whatever N; likewise worker 0 alone subscribes to the
+replicas' KV events and forwards them to the others (`gateway.index.kv_events.relay`). Its /metrics are its own too, so
 `GET /metrics` on the public port, answered by whichever worker the kernel picked, scrapes the other
 workers over their private Unix sockets (abstract names `@affinity-gateway-<supervisor pid>-worker-<i>`:
 no file, so a read-only root file system is fine; the same app on a second site)
@@ -47,6 +48,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.index.kv_events.relay import Sharing
 from gateway.observability.metrics import CONTENT_TYPE
 from gateway.replicas import shared_monitor
 from gateway.replicas.shared_monitor import Follower
@@ -223,9 +225,11 @@ def _die_with_parent() -> None:
 
 def attach(app: web.Application, spec: WorkerSpec) -> web.Application:
     """Make this worker's public `GET /metrics` answer for all workers, and share one monitor: worker 0
-    answers its findings on its private socket, the others take them (`gateway.replicas.shared_monitor`).
-    Before the app starts."""
+    answers its findings on its private socket, the others take them (`gateway.replicas.shared_monitor`);
+    and one KV-event subscription per replica: worker 0's, relayed to the others. Before the app starts."""
     app.middlewares.append(_merged_metrics(spec))
+    if spec.count > 1:
+        app[ROUTE_TABLE].kv_feeds.sharing = Sharing(spec.group, owner=spec.index == OWNER)
     if spec.index == OWNER:
         app.router.add_get(shared_monitor.PATH, _findings)
     else:

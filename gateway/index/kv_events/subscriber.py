@@ -37,6 +37,9 @@ Certainty rules:
   goes down, or whose engine counters go backwards (a restart), gets `restart()` (its table
   dropped at once, a new session); a table that should have heard of a finished request's new
   blocks and did not turns itself uncertain (`gateway.index.exact`).
+
+Under `serve --workers N` one worker subscribes to the replica and forwards what it receives, the others
+subscribe to it (`relay`: `gateway.index.kv_events.relay`); the rules above are the same for both.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import zmq.asyncio
 
 from gateway.config.pools import KVEventsConfig
 from gateway.index.kv_events.decode import DecodeError, EngineHash, Event, Removed, Stored, decode_slices
+from gateway.index.kv_events.relay import FeedRelay, Forwarder
 from gateway.support.backoff import Backoff
 from gateway.support.pacing import Pacer
 
@@ -97,8 +101,9 @@ class KVEventSubscriber:
         *,
         replay_timeout_s: float = 1.0,
         reconnect_max_s: float = 5.0,
+        relay: FeedRelay | None = None,
     ) -> None:
-        self.replica_id, self.config, self.sink = replica_id, config, sink
+        self.replica_id, self.config, self.sink, self.relay = replica_id, config, sink, relay
         self.replay_timeout_s, self.reconnect_max_s = replay_timeout_s, reconnect_max_s
         self.certain = False
         self.batches = 0  # batches applied (live or replayed)
@@ -113,6 +118,7 @@ class KVEventSubscriber:
         self._ctx: zmq.asyncio.Context | None = None
         self._owns_ctx = True
         self._task: asyncio.Task[None] | None = None
+        self._forwarder: Forwarder | None = None  # the owner's, under `serve --workers N`
         self._pacer = Pacer()  # a flood of events takes about a sixth of the CPU at most
 
     @property
@@ -129,6 +135,8 @@ class KVEventSubscriber:
         destroys it); without one the subscriber owns a context of its own."""
         self._owns_ctx = ctx is None
         self._ctx = zmq.asyncio.Context() if ctx is None else ctx
+        if self.relay is not None and self.relay.forwards:
+            self._forwarder = Forwarder(self._ctx, self.relay.endpoint)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -151,13 +159,20 @@ class KVEventSubscriber:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task}, timeout=timeout_s)
+        if self._forwarder is not None:
+            self._forwarder.close()
+            self._forwarder = None
         if self._ctx is not None and self._owns_ctx:
             self._ctx.destroy(linger=0)
         self._ctx = None
 
     def describe(self) -> dict[str, Any]:
         """State and counters for the admin API."""
+        relay: dict[str, Any] = {} if self.relay is None else self.relay.describe()
+        if self._forwarder is not None:
+            relay |= self._forwarder.describe()
         return {
+            **({"relay": relay} if relay else {}),
             "endpoint": self.config.endpoint,
             "replay_endpoint": self.config.replay_endpoint,
             "certain": self.certain,
@@ -188,12 +203,14 @@ class KVEventSubscriber:
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
-            sub.connect(self.config.endpoint)
+            sub.connect(self.config.endpoint if self.relay is None or self.relay.forwards else self.relay.endpoint)
             await self._start_over()
             while True:
                 if self._draining and not await sub.poll(0):
                     self._draining = False
                 frames = await sub.recv_multipart()
+                if self._forwarder is not None:  # as received, before this worker spends time applying it
+                    self._forwarder.send(frames)
                 seq = int.from_bytes(frames[-2], "big") if len(frames) >= 2 and len(frames[-2]) == 8 else _SEQ_LIMIT
                 if seq >= _SEQ_LIMIT:
                     # No seq to account for: if a batch was lost, the next one shows the gap.

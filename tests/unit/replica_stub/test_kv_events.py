@@ -27,6 +27,7 @@ class Wire:
     publisher: KVEventPublisher
     sub: zmq.asyncio.Socket
     replay_endpoint: str
+    publisher_endpoint: str
     ctx: zmq.asyncio.Context
 
     async def recv(self, timeout: float = 2.0) -> tuple[bytes, int, Any]:
@@ -53,7 +54,7 @@ async def _wire(encoding: Encoding = "array", buffer_steps: int = 10_000) -> Wir
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)
-    wire = Wire(publisher, sub, replay, ctx)
+    wire = Wire(publisher, sub, replay, endpoint, ctx)
     while not await sub.poll(20):  # slow joiner: probe until the subscription is in place
         wire.publish(AllBlocksCleared())
     while await sub.poll(50):
@@ -171,6 +172,24 @@ async def test_malformed_replay_requests_are_ignored(wire: Wire) -> None:
     wire.publish(BlockRemoved((9,)))
     seq = (await wire.recv())[1]
     assert [s for s, _ in await _replay(wire, seq, req_framing=False)] == [seq, -1]
+
+
+async def test_subscribers_and_replays_are_counted(wire: Wire) -> None:
+    async def counted(subscribers: int) -> bool:
+        for _ in range(100):
+            if wire.publisher.subscribers == subscribers:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    assert await counted(1)  # the wire's own SUB
+    second = wire.ctx.socket(zmq.SUB)
+    second.connect(wire.publisher_endpoint)
+    assert await counted(2)
+    second.close(linger=0)
+    assert await counted(1)
+    await _replay(wire, 0, req_framing=False)
+    assert wire.publisher.replays == 1
 
 
 def test_reset_prefix_cache_only_when_no_block_is_in_use() -> None:

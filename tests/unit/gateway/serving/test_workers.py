@@ -1,4 +1,5 @@
-"""`serve --workers N` without processes: the merged /metrics, the restart backoff and the option's checks."""
+"""`serve --workers N` without processes: the merged /metrics, the restart backoff, the option's checks and
+which worker subscribes to the replicas' KV events."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.cli.main import main
 from gateway.config.loader import parse_config
 from gateway.errors import ConfigError
+from gateway.index.kv_events.relay import Sharing
 from gateway.observability.metrics import Metrics
-from gateway.serving.workers import SupervisorPolicy, WorkerSpec, merge
+from gateway.serving.app import ROUTE_TABLE, make_app
+from gateway.serving.workers import SupervisorPolicy, WorkerSpec, attach, merge
 from lab.cluster import ClusterSpec, gateway_command
 
 POOLS = {"pools": {"m": {"replicas": [{"url": "http://127.0.0.1:9001"}]}}}
@@ -37,6 +40,16 @@ def test_merge_labels_every_sample_with_its_worker_and_lists_each_family_once() 
     assert up == {"0": 1.0, "1": 1.0, "2": 0.0}  # worker 2 did not answer: reported, not hidden
     buckets = [s for s in families["affinity_gateway_ttft_seconds"].samples if s.name.endswith("_count")]
     assert sorted(s.labels["worker"] for s in buckets) == ["0", "1"]
+
+
+def test_worker_0_alone_subscribes_to_the_kv_events_and_a_lone_gateway_relays_nothing() -> None:
+    config = parse_config(POOLS)
+    assert make_app(config)[ROUTE_TABLE].kv_feeds.sharing is None  # one process: no forwarder, no relay
+    shared = [
+        attach(make_app(config), WorkerSpec(i, 3, "affinity-gateway-42"))[ROUTE_TABLE].kv_feeds.sharing
+        for i in range(3)
+    ]
+    assert shared == [Sharing("affinity-gateway-42", owner=i == 0) for i in range(3)]
 
 
 def test_backoff_doubles_per_recent_exit_up_to_its_cap() -> None:

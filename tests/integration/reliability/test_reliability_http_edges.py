@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.gateway_procs import MODEL, Gateway, pool, running, start_gateway, start_stub
 from tests.integration.reliability.test_reliability_fuzz_wire import Conn as WireConn  # reads chunked answers
+from tests.integration.reliability_tools import eventually
 from tests.upstream import FakeReplica, ThreadServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,7 +138,8 @@ def test_non_utf8_request_id_is_replaced_and_logged(gateway: Gateway, stream: bo
         assert answer.endswith(b"data: [DONE]\n\n") if stream else answer.startswith(b'{"id"'), answer[-200:]
         rid = headers[b"x-request-id"].decode()
         assert rid.isascii() and rid.isprintable()
-        assert f'"request_id": "{rid}"' in gateway.proc.output() or f'"request_id":"{rid}"' in gateway.proc.output()
+        # the request's log line is written once its answer has gone (gateway.request.observers)
+        eventually(lambda: f'"request_id":"{rid}"' in gateway.proc.output(), timeout_s=5)
 
 
 def _assert_json(status: int, headers: dict[str, str], answer: bytes) -> None:

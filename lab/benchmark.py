@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gateway import __version__
-from lab import loadgen, peers
+from lab import loadgen, peers, replica_counts
 from lab.cluster import ClusterSpec, free_port, started
 from lab.results import Result, Summary, summarise, table
 from lab.sim_spec import SimSpec
@@ -126,7 +126,8 @@ def bench_compare(
                 policy_params={} if entry.peer else (policy_params or {}).get(entry.policy, {}),
             )
             with started(spec) as running:
-                runs[name] = bench_url(
+                before = replica_counts.finished(running.replicas)
+                summary, results = bench_url(
                     running.urls[0],
                     spec.model,
                     sessions,
@@ -136,6 +137,12 @@ def bench_compare(
                     show=show,
                     replicas=names,
                 )
+                if not sum(summary.replica_share.values()):  # no answer named its replica: ask the replicas
+                    summary.replica_share = (
+                        replica_counts.served(names, before, replica_counts.finished(running.replicas))
+                        or summary.replica_share
+                    )
+                runs[name] = (summary, results)
             if labels is not None:
                 peer = entry.peer
                 labels[name] = {

@@ -152,6 +152,7 @@ def run_cluster(spec: ClusterSpec) -> int:
 @dataclass
 class Cluster:
     urls: list[str]  # the gateways
+    replicas: list[str]  # the replicas, replica-0 first
     store: str
     config_path: str
     children: list[_Child]
@@ -203,7 +204,7 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
             children.append(gateway)
             urls.append(f"http://{host}:{spec.port + i}")
             _wait_ready(f"{urls[-1]}/health", gateway, stopping)
-        yield Cluster(urls, store, config_file.name, children)
+        yield Cluster(urls, [f"http://127.0.0.1:{port}" for port in ports], store, config_file.name, children)
     finally:
         for child in reversed(children):  # gateways first, Redis last: a stopping gateway still flushes
             child.stop()

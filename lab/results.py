@@ -137,13 +137,17 @@ def summarise(results: list[Result], *, target_session_rate: float = 0.0, replic
 
 def median_of(summaries: list[Summary]) -> Summary:
     """One summary of several runs of the same contestant: each figure the median of the runs' (a run's
-    own percentiles first, then their median across runs, so one noisy run moves no row), each replica's
-    share too; a figure some runs lack (None) is the median of those that have it. Counts stay whole."""
+    own percentiles first, then their median across runs, so one noisy run moves no row); a figure some runs
+    lack (None) is the median of those that have it. Counts stay whole. The replica share is the one of the
+    run whose busiest ÷ mean is the median (the lower of two): each replica's own median would mix runs
+    whose busiest replica differs (a router that piled every request on replica-0 in one round and on
+    replica-1 in the next read as having sent none at all)."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(Summary):
         got = [getattr(s, f.name) for s in summaries]
-        if isinstance(got[0], dict):
-            values[f.name] = {k: statistics.median_low([g.get(k, 0) for g in got]) for k in got[0]}
+        if f.name == "replica_share":
+            _, middle = statistics.median_low((s.busiest_over_mean, i) for i, s in enumerate(summaries))
+            values[f.name] = dict(summaries[middle].replica_share)
             continue
         present = [g for g in got if g is not None]
         if not present:

@@ -24,7 +24,16 @@ def test_each_figure_is_the_median_of_the_runs_and_counts_stay_whole() -> None:
     merged = median_of(runs)
     assert merged.ttft_p90_s == 2.0 and merged.e2e_p90_s == 3.0
     assert merged.requests == 10 and isinstance(merged.requests, int)
-    assert merged.replica_share == {"a": 10, "b": 2}
+    assert merged.replica_share == {"a": 10, "b": 0}  # the run of the median busiest / mean (2.0, 1.67, 2.0)
+
+
+@pytest.mark.timeout(10)
+def test_a_router_that_piles_on_a_different_replica_each_round_reads_as_piling() -> None:
+    runs = [summarise(_run([1.0] * 6, name), replicas=["a", "b"]) for name in ("a", "b")]
+    merged = median_of(runs)
+    assert merged.busiest_over_mean == 2.0 and sum(merged.replica_share.values()) == 6
+    balanced = summarise(_run([1.0] * 3, "a") + _run([1.0] * 3, "b"), replicas=["a", "b"])
+    assert median_of([runs[0], balanced]).busiest_over_mean == 1.0  # the lower of two
 
 
 @pytest.mark.timeout(10)

@@ -12,7 +12,7 @@ Each hook calls only the observers that define it, in the order they were added,
 one hook costs nothing at the others, and a feature that is off and never added costs nothing at all.
 
 Batched `finished` hooks (the request's metrics, log event and insights: what no later request reads
-back) run once per event-loop turn over every request that finished in the turn before, one hook over
+back) run once per event-loop turn over every request that finished since the last batch, one hook over
 the whole batch before the next, with the request log's lines written in one go. Run so, the same work
 costs the process about a tenth less CPU per proxied request than when it was interleaved with the
 requests' own work (`python -m bench.hop`, whole answers, prefix_affinity): a hook's code and data stay

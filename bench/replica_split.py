@@ -3,7 +3,8 @@
     affinity-gateway bench --compare ... --engine vllm --rounds 2 --out DIR > bench.log 2>&1
     python -m bench.replica_split bench.log --contestants prefix_affinity,round_robin,smg,sglang,vllm-router
 
-Why: a peer names no replica in its answers, so the bench's busiest ÷ mean is ours alone. vLLM's engine
+Why: the bench's busiest ÷ mean counts requests (named in the answers, or counted by the replicas:
+`lab.replica_counts`), and requests differ in size; this counts the work. vLLM's engine
 logs, every 10 s, the prompt and generation tokens per second it computed; summed over one contestant's
 run (each run starts fresh replicas, whose `non-default args` line opens it) they give each replica's
 share of the work, whoever routed it. `--contestants` names the runs in the order the bench ran them

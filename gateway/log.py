@@ -105,10 +105,11 @@ def _write_line(stream: IO[bytes], event: str, fields: dict[str, Any]) -> None:
             fields.setdefault(var.name[len(_PREFIX) :], value)
     fields["level"] = "info"
     fields["timestamp"] = iso_utc(time.time())
+    line = orjson.dumps(fields) + b"\n"
     if _together is not None:
-        _together.append(orjson.dumps(fields) + b"\n")
+        _together.append(line)
         return
-    stream.write(orjson.dumps(fields) + b"\n")
+    stream.write(line)
     stream.flush()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.fleet.test_serve_workers import _all_up
-from tests.integration.fleet.test_serve_workers_kv_events import _per_worker, _samples
+from tests.integration.fleet.test_serve_workers_kv_events import _per_worker, worker_tables
 from tests.integration.gateway_procs import STEADY_HEALTH, Gateway, start_gateway
 from tests.integration.reliability_tools import eventually
 from tests.vllm.conftest import MODEL, VLLMPair, chat_turn, gateway_config
@@ -24,8 +24,7 @@ REPLICAS = ("vllm-0", "vllm-1")
 
 def _tables_agree(gateway: Gateway) -> bool:
     """Every worker's table of every replica is certain, and holds as many blocks as worker 0's."""
-    certain = {(lab["worker"], lab["replica"]): v for lab, v in _samples(gateway, "affinity_gateway_kv_events_certain")}
-    blocks = {(lab["worker"], lab["replica"]): v for lab, v in _samples(gateway, "affinity_gateway_kv_events_blocks")}
+    certain, blocks = worker_tables(gateway)
     wanted = {(str(w), r) for w in range(WORKERS) for r in REPLICAS}
     return (
         set(certain) == set(blocks) == wanted

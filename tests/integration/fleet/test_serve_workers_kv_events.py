@@ -44,11 +44,17 @@ def _per_worker(gateway: Gateway, name: str, **labels: str) -> Counter[str]:
     return found
 
 
+def worker_tables(gateway: Gateway) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Per (worker, replica): whether its KV-event table is certain (1.0), and its blocks, from the merged /metrics."""
+    certain = {(lab["worker"], lab["replica"]): v for lab, v in _samples(gateway, "affinity_gateway_kv_events_certain")}
+    blocks = {(lab["worker"], lab["replica"]): v for lab, v in _samples(gateway, "affinity_gateway_kv_events_blocks")}
+    return certain, blocks
+
+
 def _every_worker_mirrors(gateway: Gateway, replicas: list[Replica]) -> bool:
     """In every worker, each replica's table is certain and holds as many blocks as the stub's cache."""
     truth = {r.stub.replica_id: stub_cache(r)["cached_blocks"] for r in replicas}
-    certain = {(lab["worker"], lab["replica"]): v for lab, v in _samples(gateway, "affinity_gateway_kv_events_certain")}
-    blocks = {(lab["worker"], lab["replica"]): v for lab, v in _samples(gateway, "affinity_gateway_kv_events_blocks")}
+    certain, blocks = worker_tables(gateway)
     wanted = {(str(w), r) for w in range(WORKERS) for r in truth}
     return (
         set(certain) == set(blocks) == wanted

@@ -1,5 +1,9 @@
 """The router hears how each request it decided went: the answer's first byte (its prefill is over) and
-the end, with the replica's usage, so that the cost model learns and the warm-prefix index follows."""
+the end, with the replica's usage, so that the cost model learns and the warm-prefix index follows.
+
+Its learning is synchronous: the next request's decision reads it. The answer's blocks (the start of a
+conversation's next turn) are recorded in the batch after the answer (`AnswerRecords`): no request read
+before that batch can be the turn that follows this answer, its client has not had the answer yet."""
 
 from __future__ import annotations
 
@@ -28,6 +32,25 @@ class RoutingFeedback(RequestObserver):
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,
-                answer="".join(usage.answer) if usage.answer else None,
+            ),
+        )
+
+
+class AnswerRecords(RequestObserver):
+    """Each answer recorded with the router that decided its request, as its conversation's next prefix
+    (added batched: module docstring)."""
+
+    def finished(self, done: FinishedRequest) -> None:
+        usage = done.usage
+        if done.replica_id is None or not usage.answer:
+            return
+        done.router.record_answer(
+            done.view,
+            done.replica_id,
+            Outcome(
+                ok=done.ok,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                answer="".join(usage.answer),
             ),
         )

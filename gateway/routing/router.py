@@ -41,6 +41,7 @@ from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.calibration import Calibration
 from gateway.routing.policies import Policy
 from gateway.support.bounded import put_newest
+from gateway.support.soon import Soon
 from gateway.view import RequestView
 
 MAX_TRACKED = 100_000  # predictions kept for requests not yet finished (bounds a leak if one never is)
@@ -73,6 +74,8 @@ class Router:
             exact.on_block_size = self.calibration.block_size_seen
         self._background: set[asyncio.Task[None]] = set()
         self._pool_series: tuple[Any, Any] | None = None  # route_seconds, matched_tokens: `_observe`
+        # each decision's metrics, recorded together once per loop turn (gateway.support.soon: why)
+        self._decided: Soon[tuple[Decision, Score | None, str, float]] = Soon(self._observe)
         self._degraded_shown: bool | None = None  # index_degraded as last set
 
     @property
@@ -90,7 +93,7 @@ class Router:
         if rung:
             decision = decision.with_evidence(rung)
         if self.metrics is not None:
-            self._observe(decision, chosen, rung, time.perf_counter() - start)
+            self._decided.add((decision, chosen, rung, time.perf_counter() - start))
         return decision
 
     def dispatched(self, view: RequestView, decision: Decision) -> None:
@@ -169,15 +172,21 @@ class Router:
             exact.completed(replica_id, outcome.prompt_tokens, outcome.cached_tokens or 0, outcome.ttft_s)
         if outcome.ok and outcome.prompt_tokens and view.key_kind == CHARACTERS:
             self.calibration.learn_ratio(view, outcome.prompt_tokens)
-        if outcome.ok and outcome.answer and self.records_answers:
-            self._record_answer(view, replica_id, outcome)
+        self.record_answer(view, replica_id, outcome)
         self.policy.on_finished(view, replica_id, outcome.with_predicted(predicted))
         return predicted
 
     @property
     def records_answers(self) -> bool:
-        """Whether `finished` wants `Outcome.answer` (the request path collects it only then)."""
+        """Whether `record_answer` wants the answer's text (the request path collects it only then)."""
         return self.policy.needs_index
+
+    def record_answer(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
+        """The replica keeps the answer's KV too; the conversation's next turn starts with it. `finished` calls
+        this for an outcome that carries the answer; the gateway's request path calls it apart, after the
+        answer went out, in the batch of what only records (`gateway.routing.feedback`)."""
+        if outcome.ok and outcome.answer and self.records_answers:
+            self._record_answer(view, replica_id, outcome)
 
     async def explain(self, view: RequestView, candidates: Sequence[Candidate]) -> dict[str, Any]:
         """Dry run: what `route` would decide now, recording nothing (a rotating policy still rotates)."""
@@ -195,6 +204,7 @@ class Router:
         }
 
     async def close(self) -> None:
+        self._decided.flush()
         self._predicted.clear()
         for task in list(self._background):
             task.cancel()
@@ -275,8 +285,8 @@ class Router:
         return min(int(blocks * view.tokens_per_block), view.prompt_tokens_estimate)
 
     def _record_answer(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
-        """The replica keeps the answer's KV too; the conversation's next turn starts with it.
-        A certain event table learns that from the replica itself; history needs it recorded."""
+        """A certain event table learns of the answer's blocks from the replica itself; history needs them
+        recorded."""
         exact = self._exact_for(view)
         if exact is not None and exact.certain(replica_id):
             return
@@ -308,21 +318,22 @@ class Router:
     def _track(self, request_id: str, chosen: Score, rung: str) -> None:
         put_newest(self._predicted, request_id, (chosen, rung), MAX_TRACKED)  # a retry's replaces the earlier
 
-    def _observe(self, decision: Decision, chosen: Score | None, rung: str, elapsed_s: float) -> None:
-        """The decision's series; the pool's own children are looked up at its first decision, and the
-        degraded gauge is set when it changes, not on every request."""
+    def _observe(self, decided: list[tuple[Decision, Score | None, str, float]]) -> None:
+        """The decisions' series (decision, chosen row, rung, seconds deciding); the pool's own children are
+        looked up at its first decision, and the degraded gauge is set when it changes, not per decision."""
         assert self.metrics is not None
-        m, pool = self.metrics, self.pool
+        m, pool, policy, needs_index = self.metrics, self.pool, self.policy.type, self.policy.needs_index
         if self._pool_series is None:
             self._pool_series = (m.route_seconds.labels(pool), m.matched_tokens.labels(pool))
         route_seconds, matched_tokens = self._pool_series
-        m.decisions.labels(pool, self.policy.type, decision.reason).inc()
-        route_seconds.observe(elapsed_s)
-        if self.policy.needs_index:
-            matched_tokens.observe(chosen.cached_tokens if chosen else 0)
-            if rung:
-                m.evidence.labels(pool, rung).inc()
-            degraded = self.index.degraded
-            if degraded != self._degraded_shown:
-                m.index_degraded.labels(pool).set(1 if degraded else 0)
-                self._degraded_shown = degraded
+        for decision, chosen, rung, elapsed_s in decided:
+            m.decisions.labels(pool, policy, decision.reason).inc()
+            route_seconds.observe(elapsed_s)
+            if needs_index:
+                matched_tokens.observe(chosen.cached_tokens if chosen else 0)
+                if rung:
+                    m.evidence.labels(pool, rung).inc()
+        degraded = self.index.degraded
+        if needs_index and degraded != self._degraded_shown:
+            m.index_degraded.labels(pool).set(1 if degraded else 0)
+            self._degraded_shown = degraded

@@ -48,7 +48,7 @@ from gateway.request.exchange import Exchange
 from gateway.request.keys import CALLER, REQUEST_ID
 from gateway.request.observers import Observers
 from gateway.routing.adapters import named
-from gateway.routing.feedback import RoutingFeedback
+from gateway.routing.feedback import AnswerRecords, RoutingFeedback
 from gateway.routing.model_route import ModelRoute
 from gateway.routing.route_table import RouteTable
 from gateway.serving import attempts
@@ -130,14 +130,15 @@ def _observers(app: web.Application) -> Observers:
     """Who hears of every request, in this order: the router first (the learned costs the prefix report
     reads are updated by then), and what later requests read (stored responses' homes, rate-limit
     accounts) as the request ends; the tracing span ends then too, its clock and context the request's.
-    The request's metrics, log event and insights hear of it in a batch once the answer has gone
-    (`gateway.request.observers`), its log event carrying its trace id. A feature of its own adds itself
-    with `app[OBSERVERS].add(...)`."""
+    The answer's record as its conversation's next prefix, the request's metrics, log event and insights
+    hear of it in a batch once the answer has gone (`gateway.request.observers`), its log event carrying
+    its trace id. A feature of its own adds itself with `app[OBSERVERS].add(...)`."""
     observers = Observers()
     for observer in (RoutingFeedback(), app[HOMES], app[RATE_LIMITS], app[TRACING]):
         if observer is not None:  # tracing off: no tracing observer
             observers.add(observer)
     for batched in (
+        AnswerRecords(),
         RequestMetrics(app[METRICS]),
         app[TOKEN_COSTS],
         app[DECISIONS],

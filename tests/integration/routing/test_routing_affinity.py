@@ -57,6 +57,31 @@ def test_explain_endpoint_and_route_header(tmp_path: Path) -> None:
         assert bad.status_code == 404 and bad.json()["error"]["code"] == 404
 
 
+def test_the_answer_is_recorded_as_its_conversations_next_prefix(tmp_path: Path) -> None:
+    """The answer's blocks are recorded for the replica that wrote it (after the answer has gone, with what
+    only records): the next turn, which repeats it, finds more of its prompt warm there than the first
+    turn's prompt alone."""
+    with running() as track:
+        stubs = [track(start_stub(f"r{i}")) for i in range(2)]
+        routing_pool = pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")
+        gateway = track(start_gateway(tmp_path, {MODEL: routing_pool}))
+        messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "What is a prefix cache? " * 30}]
+        body = {"model": MODEL, "messages": messages, "max_tokens": 64, "temperature": 0}
+        first = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30)
+        assert first.status_code == 200, first.text
+        home, answer = first.headers["X-Replica-Id"], first.json()["choices"][0]["message"]
+
+        def cached_at_home(messages: list[dict[str, Any]]) -> int:
+            explained = httpx.post(
+                f"{gateway.url}/admin/route/explain", json={"model": MODEL, "messages": messages}, timeout=10
+            ).json()
+            return int({row["replica"]: row for row in explained["candidates"]}[home]["cached_tokens"])
+
+        prompt_only = cached_at_home(messages)
+        assert prompt_only > 0
+        assert cached_at_home([*messages, answer]) > prompt_only
+
+
 def test_queued_prefill_is_released_at_the_first_token(tmp_path: Path) -> None:
     """The cost model's queue of prefill sent to a replica moves up when the answer's first byte
     arrives, not when a long answer ends (it would keep the replica looking busy meanwhile)."""

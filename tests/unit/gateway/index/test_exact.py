@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from pathlib import Path
@@ -142,6 +143,7 @@ async def test_router_uses_events_for_covered_replicas_and_history_for_the_rest(
     decision = await router.route(view, [Candidate("a"), Candidate("b"), Candidate("c")])
     assert decision.replica_id == "a"
     router.finished(view, "a", Outcome(ok=True, ttft_s=0.01, cached_tokens=(len(ids) // BS) * BS))
+    await asyncio.sleep(0)  # a decision's metrics are recorded once the loop turns (gateway.support.soon)
     assert _sample(router, "affinity_gateway_route_evidence_total", evidence=EVENTS) == 1
     assert _sample(router, "affinity_gateway_route_cached_tokens_error_tokens_count", evidence=EVENTS) == 1
     assert _sample(router, "affinity_gateway_route_cached_tokens_error_tokens_sum", evidence=EVENTS) == 0

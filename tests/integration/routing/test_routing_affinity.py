@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
+import pytest
 
 from tests.integration.gateway_procs import MODEL, pool, running, start_gateway, start_stub
 
@@ -57,19 +59,26 @@ def test_explain_endpoint_and_route_header(tmp_path: Path) -> None:
         assert bad.status_code == 404 and bad.json()["error"]["code"] == 404
 
 
-def test_the_answer_is_recorded_as_its_conversations_next_prefix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_answer_is_recorded_as_its_conversations_next_prefix(tmp_path: Path, stream: bool) -> None:
     """The answer's blocks are recorded for the replica that wrote it (after the answer has gone, with what
-    only records): the next turn, which repeats it, finds more of its prompt warm there than the first
-    turn's prompt alone."""
+    only records; a stream's last events are read for its text only then): the next turn, which repeats it,
+    finds more of its prompt warm there than the first turn's prompt alone."""
     with running() as track:
         stubs = [track(start_stub(f"r{i}")) for i in range(2)]
         routing_pool = pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")
         gateway = track(start_gateway(tmp_path, {MODEL: routing_pool}))
         messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "What is a prefix cache? " * 30}]
-        body = {"model": MODEL, "messages": messages, "max_tokens": 64, "temperature": 0}
+        body = {"model": MODEL, "messages": messages, "max_tokens": 64, "temperature": 0, "stream": stream}
         first = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30)
         assert first.status_code == 200, first.text
-        home, answer = first.headers["X-Replica-Id"], first.json()["choices"][0]["message"]
+        home = first.headers["X-Replica-Id"]
+        if stream:
+            events = [orjson.loads(line[6:]) for line in first.text.splitlines() if line.startswith("data: {")]
+            text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+            answer = {"role": "assistant", "content": text}
+        else:
+            answer = first.json()["choices"][0]["message"]
 
         def cached_at_home(messages: list[dict[str, Any]]) -> int:
             explained = httpx.post(

@@ -3,7 +3,7 @@ three zero-delay replicas, driven by wrk (a compiled load generator, so the clie
 
     python -m bench.hop [--seconds 6] [--rounds 2] [--connections 64] [--threads 2]
                         [--contestants direct,bare,ours:round_robin,ours:prefix_affinity,...]
-                        [--modes whole,stream]
+                        [--modes whole,stream,tokens]
 
 Contestants (in one run, interleaved in rounds so drift hits all alike):
 - `direct`: wrk against one replica;
@@ -14,8 +14,12 @@ Contestants (in one run, interleaved in rounds so drift hits all alike):
 - `base:<policy>`: the same from another source tree (`--baseline-tree`, e.g. a `git worktree` of an
   earlier commit), for a before/after ratio measured in one run;
 - `sglang`, `smg` (their `cache_aware`, from `make peers`) and `nginx` (Debian's, round robin).
-Each request has a different prompt (`completions.lua`). CPU per request is user + system time of
-the router's process tree from /proc over the wrk run, divided by the requests it completed.
+Modes: `whole` answers, `stream` (four SSE events arriving in one read: the relay's fixed cost per
+request) and `tokens` (a stream of 32 events, each in its own write 2 ms apart, as an engine streams
+tokens: the relay's cost per event; its requests per second are bounded by the gaps, its CPU per
+request is the figure). Each request has a different prompt (`completions.lua`). CPU per request is
+user + system time of the router's process tree from /proc over the wrk run, divided by the requests
+it completed.
 Client, replicas and routers share the machine's cores: compare ratios within one run.
 """
 
@@ -39,6 +43,7 @@ from bench.hop.rig import fake_replicas, gateway_config, wrk
 from lab import peers
 from lab.cluster import free_port
 
+MODES = {"whole": (False, 4), "stream": (True, 4), "tokens": (True, 32)}  # mode: (streamed, answer tokens)
 CONTESTANTS = "direct,bare,ours:round_robin,ours:prefix_affinity,ours:prefix_affinity+idle,sglang,smg,nginx"
 NGINX_CONF = """daemon off; worker_processes 1; pid {dir}/nginx.pid; error_log {dir}/error.log error;
 events {{ worker_connections 4096; }}
@@ -107,14 +112,15 @@ def start(
 def measure(targets: dict[str, tuple[str, int | None]], args: argparse.Namespace) -> dict[str, dict[str, Cell]]:
     cells = {mode: {name: Cell() for name in targets} for mode in args.modes}
     for mode in args.modes:
+        stream, tokens = MODES[mode]
         for url, _ in targets.values():  # warm connections, code paths and the peers' trees
-            wrk(url, args.threads, args.connections, mode == "stream", 1)
+            wrk(url, args.threads, args.connections, stream, 1, tokens)
     for _ in range(args.rounds):
         for mode in args.modes:
+            stream, tokens = MODES[mode]
             for name, (url, pid) in targets.items():
                 before = cpu_seconds(pid) if pid else 0.0
-                stream = mode == "stream"
-                requests, failed, seconds, p99 = wrk(url, args.threads, args.connections, stream, args.seconds)
+                requests, failed, seconds, p99 = wrk(url, args.threads, args.connections, stream, args.seconds, tokens)
                 cell = cells[mode][name]
                 cell.cpu_s += cpu_seconds(pid) - before if pid else 0.0
                 cell.requests += requests
@@ -191,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contestants", default=CONTESTANTS, help=f"comma-separated (default {CONTESTANTS})")
-    parser.add_argument("--modes", default="whole,stream", help="whole (non-streaming) and/or stream")
+    parser.add_argument("--modes", default="whole,stream,tokens", help=f"some of {', '.join(MODES)}")
     parser.add_argument("--baseline-tree", type=Path, help="source tree the base:<policy> contestants run from")
     parser.add_argument("--results", metavar="NAME", help="also write docs/benchmarks/results/NAME.json and .md")
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
-    if not set(args.modes) <= {"whole", "stream"}:
-        parser.error("--modes: whole and/or stream")
+    if not set(args.modes) <= set(MODES):
+        parser.error(f"--modes: some of {', '.join(MODES)}")
     if shutil.which("wrk") is None:
         parser.error("wrk is not installed (apt-get install wrk; `make bench` does)")
     names = [n.strip() for n in args.contestants.split(",") if n.strip()]

@@ -1,9 +1,11 @@
 -- wrk script for the hop benchmark: POST /v1/completions with a different prompt on every request.
--- STREAM=1 in the environment asks for SSE; wrk reads each chunked answer to its end.
+-- STREAM=1 in the environment asks for SSE; wrk reads each chunked answer to its end. MAX_TOKENS (4): the
+-- answer's length; over 4 the replica streams it token by token (bench/hop/fake_replica.py).
 local counter = 0
 local threads = 0
 local stream = os.getenv("STREAM") == "1"
 local model = os.getenv("MODEL") or "bench-model"
+local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "4")
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 
@@ -15,8 +17,8 @@ end
 request = function()
   counter = counter + 1
   local body = string.format(
-    '{"model":"%s","prompt":"request %d from thread %s: tell me about prefix caching","max_tokens":4,"stream":%s}',
-    model, counter, tostring(id), stream and "true" or "false")
+    '{"model":"%s","prompt":"request %d from thread %s: tell me about prefix caching","max_tokens":%d,"stream":%s}',
+    model, counter, tostring(id), max_tokens, stream and "true" or "false")
   return wrk.format(nil, "/v1/completions", nil, body)
 end
 

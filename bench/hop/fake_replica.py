@@ -1,9 +1,11 @@
 """A zero-delay OpenAI-compatible replica for the hop benchmark: every answer is canned, so the
 replica costs as little as aiohttp can and the routers in front of it are what is measured.
 
-    python -m bench.hop.fake_replica --port 9001 [--model bench-model]
+    python -m bench.hop.fake_replica --port 9001 [--model bench-model] [--token-gap-ms 2]
 
-It answers `/v1/completions` (whole or as SSE, four chunks then `[DONE]`), `/health`, `/v1/models`
+It answers `/v1/completions` (whole or as SSE: four events and `[DONE]` in one write; a stream asking for more
+than four tokens gets one event per token, each in its own write `--token-gap-ms` apart, as an engine streams
+them), `/health`, `/v1/models`
 and a vLLM-shaped `/metrics`, which is what a router's probes and load scrapes read. `GET /bench/counts`
 says how many requests each of those paths got (`bench.hop.background` reads it).
 """
@@ -11,6 +13,7 @@ says how many requests each of those paths got (`bench.hop.background` reads it)
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -35,14 +38,15 @@ def _completion(model: str, text: str, finish: str | None, usage: bool) -> dict[
     return body
 
 
-def build_app(model: str) -> web.Application:
+def _event(model: str, last: bool) -> bytes:
+    return b"data: " + orjson.dumps(_completion(model, " ok", "length" if last else None, False)) + b"\n\n"
+
+
+def build_app(model: str, token_gap_s: float = 0.002) -> web.Application:
     """Every answer is encoded once, at start-up."""
     whole = orjson.dumps(_completion(model, " ok", "length", usage=True))
-    events = b"".join(
-        b"data: " + orjson.dumps(_completion(model, " ok", None if i < SSE_CHUNKS - 1 else "length", False)) + b"\n\n"
-        for i in range(SSE_CHUNKS)
-    )
-    events += b"data: [DONE]\n\n"
+    token, last_token = _event(model, False), _event(model, True)
+    events = token * (SSE_CHUNKS - 1) + last_token + b"data: [DONE]\n\n"
     models = orjson.dumps({"object": "list", "data": [{"id": model, "object": "model", "max_model_len": 4096}]})
     metrics = (
         f'vllm:num_requests_running{{model_name="{model}"}} 0.0\n'
@@ -63,7 +67,14 @@ def build_app(model: str) -> web.Application:
             return web.Response(body=whole, content_type="application/json")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(events)
+        tokens = body.get("max_tokens")
+        if isinstance(tokens, int) and tokens > SSE_CHUNKS:  # token by token, as an engine streams them
+            for _ in range(tokens - 1):
+                await response.write(token)
+                await asyncio.sleep(token_gap_s)
+            await response.write(last_token + b"data: [DONE]\n\n")
+        else:
+            await response.write(events)
         await response.write_eof()
         return response
 
@@ -92,11 +103,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.hop.fake_replica", description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="bench-model")
+    parser.add_argument("--token-gap-ms", type=float, default=2.0, help="between a token-by-token stream's events")
     args = parser.parse_args()
     import uvloop
 
     uvloop.install()
-    web.run_app(build_app(args.model), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    app = build_app(args.model, args.token_gap_ms / 1e3)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -53,10 +53,12 @@ def gateway_config(port: int, replicas: list[str], spec: str, workdir: Path) -> 
     return path
 
 
-def wrk(url: str, threads: int, connections: int, stream: bool, seconds: float) -> tuple[int, int, float, float]:
-    """One wrk run with `SCRIPT`: (completed requests, failed ones, seconds, p99 ms)."""
+def wrk(
+    url: str, threads: int, connections: int, stream: bool, seconds: float, tokens: int = 4
+) -> tuple[int, int, float, float]:
+    """One wrk run with `SCRIPT`, answers of `tokens` tokens: (completed requests, failed ones, seconds, p99 ms)."""
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds:g}s", "--latency"]
-    env = {**os.environ, "STREAM": "1" if stream else "0", "MODEL": MODEL}
+    env = {**os.environ, "STREAM": "1" if stream else "0", "MODEL": MODEL, "MAX_TOKENS": str(tokens)}
     out = subprocess.run(
         [*command, "-s", str(SCRIPT), url], capture_output=True, text=True, env=env, timeout=seconds + 60
     )

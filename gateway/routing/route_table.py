@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import structlog
@@ -36,6 +35,22 @@ from gateway.routing.model_route import ModelRoute
 from gateway.routing.router import Router
 
 log = structlog.get_logger("gateway.routing.route_table")
+
+
+class Using:
+    """A request's hold on a router (`RouteTable.using`); a class, as every request enters one."""
+
+    __slots__ = ("_table", "_router")
+
+    def __init__(self, table: RouteTable, router: Router) -> None:
+        self._table, self._router = table, router
+
+    def __enter__(self) -> Router:
+        self._table._use(self._router)
+        return self._router
+
+    def __exit__(self, *exc: object) -> None:
+        self._table._done_with(self._router)
 
 
 class RouteTable:
@@ -71,19 +86,21 @@ class RouteTable:
         self._retired.clear()
         await asyncio.gather(*self._closing)
 
-    @contextmanager
-    def using(self, router: Router) -> Iterator[Router]:
-        """Hold `router` for one request: a reload that replaces it closes it only after this."""
+    def using(self, router: Router) -> Using:
+        """Hold `router` for one request (`with state.using(router):`): a reload that replaces it closes it only
+        after this."""
+        return Using(self, router)
+
+    def _use(self, router: Router) -> None:
         self._users[router] = self._users.get(router, 0) + 1
-        try:
-            yield router
-        finally:
-            self._users[router] -= 1
-            if not self._users[router]:
-                del self._users[router]
-                if router in self._retired:
-                    self._retired.discard(router)
-                    self._close_later(router)
+
+    def _done_with(self, router: Router) -> None:
+        self._users[router] -= 1
+        if not self._users[router]:
+            del self._users[router]
+            if router in self._retired:
+                self._retired.discard(router)
+                self._close_later(router)
 
     async def _retire(self, router: Router) -> None:
         """Close a replaced router now, or when the last request using it ends."""

@@ -16,8 +16,7 @@ its fair share, so the pool's overcommit is at most its slots, and lasts as long
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from gateway.config.sections import AdmissionConfig
@@ -28,9 +27,38 @@ from gateway.serving.fair_queue import ANYONE, FairQueue, Share
 if TYPE_CHECKING:
     from gateway.config.features import ApiKeyConfig
     from gateway.replicas import Replica, ReplicaPool
+    from gateway.replicas.pool import Tracked
     from gateway.request.decision import Candidate, Decision
     from gateway.routing.model_route import ModelRoute
     from gateway.view import RequestView
+
+
+class Holding:
+    """A request's slot at a replica, counted to its tenant (`PoolQueue.holding`); a class, as every request
+    enters one."""
+
+    __slots__ = ("_lines", "_tracked", "_share")
+
+    def __init__(self, lines: FairQueue, tracked: Tracked, share: Share) -> None:
+        self._lines, self._tracked, self._share = lines, tracked, share
+
+    def __enter__(self) -> Replica:
+        self._lines.hold(self._share)
+        try:
+            return self._tracked.__enter__()
+        except BaseException:
+            self._release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._tracked.__exit__()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._lines.release(self._share)
+        self._lines.wake()
 
 
 class PoolQueue:
@@ -105,17 +133,10 @@ class PoolQueue:
             return []
         return [c for c in available if c.in_flight < limit]
 
-    @contextmanager
-    def holding(self, replica: Replica, share: Share = ANYONE) -> Iterator[Replica]:
-        """Hold a slot of `replica` (`pool.track`) for the request's whole life there, counted to its tenant; its
-        release wakes the next in turn."""
-        self.lines.hold(share)
-        try:
-            with self.pool.track(replica):
-                yield replica
-        finally:
-            self.lines.release(share)
-            self.lines.wake()
+    def holding(self, replica: Replica, share: Share = ANYONE) -> Holding:
+        """Hold a slot of `replica` (`pool.track`) for the request's whole life there (`with queue.holding(...)`),
+        counted to its tenant; its release wakes the next in turn."""
+        return Holding(self.lines, self.pool.track(replica), share)
 
 
 class Admission:

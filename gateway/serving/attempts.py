@@ -46,7 +46,7 @@ async def answer(
     deferred: list[tuple[Replica, str, str]] = []  # retried input-caused failures, charged unless it is poison
     try:
         for number in range(config.limits.max_retries + 1):
-            chosen = await _decide(request, view, route, exchange, config, share)
+            chosen = await _decide(app, view, route, exchange, config, share)
             if chosen is None:
                 break
             replica, decision = chosen
@@ -57,7 +57,7 @@ async def answer(
                 decision,
                 after_fault=bool(deferred),
                 final=number == config.limits.max_retries,
-                others_left=partial(_others_left, request, view, route, exchange, replica.replica_id),
+                others_left=partial(_others_left, app, view, route, exchange, replica.replica_id),
             )
             with queue.holding(replica, share):  # its release lets the pool's next waiting request in
                 route.router.dispatched(view, decision)  # commit: the slot is held, the request is sent next
@@ -89,17 +89,17 @@ async def answer(
 
 
 async def _decide(
-    request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config, share: Share
+    app: web.Application, view: RequestView, route: ModelRoute, exchange: Exchange, config: Config, share: Share
 ) -> tuple[Replica, Decision] | None:
     """Admission (a replica with a free slot, waiting in the tenant's line of the pool for one) and the router's
     decision among those not yet tried; None when no healthy one is left. The wait counts as the request's queue
     time."""
     waiting = time.perf_counter()
     try:
-        return await request.app[ADMISSION].choose(
+        return await app[ADMISSION].choose(
             route,
             view,
-            _narrowed(request, view, route, set(exchange.failed_replicas)),
+            _narrowed(app, view, route, set(exchange.failed_replicas)),
             config.admission,
             exchange.trace,
             share,
@@ -108,13 +108,12 @@ async def _decide(
         exchange.queue_s += time.perf_counter() - waiting
 
 
-def _others_left(request: web.Request, view: RequestView, route: ModelRoute, exchange: Exchange, tried: str) -> bool:
+def _others_left(app: web.Application, view: RequestView, route: ModelRoute, exchange: Exchange, tried: str) -> bool:
     """Whether a retry of this request would find a replica it has not tried (`Attempt.last`)."""
-    return route.pool.has_candidate(_narrowed(request, view, route, {*exchange.failed_replicas, tried}))
+    return route.pool.has_candidate(_narrowed(app, view, route, {*exchange.failed_replicas, tried}))
 
 
-def _narrowed(request: web.Request, view: RequestView, route: ModelRoute, exclude: set[str]) -> set[str]:
+def _narrowed(app: web.Application, view: RequestView, route: ModelRoute, exclude: set[str]) -> set[str]:
     """`exclude`, with the replicas this request may never use: an adapter's non-servers, a follow-up's
     non-homes (what tells the last attempt, whose 5xx is the client's answer, from a retry)."""
-    app = request.app
     return app[ROUTE_TABLE].adapters.excluded(view, route, app[HOMES].excluded(view, route, exclude))

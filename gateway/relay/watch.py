@@ -5,9 +5,8 @@ An attempt's first byte (a stream's first body chunk; a whole answer's headers) 
 `timeouts.idle_s`. One timer for all attempts (`Watches`), set for the earliest time any of them could be
 due: a chunk only records the time it came (the hot path costs one clock read), an attempt adds and
 removes itself from a dict, and the timer, when it fires, cuts those due and is set again for the next.
-A timer per attempt cost more than the rest of its bookkeeping: uvloop's `call_later` and `cancel`, two
-pairs per request, took about 13 µs together here (a microbenchmark), where a request's whole CPU is
-about 300.
+A timer per attempt cost more than the rest of its bookkeeping: uvloop's `call_later` and `cancel`, twice
+per request, are among the dearest calls a request makes (docs/benchmarks/hop.md).
 
 A cut (the timer, a replica ejected by its health probes, the end of the shutdown grace period) makes
 the wait in progress fail where the proxy already handles it: before the response headers the request's

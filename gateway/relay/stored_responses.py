@@ -103,7 +103,7 @@ class ResponseHomes(RequestObserver):
     ) -> None:
         """Before a follow-up is routed, learn its response's home if this gateway does not know it: from
         Redis (one GET), else by asking the pool's available replicas in turn. Costs nothing but a dict
-        lookup for a home this gateway knows, and nothing at all for any other request."""
+        lookup for a home this gateway knows; the request path calls it for a follow-up only (`follows_up`)."""
         previous = _previous(view)
         if previous is None:
             return
@@ -142,6 +142,12 @@ class ResponseHomes(RequestObserver):
         ):
             return exclude
         return exclude | {r.replica_id for r in route.pool if r.replica_id != home[1]}
+
+
+def follows_up(view: RequestView) -> bool:
+    """Does the request continue a stored response (a Responses API `previous_response_id`)? Only such a request
+    needs `ResponseHomes.locate`."""
+    return _previous(view) is not None
 
 
 def _previous(view: RequestView) -> str | None:

@@ -40,7 +40,7 @@ from gateway.observability.tracing import Tracing
 from gateway.relay import headers as h
 from gateway.relay.phrase_chunking import chunking_for
 from gateway.relay.proxy import CLIENT_CLOSED, Proxy
-from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes
+from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes, follows_up
 from gateway.relay.stream_usage import ask_for_usage
 from gateway.relay.watch import attempt_timeout
 from gateway.replicas import Monitor, shared_monitor
@@ -160,11 +160,13 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
         request, endpoint, config.limits, request[REQUEST_ID], caller.tenant, config.headers.session
     )  # parsed once
     route = _resolved(view, state)
-    exchange = Exchange(view, route.router, app[OBSERVERS].first_byte, started)
+    observers = app[OBSERVERS]
+    exchange = Exchange(view, route.router, observers.first_byte, started)
     _stream_options(request, view, route, exchange, config)
     with state.using(route.router):  # a reload closes this router only once the request is done
         await _within_limits(request, view, route, config)
-        await app[HOMES].locate(view, route, config, app[PROXY].session, request.headers)  # a follow-up's home
+        if follows_up(view):  # its stored response's home, before it is routed
+            await app[HOMES].locate(view, route, config, app[PROXY].session, request.headers)
         _instrumented(route, exchange, request)
         try:  # decide (admission, router) → commit → attempt → on a retryable failure undo, decide again → relay
             return await attempts.answer(request, view, route, exchange, config)
@@ -172,7 +174,7 @@ async def _proxied(request: web.Request, endpoint: str) -> web.StreamResponse:
             _failed(app, view, exchange, exc)
             raise
         finally:  # every observer hears of it, once
-            app[OBSERVERS].finished(exchange.finished(config, route.model, route.routing, caller))
+            observers.finished(exchange.finished(config, route.model, route.routing, caller))
 
 
 def _resolved(view: RequestView, state: RouteTable) -> ModelRoute:

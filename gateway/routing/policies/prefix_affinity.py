@@ -100,12 +100,13 @@ class PrefixAffinityPolicy(Policy):
         # size (with 128-token blocks a few short turns stay inside the straddling block).
         has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
         discount = 1.0 - self.params.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
+        starts_conversation = not has_home and self._conversational(now)  # its later turns will come back
         waits, ttfts, per_token = self.cost.predict_many(
             candidates,
             loads,
             prompt,
             now,
-            view.preamble_key if self._prices_context(candidates, has_home, now) else None,
+            view.preamble_key if self._prices_context(candidates, has_home or starts_conversation) else None,
         )
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
         effective = self._effective(view, candidates, cached, ttfts, per_token, discount)
@@ -113,7 +114,7 @@ class PrefixAffinityPolicy(Policy):
             delays = self._delays(view, ids, cached, waits, per_token, prompt, now, discount)
             effective = [e + d for e, d in zip(effective, delays)]
         eligible, best = self._within_bound(candidates, loads, ttfts, waits, effective, has_home)
-        near = self._near_best(candidates, eligible, effective, best, has_home, now)
+        near = self._near_best(candidates, eligible, effective, best, starts_conversation)
         pick = self._tie_broken(ids, loads, near, now)
         # The prompt, candidates, their cached tokens and loads, and whether it had a home: on_dispatched
         # queues the chosen one's uncached prefill from them.
@@ -191,13 +192,12 @@ class PrefixAffinityPolicy(Policy):
         eligible: list[int],
         effective: list[float],
         best: float,
-        has_home: bool,
-        now: float,
+        starts_conversation: bool,
     ) -> list[int]:
         """The eligible candidates within the tie margin of the best."""
         cutoff = best + max(self.params.tie_s, self.params.tie_ratio * best)
         near = [i for i in eligible if effective[i] <= cutoff]
-        if not has_home and len(near) > 1 and self._conversational(now):
+        if starts_conversation and len(near) > 1:
             # A new conversation will come back: its later turns queue behind the conversations already
             # homed where it lands, and need cache room there. The least full cache has the fewest.
             least_fill = min([candidates[i].cache_fill for i in near])
@@ -222,7 +222,7 @@ class PrefixAffinityPolicy(Policy):
         common = max(min(cached), view.preamble_tokens)
         return "prefix_hit" if cached[pick] > common else "least_wait"
 
-    def _prices_context(self, candidates: Sequence[Candidate], has_home: bool, now: float) -> bool:
+    def _prices_context(self, candidates: Sequence[Candidate], homed: bool) -> bool:
         """Does the in-flight context (`CostModel`'s `context_weight`) count in this request's predicted waits?
 
         For single requests that are not tied to a home: a burst of a tenant's prompts then spills as the
@@ -230,8 +230,9 @@ class PrefixAffinityPolicy(Policy):
         history: a miss re-prefills all of it), nor for a new one where most traffic is conversations (its
         placement is its later turns' home), nor once the caches are full (a prompt moved evicts another's,
         and the bound's full-cache rule keeps it home for that reason): there the per-request price alone
-        kept the tails lower (agent-loop, tenant-chat, prefix-groups in docs/benchmarks/peers.md)."""
-        if has_home or self._conversational(now):
+        kept the tails lower (agent-loop, tenant-chat, prefix-groups in docs/benchmarks/peers.md). `homed`: it has
+        a home, or its placement will be its later turns' home."""
+        if homed:
             return False
         fill = sum([c.cache_fill for c in candidates])
         return bool(fill < self.params.full_cache_fill * len(candidates))

@@ -25,7 +25,6 @@ not batched.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 from collections.abc import Callable
 
@@ -33,6 +32,7 @@ import structlog
 
 from gateway.log import lines_together
 from gateway.request.exchange import Exchange, FinishedRequest
+from gateway.support.soon import Soon
 
 log = structlog.get_logger("gateway.request.observers")
 
@@ -63,8 +63,8 @@ class Observers:
         self._attempt_failed: list[AttemptFailed] = []
         self._finished: list[Finished] = []
         self._batched: list[Finished] = []
-        self._batch: list[tuple[contextvars.Context, FinishedRequest]] = []  # finished, for the batched hooks
-        self._scheduled = False  # the loop will run the batch
+        # finished requests in their contexts, for the batched hooks when the loop next turns
+        self._batch: Soon[tuple[contextvars.Context, FinishedRequest]] = Soon(self._run_batched)
 
     def add(self, observer: object, *, batched: bool = False) -> None:
         """Register `observer` for each hook it defines (a `RequestObserver` subclass: each it overrides);
@@ -91,29 +91,21 @@ class Observers:
             for hook in self._finished:
                 hook(done)
             return
-        self._batch.append((contextvars.copy_context(), done))  # before a hook unbinds a variable of the request
-        now = not self._scheduled and not self._schedule()
+        context = contextvars.copy_context()  # before a hook unbinds a variable of the request
         try:
             for hook in self._finished:
                 hook(done)
         finally:
-            if now:
-                self.flush()
-
-    def _schedule(self) -> bool:
-        """Run the batch when the loop next turns; False when no loop runs (a synchronous caller)."""
-        try:
-            asyncio.get_running_loop().call_soon(self.flush)
-        except RuntimeError:
-            return False
-        self._scheduled = True
-        return True
+            self._batch.add((context, done))  # with no loop running: the batched hooks run now, after these
 
     def flush(self) -> None:
-        """Run the batched hooks over the requests finished since the last batch (the loop calls it; so does
-        the app's cleanup, for a batch the loop stopped before). A failing hook is logged and skipped for that
-        request only."""
-        batch, self._batch, self._scheduled = self._batch, [], False
+        """Run the batched hooks over the requests finished since the last batch now (the app's cleanup does,
+        for a batch the loop stopped before)."""
+        self._batch.flush()
+
+    def _run_batched(self, batch: list[tuple[contextvars.Context, FinishedRequest]]) -> None:
+        """Each batched hook over the whole batch, in each request's context. A failing hook is logged and
+        skipped for that request only."""
         with lines_together():
             for hook in self._batched:
                 for context, done in batch:

@@ -395,6 +395,4 @@ def _decay(entry: tuple[float, float] | None, now: float, window_s: float) -> fl
 
 
 def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
-    """`_decay(counts.get(key), ...)` in one call (about ten a request)."""
-    count, since = counts.get(key) or (0.0, now)
-    return count if since == now else count * math.exp((since - now) / window_s)
+    return _decay(counts.get(key), now, window_s)

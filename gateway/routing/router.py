@@ -74,8 +74,6 @@ class Router:
             exact.on_block_size = self.calibration.block_size_seen
         self._background: set[asyncio.Task[None]] = set()
         self._pool_series: tuple[Any, Any] | None = None  # route_seconds, matched_tokens: `_observe`
-        # each decision's metrics, recorded together once per loop turn (gateway.support.soon: why)
-        self._decided: Soon[tuple[Decision, Score | None, str, float]] = Soon(self._observe)
         self._degraded_shown: bool | None = None  # index_degraded as last set
 
     @property
@@ -93,7 +91,7 @@ class Router:
         if rung:
             decision = decision.with_evidence(rung)
         if self.metrics is not None:
-            self._decided.add((decision, chosen, rung, time.perf_counter() - start))
+            _DECIDED.add((self, decision, chosen, rung, time.perf_counter() - start))
         return decision
 
     def dispatched(self, view: RequestView, decision: Decision) -> None:
@@ -204,7 +202,7 @@ class Router:
         }
 
     async def close(self) -> None:
-        self._decided.flush()
+        _DECIDED.flush()
         self._predicted.clear()
         for task in list(self._background):
             task.cancel()
@@ -318,22 +316,32 @@ class Router:
     def _track(self, request_id: str, chosen: Score, rung: str) -> None:
         put_newest(self._predicted, request_id, (chosen, rung), MAX_TRACKED)  # a retry's replaces the earlier
 
-    def _observe(self, decided: list[tuple[Decision, Score | None, str, float]]) -> None:
-        """The decisions' series (decision, chosen row, rung, seconds deciding); the pool's own children are
-        looked up at its first decision, and the degraded gauge is set when it changes, not per decision."""
+    def _observe(self, decision: Decision, chosen: Score | None, rung: str, elapsed_s: float) -> None:
+        """The decision's series; the pool's own children are looked up at its first decision, and the
+        degraded gauge is set when it changes, not on every request."""
         assert self.metrics is not None
-        m, pool, policy, needs_index = self.metrics, self.pool, self.policy.type, self.policy.needs_index
+        m, pool = self.metrics, self.pool
         if self._pool_series is None:
             self._pool_series = (m.route_seconds.labels(pool), m.matched_tokens.labels(pool))
         route_seconds, matched_tokens = self._pool_series
-        for decision, chosen, rung, elapsed_s in decided:
-            m.decisions.labels(pool, policy, decision.reason).inc()
-            route_seconds.observe(elapsed_s)
-            if needs_index:
-                matched_tokens.observe(chosen.cached_tokens if chosen else 0)
-                if rung:
-                    m.evidence.labels(pool, rung).inc()
-        degraded = self.index.degraded
-        if needs_index and degraded != self._degraded_shown:
-            m.index_degraded.labels(pool).set(1 if degraded else 0)
-            self._degraded_shown = degraded
+        m.decisions.labels(pool, self.policy.type, decision.reason).inc()
+        route_seconds.observe(elapsed_s)
+        if self.policy.needs_index:
+            matched_tokens.observe(chosen.cached_tokens if chosen else 0)
+            if rung:
+                m.evidence.labels(pool, rung).inc()
+            degraded = self.index.degraded
+            if degraded != self._degraded_shown:
+                m.index_degraded.labels(pool).set(1 if degraded else 0)
+                self._degraded_shown = degraded
+
+
+def _observe_decisions(decided: list[tuple[Router, Decision, Score | None, str, float]]) -> None:
+    for router, decision, chosen, rung, elapsed_s in decided:
+        router._observe(decision, chosen, rung, elapsed_s)
+
+
+# Every router's decisions' metrics, recorded together once per loop turn (gateway.support.soon: why). One
+# batch for the process, not one per router: a router holding its own would hold itself (through the
+# batch's bound handler) and outlive a reload until a full collection.
+_DECIDED: Soon[tuple[Router, Decision, Score | None, str, float]] = Soon(_observe_decisions)

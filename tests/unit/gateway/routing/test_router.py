@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -349,3 +351,20 @@ async def test_a_removed_replica_leaves_no_warm_prefix_nor_queued_prefill_behind
     assert index.size(chosen) > 0 and predict(cost, Candidate(chosen), 0, cost.clock())[0] > 0  # queued there
     await router.removed(chosen)
     assert index.size(chosen) == 0 and predict(cost, Candidate(chosen), 0, cost.clock())[0] == 0
+
+
+async def test_a_router_is_freed_as_soon_as_it_is_dropped_not_at_a_full_collection() -> None:
+    """A reload drops the routers it replaces: their tables must go with them, not wait for the cyclic
+    collector, which the gateway runs rarely (gateway.support.heap). A router decides, its metrics are
+    queued, and once dropped no reference cycle keeps it."""
+    router = make_router()
+    view = chat_view(conversation(1, "gone"))
+    router.dispatched(view, await router.decide(view, candidates()))
+    await asyncio.sleep(0)  # the queued metrics are recorded
+    gone = weakref.ref(router)
+    gc.disable()
+    try:
+        del router
+        assert gone() is None
+    finally:
+        gc.enable()

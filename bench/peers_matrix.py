@@ -30,6 +30,7 @@ import orjson
 
 from bench import results
 from bench.stress_matrix import CELLS as STRESS_CELLS
+from bench.stress_matrix import PRESSURE
 from gateway.cli.main import main as cli
 from lab.workloads import Session, build
 from replica_stub.engine.timing import TimingModel
@@ -51,6 +52,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "agent-loop": ("agent-loop", "-p sessions=48"),
     "hot-tenant": ("hot-tenant", ""),
     "tenant-bursts": ("tenant-bursts", ""),
+    "tenant-bursts-pressure": ("tenant-bursts", PRESSURE),
     "rag-chunks": ("rag-chunks", ""),
     "decode-heavy": ("decode-heavy", ""),
 }

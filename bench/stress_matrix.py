@@ -35,13 +35,13 @@ CELLS = {
     "decode-heavy, high": "-w decode-heavy --rate 6 --replicas 4 --seed 0",
     # Bursts under cache pressure: 32 tenants' 3,000-token prompts do not all fit every replica's cache, so
     # a tenant's burst lands where its prompt is warm, in a batch of long contexts that slows every step.
-    "tenant-bursts, cache pressure, moderate": f"-w tenant-bursts {PRESSURE} --rate 4.5 --replicas 4 --seed 0",
-    "tenant-bursts, cache pressure, high": f"-w tenant-bursts {PRESSURE} --rate 6 --replicas 4 --seed 0",
+    "tenant-bursts-pressure, moderate": f"-w tenant-bursts {PRESSURE} --rate 4.5 --replicas 4 --seed 0",
+    "tenant-bursts-pressure, high": f"-w tenant-bursts {PRESSURE} --rate 6 --replicas 4 --seed 0",
     **{f"{name} (fingerprint)": cell for name, cell in FINGERPRINT.items()},
 }
 # the cells the in-flight context price moves, for the table over seeds
 MOVED: tuple[str, ...] = ("tenant-bursts, moderate", "tenant-bursts, high", "rag-chunks, high")
-MOVED += ("tenant-bursts, cache pressure, high", "prefix-groups (fingerprint)", "hot-tenant (fingerprint)")
+MOVED += ("tenant-bursts-pressure, high", "prefix-groups (fingerprint)", "hot-tenant (fingerprint)")
 OFF = "-P prefix_affinity.context_weight=0"
 NO_PRICE = "prefix_affinity, context_weight=0"
 

@@ -6,7 +6,7 @@ oracle's and round robin's.
     .venv/bin/python -m bench.stress_matrix --seeds 0,1,2 --out bench-results/stress-seeds [--results stress-seeds]
 
 Per cell, two `affinity-gateway simulate` runs: prefix_affinity, oracle and round_robin with their
-defaults, and prefix_affinity with `context_weight=0`. With `--seeds`, only the cells the price moves,
+defaults, and prefix_affinity with `context_weight=0`. With `--seeds`, only the cells that move (`MOVED`):
 prefix_affinity with and without the price per seed, the medians, and the oracle's median. The simulator is
 deterministic, so a rerun on any machine prints the same figures; `--results NAME` publishes them
 (docs/benchmarks/results/NAME.json and .md, bench/results.py).
@@ -39,7 +39,7 @@ CELLS = {
     "tenant-bursts-pressure, high": f"-w tenant-bursts {PRESSURE} --rate 6 --replicas 4 --seed 0",
     **{f"{name} (fingerprint)": cell for name, cell in FINGERPRINT.items()},
 }
-# the cells the in-flight context price moves, for the table over seeds
+# the cells that move with the in-flight context price or from seed to seed, for the table over seeds
 MOVED: tuple[str, ...] = ("tenant-bursts, moderate", "tenant-bursts, high", "rag-chunks, high")
 MOVED += ("tenant-bursts-pressure, high", "prefix-groups (fingerprint)", "hot-tenant (fingerprint)")
 OFF = "-P prefix_affinity.context_weight=0"

@@ -25,6 +25,7 @@ class CostModelConfig(Section):
     # ...plus this many prefill tokens per token of its prompt: every batched step reads each in-flight
     # request's whole context, so long prompts in flight slow the next first token more
     context_weight: float = 0.05
+    burst_weight: float = 0.0  # ...and the same group's own requests there beyond the first, × per_request_tokens
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
     min_learn_tokens: int = 64  # until prompt sizes vary enough to fit a line, shorter prefills teach the fixed part
 
@@ -35,6 +36,8 @@ class CostModelConfig(Section):
             raise ConfigError("must be >= 0", key="per_request_tokens")
         if self.context_weight < 0:
             raise ConfigError("must be >= 0", key="context_weight")
+        if self.burst_weight < 0:
+            raise ConfigError("must be >= 0", key="burst_weight")
         if not 0 <= self.learn_alpha <= 1:
             raise ConfigError("must be between 0 and 1", key="learn_alpha")
 

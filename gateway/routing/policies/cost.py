@@ -2,7 +2,8 @@
 
     predicted_ttft(r) = wait(r) + base_s + prefill_s_per_token(r) × (prompt_tokens − cached_tokens(r))
     wait(r)           = queued_prefill_s(r)
-                        + prefill_s_per_token × (per_request_tokens × load(r) + context_weight × context(r))
+                        + prefill_s_per_token × (per_request_tokens × load(r) + context_weight × context(r)
+                                                 + burst_weight × per_request_tokens × own(r))
 
 `queued_prefill_s` is the larger of two queues. A virtual queue of the uncached prefill this
 gateway has sent to `r`: each dispatch pushes its drain time forward by its own prefill, and it
@@ -21,6 +22,11 @@ It is known at dispatch, before any scrape: a burst of long prompts sent to one 
 predicted wait with each one, so the next spills before the home queue builds, and comes back as they
 finish. (A flat price per request undercharged a burst of 1,600-token prompts: the home replica was kept
 until a cold miss elsewhere looked cheaper, about 15 requests in; tenant-bursts, docs/benchmarks/stress.md.)
+`own(r)` counts the request's own group's requests in flight at `r` beyond the first: a burst's signature,
+many of one tenant's requests at its home. It prices them again, whether or not the caches have room:
+once they are full the context price is off (a moved prompt evicts another's), yet a burst still slows
+its home's every step (the batch grows by its own requests). Steady traffic of many groups has about one
+request per group in flight and pays nothing for it.
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
 estimate for the pool, or one per replica; prefix_affinity feeds it only requests that found
@@ -79,9 +85,9 @@ class CostModel:
         self._base_s = 0.0  # TTFT of a request with nothing to prefill and no queue (one step, I/O)
         self._base_samples = 0
         self._drain_at: dict[str, float] = {}
-        # Prompt tokens of this gateway's requests in flight, per (replica, group): a group is what the
-        # caller keys a burst by (prefix_affinity: the preamble, one tenant's prompts).
-        self._context: dict[tuple[str, int], int] = {}
+        # This gateway's requests in flight, per (replica, group): (their prompt tokens, how many). A group is
+        # what the caller keys a burst by (prefix_affinity: the preamble, one tenant's prompts).
+        self._groups: dict[tuple[str, int], tuple[int, int]] = {}
         self._mean_prefill_s = params.prefill_s_per_token * params.min_learn_tokens
         self.load_scale = 1.0  # what the requests in flight are priced at, over their configured price
         self._load_learned = 1.0  # what they were seen to cost, over it
@@ -102,6 +108,7 @@ class CostModel:
         prompt_tokens: int,
         now: float,
         group: int | None = None,
+        burst_group: int | None = None,
     ) -> tuple[list[float], list[float], list[float]]:
         """(wait_s, predicted_ttft_s, prefill_s_per_token) of sending a `prompt_tokens` prompt to each
         candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once."""
@@ -110,7 +117,8 @@ class CostModel:
         per_request_tokens = params.per_request_tokens * scale
         mean_prefill_s, base_s, drain_at = self._mean_prefill_s, self._base_s, self._drain_at
         context_weight = params.context_weight * scale if group is not None else 0.0
-        context = self._context
+        burst = params.burst_weight * params.per_request_tokens * scale if burst_group else 0.0
+        groups, none = self._groups, (0, 0)
         if params.calibrate == "replica":
             get = self._per_token.get
             per_token = [get(c.replica_id, default) for c in candidates]
@@ -130,7 +138,11 @@ class CostModel:
             scraped = foreign * mean_prefill_s if foreign > 0 else 0.0
             wait = (scraped if scraped > own else own) + per_request_tokens * s_per_token * load
             if context_weight and group is not None:
-                wait += context_weight * s_per_token * context.get((c.replica_id, group), 0) / c.weight
+                wait += context_weight * s_per_token * groups.get((c.replica_id, group), none)[0] / c.weight
+            if burst:
+                behind = groups.get((c.replica_id, burst_group or 0), none)[1] - 1  # the group's own beyond the first
+                if behind > 0:
+                    wait += burst * s_per_token * behind / c.weight
             uncached = prompt_tokens - c.cached_tokens
             if uncached < 0:
                 uncached = 0
@@ -153,16 +165,17 @@ class CostModel:
     def started(self, replica_id: str, group: int, prompt_tokens: int) -> None:
         """A request of `prompt_tokens` is in flight at the replica: its context joins every step there."""
         key = (replica_id, group)
-        self._context[key] = self._context.get(key, 0) + prompt_tokens
+        tokens, requests = self._groups.get(key, (0, 0))
+        self._groups[key] = (tokens + prompt_tokens, requests + 1)
 
     def ended(self, replica_id: str, group: int, prompt_tokens: int) -> None:
         """...and is no longer (finished, failed, or forgotten)."""
         key = (replica_id, group)
-        left = self._context.get(key, 0) - prompt_tokens
-        if left > 0:
-            self._context[key] = left
+        tokens, requests = self._groups.get(key, (0, 0))
+        if requests > 1:
+            self._groups[key] = (max(0, tokens - prompt_tokens), requests - 1)
         else:
-            self._context.pop(key, None)
+            self._groups.pop(key, None)
 
     def queue_empty(self, replica_id: str) -> bool:
         """No prefill this gateway sent is queued at the replica now."""
@@ -235,8 +248,8 @@ class CostModel:
             self._samples.pop(replica_id, None)
             self._fits.pop(replica_id, None)
         self._drain_at.pop(replica_id, None)
-        for key in [key for key in self._context if key[0] == replica_id]:
-            del self._context[key]
+        for key in [key for key in self._groups if key[0] == replica_id]:
+            del self._groups[key]
 
 
 class LineFit:

@@ -101,12 +101,14 @@ class PrefixAffinityPolicy(Policy):
         has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
         discount = 1.0 - self.params.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
         starts_conversation = not has_home and self._conversational(now)  # its later turns will come back
+        homed = has_home or starts_conversation  # single requests alone are priced by their group in flight
         waits, ttfts, per_token = self.cost.predict_many(
             candidates,
             loads,
             prompt,
             now,
-            view.preamble_key if self._prices_context(candidates, has_home or starts_conversation) else None,
+            view.preamble_key if self._prices_context(candidates, homed) else None,
+            None if homed else view.preamble_key,
         )
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
         effective = self._effective(view, candidates, cached, ttfts, per_token, discount)

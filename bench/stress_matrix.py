@@ -1,12 +1,12 @@
 """The stress cells against the oracle: bursts, RAG chunks, long answers and the fingerprint cells, in the
-simulator, with prefix_affinity's TTFT p90 with and without the in-flight context price, the engine-aware
-oracle's and round robin's.
+simulator, with prefix_affinity's TTFT p90 with and without the price of a burst in flight (`burst_weight`),
+the engine-aware oracle's and round robin's.
 
     .venv/bin/python -m bench.stress_matrix --out bench-results/stress [--results stress]
     .venv/bin/python -m bench.stress_matrix --seeds 0,1,2 --out bench-results/stress-seeds [--results stress-seeds]
 
 Per cell, two `affinity-gateway simulate` runs: prefix_affinity, oracle and round_robin with their
-defaults, and prefix_affinity with `context_weight=0`. With `--seeds`, only the cells that move (`MOVED`):
+defaults, and prefix_affinity with `burst_weight=0`. With `--seeds`, only the cells that move (`MOVED`):
 prefix_affinity with and without the price per seed, the medians, and the oracle's median. The simulator is
 deterministic, so a rerun on any machine prints the same figures; `--results NAME` publishes them
 (docs/benchmarks/results/NAME.json and .md, bench/results.py).
@@ -39,11 +39,11 @@ CELLS = {
     "tenant-bursts-pressure, high": f"-w tenant-bursts {PRESSURE} --rate 6 --replicas 4 --seed 0",
     **{f"{name} (fingerprint)": cell for name, cell in FINGERPRINT.items()},
 }
-# the cells that move with the in-flight context price or from seed to seed, for the table over seeds
+# the cells that move with the burst price or from seed to seed, for the table over seeds
 MOVED: tuple[str, ...] = ("tenant-bursts, moderate", "tenant-bursts, high", "rag-chunks, high")
 MOVED += ("tenant-bursts-pressure, high", "prefix-groups (fingerprint)", "hot-tenant (fingerprint)")
-OFF = "-P prefix_affinity.context_weight=0"
-NO_PRICE = "prefix_affinity, context_weight=0"
+OFF = "-P prefix_affinity.burst_weight=0"
+NO_PRICE = "prefix_affinity, burst_weight=0"
 
 
 def simulate(arguments: str, out: Path) -> dict[str, dict[str, Any]]:
@@ -122,7 +122,7 @@ def render(figures: dict[str, Any]) -> str:
             )
         return "\n".join(lines)
     lines = [
-        "| cell | command (`affinity-gateway simulate ... --speedup 10`) | prefix_affinity, `context_weight=0` "
+        "| cell | command (`affinity-gateway simulate ... --speedup 10`) | prefix_affinity, `burst_weight=0` "
         "| default | oracle | round_robin | default ÷ oracle |",
         "|---|---|---|---|---|---|---|",
     ]

@@ -25,7 +25,7 @@ class CostModelConfig(Section):
     # ...plus this many prefill tokens per token of its prompt: every batched step reads each in-flight
     # request's whole context, so long prompts in flight slow the next first token more
     context_weight: float = 0.05
-    burst_weight: float = 0.0  # ...and the same group's own requests there beyond the first, × per_request_tokens
+    burst_weight: float = 1.0  # ...and the same group's own requests there beyond the first, × per_request_tokens
     learn_alpha: float = 0.1  # weight of one observation in the EWMA; 0 disables learning
     min_learn_tokens: int = 64  # until prompt sizes vary enough to fit a line, shorter prefills teach the fixed part
 

@@ -22,11 +22,13 @@ It is known at dispatch, before any scrape: a burst of long prompts sent to one 
 predicted wait with each one, so the next spills before the home queue builds, and comes back as they
 finish. (A flat price per request undercharged a burst of 1,600-token prompts: the home replica was kept
 until a cold miss elsewhere looked cheaper, about 15 requests in; tenant-bursts, docs/benchmarks/stress.md.)
-`own(r)` counts the request's own group's requests in flight at `r` beyond the first: a burst's signature,
-many of one tenant's requests at its home. It prices them again, whether or not the caches have room:
-once they are full the context price is off (a moved prompt evicts another's), yet a burst still slows
-its home's every step (the batch grows by its own requests). Steady traffic of many groups has about one
-request per group in flight and pays nothing for it.
+`own(r)` counts the request's own group's requests in flight at `r` beyond the first, and `burst_weight`
+prices them again: many of one tenant's requests at one replica are a burst's signature. It applies
+whether or not the caches have room (the caller turns the context price off once they are full: a moved
+prompt evicts another's), since a burst lengthens its home's every step either way; steady traffic of
+many groups has about one request per group in flight and pays nothing for it. (Under cache pressure
+the context price alone kept a tenant's burst at its home behind 30-40 of its own requests: bursts
+under cache pressure, docs/benchmarks/stress.md.)
 
 The prefill cost per token starts at the configured value and follows observed TTFTs (one
 estimate for the pool, or one per replica; prefix_affinity feeds it only requests that found

@@ -28,6 +28,6 @@ def test_a_lag_past_the_last_bucket_reads_as_unbounded_also_after_the_json_round
 
 @pytest.mark.timeout(10)
 def test_the_stress_seeds_row_gives_the_medians_and_the_ratio_to_the_oracles_median() -> None:
-    runs = {"0": [0.8, 0.9, 0.6], "1": [0.7, 0.7, 0.5], "2": [0.9, 0.8, 0.7]}  # context_weight=0, default, oracle
+    runs = {"0": [0.8, 0.9, 0.6], "1": [0.7, 0.7, 0.5], "2": [0.9, 0.8, 0.7]}  # burst_weight=0, default, oracle
     row = stress_matrix.render({"seeds": [0, 1, 2], "rows": [{"cell": "bursts", "seeds": runs}]}).splitlines()[-1]
     assert row == "| bursts | 800 → 900 | 700 → 700 | 900 → 800 | 800 → 800 | 600 | 1.33 |"

@@ -76,7 +76,7 @@ def test_in_flight_context_raises_the_wait_of_its_group_only() -> None:
 
 
 def test_a_burst_spills_sooner_and_comes_home_after() -> None:
-    flat, _ = burst_until_spill(policy(context_weight=0.0))
+    flat, _ = burst_until_spill(policy(context_weight=0.0, burst_weight=0.0))
     priced = policy()
     spilled_after, at_home = burst_until_spill(priced)
     assert 1 <= spilled_after < flat, (spilled_after, flat)
@@ -116,8 +116,8 @@ def test_a_groups_own_requests_in_flight_beyond_the_first_raise_its_wait_only() 
 
 @pytest.mark.parametrize("fill", [0.0, 1.0], ids=["caches-with-room", "full-caches"])
 def test_a_priced_burst_spills_sooner_with_full_caches_too(fill: float) -> None:
-    flat, _ = burst_until_spill(policy(context_weight=0.0), fill=fill)
-    priced = policy(context_weight=0.0, burst_weight=1.0)
+    flat, _ = burst_until_spill(policy(context_weight=0.0, burst_weight=0.0), fill=fill)
+    priced = policy(context_weight=0.0)  # the default burst_weight
     spilled_after, at_home = burst_until_spill(priced, fill=fill)
     assert 1 <= spilled_after < flat, (spilled_after, flat)
     for view in at_home:

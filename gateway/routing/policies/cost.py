@@ -110,10 +110,11 @@ class CostModel:
         prompt_tokens: int,
         now: float,
         group: int | None = None,
-        burst_group: int | None = None,
+        burst_group: int = 0,
     ) -> tuple[list[float], list[float], list[float]]:
         """(wait_s, predicted_ttft_s, prefill_s_per_token) of sending a `prompt_tokens` prompt to each
-        candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once."""
+        candidate (`loads[i]` is `candidates[i].load`). What is the same for every candidate is looked up once.
+        `group` prices its context in flight, `burst_group` its requests in flight (0: none, as a preamble key)."""
         params = self.params
         default, scale = params.prefill_s_per_token, self.load_scale
         per_request_tokens = params.per_request_tokens * scale
@@ -142,7 +143,7 @@ class CostModel:
             if context_weight and group is not None:
                 wait += context_weight * s_per_token * groups.get((c.replica_id, group), none)[0] / c.weight
             if burst:
-                behind = groups.get((c.replica_id, burst_group or 0), none)[1] - 1  # the group's own beyond the first
+                behind = groups.get((c.replica_id, burst_group), none)[1] - 1  # the group's own beyond the first
                 if behind > 0:
                     wait += burst * s_per_token * behind / c.weight
             uncached = prompt_tokens - c.cached_tokens

@@ -108,7 +108,7 @@ class PrefixAffinityPolicy(Policy):
             prompt,
             now,
             view.preamble_key if self._prices_context(candidates, homed) else None,
-            None if homed else view.preamble_key,
+            0 if homed else view.preamble_key,
         )
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
         effective = self._effective(view, candidates, cached, ttfts, per_token, discount)

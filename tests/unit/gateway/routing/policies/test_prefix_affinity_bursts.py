@@ -102,7 +102,7 @@ def test_a_groups_own_requests_in_flight_beyond_the_first_raise_its_wait_only() 
     a = Candidate("a", in_flight=3)
     for _ in range(3):
         cost.started("a", TENANT, 100)
-    waits = [cost.predict_many([a], [3.0], 100, 0.0, burst_group=g)[0][0] for g in (TENANT, 7, None)]
+    waits = [cost.predict_many([a], [3.0], 100, 0.0, burst_group=g)[0][0] for g in (TENANT, 7, 0)]
     # 10 tokens × 3 in flight × 1 ms, plus 2 × 10 tokens × the tenant's 2 beyond its first; another tenant's: none
     assert waits == [pytest.approx(0.07), pytest.approx(0.03), pytest.approx(0.03)]
     cost.ended("a", TENANT, 100)

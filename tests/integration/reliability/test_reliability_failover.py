@@ -21,7 +21,9 @@ def test_replica_killed_under_50_streams(tmp_path: Path) -> None:
     """Every stream ends cleanly (the dead replica's with an error event and [DONE]), none hangs, and
     every request that had not started streaming succeeds, also those sent right after the kill."""
     with running() as track:
-        victim, survivor = track(start_stub("victim", speedup=2)), track(start_stub("survivor", speedup=2))
+        # The victim decodes at a quarter of the survivor's pace: its 120-token answers take about 15 s, so
+        # none can end before the kill however slowly the 100 streams start on a loaded machine.
+        victim, survivor = track(start_stub("victim", speedup=0.5)), track(start_stub("survivor", speedup=2))
         gateway = track(
             start_gateway(
                 tmp_path,
@@ -54,7 +56,8 @@ def test_replica_killed_under_50_streams(tmp_path: Path) -> None:
         hung = [o for o in load.outcomes + after.outcomes if o.error]
         assert not hung, hung[:3]
         cut = [o for o in load.outcomes if o.replica == "victim"]
-        assert all(o.status == 200 and o.stream_error_event for o in cut), "a well-formed end, not a torn stream"
+        torn = [(o.status, o.body[-160:]) for o in cut if not (o.status == 200 and o.stream_error_event)]
+        assert not torn, f"a well-formed end, not a torn stream: {len(torn)} of {len(cut)}, e.g. {torn[:2]}"
         assert all(o.clean and not o.stream_error_event for o in load.outcomes if o.replica == "survivor")
         assert all(o.clean for o in after.outcomes), [(o.status, o.body[:200]) for o in after.outcomes]
         assert {o.replica for o in after.outcomes} == {"survivor"}, "new requests route around the dead replica"

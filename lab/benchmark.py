@@ -113,7 +113,10 @@ def bench_compare(
     router, `peer:policy` (`lab.peers`). `labels` receives each run's router, version and policy."""
     runs: Runs = {}
     names = [f"replica-{i}" for i in range(cluster.replicas)]
-    for entry in [peers.contestant(name) for name in contestants]:  # all parsed before the first run
+    entries = [peers.contestant(name) for name in contestants]  # all parsed before the first run
+    if cluster.engine != "sim" and any(e.peer is peers.ORACLE for e in entries):
+        raise ValueError("the oracle routes by the sim stubs' own forecasts: it needs --engine sim")
+    for entry in entries:
         sources = evidence if entry.peer is None else ("history",)
         for source in sources:
             name = entry.name if entry.peer is not None else run_name(entry.policy, source)

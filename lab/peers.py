@@ -1,4 +1,5 @@
-"""Other routers as benchmark contestants: SGLang Model Gateway, sglang-router and vllm-router.
+"""Other routers as benchmark contestants: SGLang Model Gateway, sglang-router and vllm-router (and the lab's
+engine-aware oracle, `oracle`, in front of sim stubs: a yardstick started the same way).
 
 `bench --compare prefix_affinity,smg:cache_aware,vllm-router:consistent_hash` names each peer as
 `<peer>:<policy>`. A peer runs from its own venv under `.peers/<peer>/` (`make peers` installs
@@ -41,10 +42,13 @@ class Peer:
     def installed(self) -> bool:
         return (self.venv() / ".installed").exists()  # `make peers` stamps a finished install
 
+    def head(self) -> list[str]:
+        """The argv that starts it, before its flags."""
+        return [str(self.venv() / "bin" / self.launcher[0]), *self.launcher[1:]]
+
     def command(self, policy: str, port: int, workers: list[str], metrics_port: int) -> list[str]:
-        head = [str(self.venv() / "bin" / self.launcher[0]), *self.launcher[1:]]
         return [
-            *head,
+            *self.head(),
             "--host",
             "127.0.0.1",
             "--port",
@@ -93,6 +97,21 @@ PEERS: dict[str, Peer] = {
 
 
 @dataclass(frozen=True)
+class LabRouter(Peer):
+    """A router of the lab's own (a yardstick, not a peer): runs from this checkout's Python, no venv of its own."""
+
+    def installed(self) -> bool:
+        return True
+
+    def head(self) -> list[str]:
+        return [sys.executable, *self.launcher]
+
+
+# `bench --compare oracle`: routes by the sim stubs' own TTFT forecasts (lab/oracle_router.py); sim engine only.
+ORACLE = LabRouter("oracle", "lab.oracle_router", "lab", ("engine",), ("-m", "lab.oracle_router"))
+
+
+@dataclass(frozen=True)
 class Contestant:
     """One column of a comparison: one of our policies, or a peer router with one of its policies."""
 
@@ -104,6 +123,8 @@ class Contestant:
 def contestant(name: str) -> Contestant:
     """Parse `policy` or `peer:policy`; ValueError names what is wrong (unknown, or not installed)."""
     peer_name, sep, policy = name.partition(":")
+    if name == ORACLE.name:
+        return Contestant(name, ORACLE, "engine")
     if not sep:
         return Contestant(name, None, name)
     peer = PEERS.get(peer_name)

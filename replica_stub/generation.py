@@ -33,14 +33,7 @@ def submit(http: web.Request, gen: GenerateRequest, lora: Lora | None = None) ->
     """Tokenize `gen` as the engine does and queue it (for `lora`'s adapter, if any); BadRequestError
     past the context length."""
     config, engine_loop, tokenizer = http.app[CONFIG], http.app[ENGINE_LOOP], http.app[ENGINE].tokenizer
-    if gen.prompt_token_ids is not None:
-        prompt_ids = gen.prompt_token_ids
-        if config.engine == "real" and not all(map(tokenizer.is_known, prompt_ids)):
-            raise BadRequestError("Prompt token ids outside the model's vocabulary", param="prompt")
-    elif gen.messages is not None:
-        prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(gen.messages))
-    else:
-        prompt_ids = tokenizer.encode(gen.prompt_text or "")
+    prompt_ids = prompt_token_ids(http, gen)
     max_tokens = check_length(len(prompt_ids), gen.max_tokens, config.max_model_len)
     client_id = http.headers.get("X-Request-Id")
     sampling = SamplingParams(
@@ -63,6 +56,18 @@ def submit(http: web.Request, gen: GenerateRequest, lora: Lora | None = None) ->
         return request, engine_loop.submit(request, gen.stop)
     except RuntimeError as exc:
         raise GatewayError(str(exc)) from None
+
+
+def prompt_token_ids(http: web.Request, gen: GenerateRequest) -> list[int]:
+    """The prompt as the engine sees it: the client's token ids, or its text (chat: templated) tokenized."""
+    config, tokenizer = http.app[CONFIG], http.app[ENGINE].tokenizer
+    if gen.prompt_token_ids is not None:
+        if config.engine == "real" and not all(map(tokenizer.is_known, gen.prompt_token_ids)):
+            raise BadRequestError("Prompt token ids outside the model's vocabulary", param="prompt")
+        return gen.prompt_token_ids
+    if gen.messages is not None:
+        return tokenizer.encode(tokenizer.apply_chat_template(gen.messages))
+    return tokenizer.encode(gen.prompt_text or "")
 
 
 @asynccontextmanager

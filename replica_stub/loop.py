@@ -18,7 +18,7 @@ from replica_stub.engine.base import Engine
 from replica_stub.metrics import StubMetrics
 from replica_stub.output import RequestStream
 from replica_stub.request import Request, RequestStatus
-from replica_stub.scheduler import RequestOutput, Scheduler
+from replica_stub.scheduler import RequestOutput, Scheduler, SchedulerOutput
 
 log = structlog.get_logger("replica_stub.loop")
 DISPATCH_SLICE = 64  # streams woken per event-loop iteration; bounds the latency one step adds
@@ -37,6 +37,9 @@ class EngineLoop:
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = asyncio.Event()
         self.dead: BaseException | None = None
+        # The step the engine computes now, scheduled but not yet applied to the scheduler (what a forecast
+        # of the replica's state reads: `replica_stub.forecast_api`).
+        self.step_in_flight: SchedulerOutput | None = None
 
     def submit(self, request: Request, stop: tuple[str, ...]) -> RequestStream:
         if self.dead is not None:
@@ -76,7 +79,9 @@ class EngineLoop:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
+                self.step_in_flight = step
                 sampled = await self.engine.execute(step)
+                self.step_in_flight = None
                 outputs = self.scheduler.update_from_output(step, sampled)
                 self._publish_events()
                 await self._dispatch(outputs)

@@ -19,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from gateway.errors import BadRequestError, GatewayError, UnsupportedMediaTypeError, error_body, json_object
-from replica_stub import __version__, audio_api, chat_apis, lora, pooling_api, sglang_api
+from replica_stub import __version__, audio_api, chat_apis, forecast_api, lora, pooling_api, sglang_api
 from replica_stub.block_pool import BlockPool
 from replica_stub.config import StubConfig
 from replica_stub.engine.registry import build_engine
@@ -92,6 +92,7 @@ def make_app(config: StubConfig) -> web.Application:
     pooling_api.add_routes(app, _json_body)  # embeddings, pooling, classify, score, rerank
     chat_apis.add_routes(app, _json_body)  # Anthropic messages, the Responses API
     audio_api.add_routes(app)  # transcriptions, translations (fixed text)
+    forecast_api.add_routes(app, _json_body)  # the sim engine's own TTFT forecast, for the lab's oracle router
     return app
 
 

@@ -53,6 +53,11 @@ class SimEngine:
         self._rngs: dict[str, tuple[random.Random, int]] = {}
         self._deadline = 0.0
 
+    @property
+    def step_ends_at(self) -> float:
+        """When (time.monotonic) the step in flight ends, by the modelled time it was given."""
+        return self._deadline
+
     async def execute(self, step: SchedulerOutput) -> dict[str, int]:
         for request_id in step.finished_request_ids:
             self._rngs.pop(request_id, None)

@@ -63,7 +63,10 @@ class OraclePolicy(Policy):
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         state = self._state
         if state is None:
-            raise RuntimeError("the oracle routes only inside the simulator (Simulation binds it)")
+            raise RuntimeError(
+                "this policy routes only inside the simulator (Simulation binds it); "
+                "in front of live stubs: bench --compare oracle (lab.oracle_router)"
+            )
         prompt, engine, now = state.routing_prompt, state.engine, state.clock()
         ttfts = []
         for c in candidates:

@@ -87,9 +87,12 @@ class OracleRouter:
     async def _relay(
         self, request: web.Request, index: int, body: bytes, headers: dict[str, str]
     ) -> web.StreamResponse:
-        """The replica's answer, chunk by chunk as it comes."""
+        """The replica's answer, chunk by chunk as it comes. A replica that fails before its answer began is a
+        502; one that breaks off mid-answer drops the client's connection (a broken answer, never a short one
+        that looks complete)."""
         assert self._session is not None
         url = f"{self.replicas[index]}{request.path_qs}"
+        response: web.StreamResponse | None = None
         try:
             async with self._session.request(request.method, url, data=body or None, headers=headers) as upstream:
                 back = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -100,6 +103,8 @@ class OracleRouter:
                 await response.write_eof()
                 return response
         except aiohttp.ClientError as exc:
+            if response is not None and response.prepared:
+                raise
             return _error(502, f"replica {self.replicas[index]} failed: {type(exc).__name__}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -20,20 +20,20 @@ from tests.helpers import Proc, free_port, python_module, wait_http
 pytestmark = pytest.mark.timeout(120)
 MODEL = "stub-model"
 BLOCK = 16
-Start = Callable[..., str]
 
 
-@pytest.fixture
-def start() -> Iterator[Start]:
-    """Start a process of `module` with flags on a free port; returns its base URL once it answers `ready`."""
-    procs: list[Proc] = []
+class Processes:
+    """Processes of one test, each on a free loopback port; stopped at teardown."""
 
-    def run(module: str, *flags: str, ready: str | None = "/health") -> str:
-        """`ready`: a path that answers 200 once it serves; None: any answer at all will do."""
+    def __init__(self) -> None:
+        self.by_url: dict[str, Proc] = {}
+
+    def __call__(self, module: str, *flags: str, ready: str | None = "/health") -> str:
+        """Start `module`; its base URL once `ready` answers 200 (None: once it answers at all)."""
         port = free_port()
         proc = Proc(python_module(module, "--port", str(port), *flags))
-        procs.append(proc)
         url = f"http://127.0.0.1:{port}"
+        self.by_url[url] = proc
         if ready is not None:
             wait_http(f"{url}{ready}", proc, timeout=60)
             return url
@@ -46,12 +46,16 @@ def start() -> Iterator[Start]:
             except httpx.TransportError:
                 time.sleep(0.1)
 
-    yield run
-    for proc in procs:
+
+@pytest.fixture
+def start() -> Iterator[Processes]:
+    processes = Processes()
+    yield processes
+    for proc in processes.by_url.values():
         proc.stop()
 
 
-def stub(start: Start, name: str, *flags: str, speedup: float = 1) -> str:
+def stub(start: Processes, name: str, *flags: str, speedup: float = 1) -> str:
     return start(
         "replica_stub",
         *("--model", MODEL, "--engine", "sim", "--speedup", str(speedup), "--replica-id", name),
@@ -89,7 +93,7 @@ def forecast(url: str, prompt: str) -> dict[str, float]:
     return answer.json()
 
 
-def test_the_stub_forecasts_its_own_ttft_from_its_cache_and_its_queue(start: Start) -> None:
+def test_the_stub_forecasts_its_own_ttft_from_its_cache_and_its_queue(start: Processes) -> None:
     url = stub(start, "a")
     prompt = words(400, "w")
     cold = forecast(url, prompt)
@@ -113,14 +117,14 @@ def test_the_stub_forecasts_its_own_ttft_from_its_cache_and_its_queue(start: Sta
         assert busy["ttft_s"] > 1.0 > cold["ttft_s"], busy
 
 
-def test_a_forecast_asks_a_request_the_stub_could_serve(start: Start) -> None:
+def test_a_forecast_asks_a_request_the_stub_could_serve(start: Processes) -> None:
     url = stub(start, "a")
     answer = httpx.post(f"{url}/debug/forecast_ttft", json={"model": MODEL}, timeout=10)
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "BadRequestError"
 
 
-def test_the_oracle_router_sends_a_prompt_where_its_first_token_comes_soonest(start: Start) -> None:
+def test_the_oracle_router_sends_a_prompt_where_its_first_token_comes_soonest(start: Processes) -> None:
     a, b = stub(start, "a"), stub(start, "b")
     router = start("lab.oracle_router", "--worker-urls", a, b, ready="/v1/models")
     prompt = words(400, "p")
@@ -141,7 +145,7 @@ def test_the_oracle_router_sends_a_prompt_where_its_first_token_comes_soonest(st
             assert http.post("/v1/completions", json=body).headers["X-Replica-Id"] == "a", "away from b's queue"
 
 
-def test_the_oracle_router_skips_a_replica_that_cannot_forecast(start: Start) -> None:
+def test_the_oracle_router_skips_a_replica_that_cannot_forecast(start: Processes) -> None:
     a = stub(start, "a")
     gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     router = start("lab.oracle_router", "--worker-urls", a, gone, ready="/health")
@@ -151,6 +155,21 @@ def test_the_oracle_router_skips_a_replica_that_cannot_forecast(start: Start) ->
     alone = start("lab.oracle_router", "--worker-urls", gone, ready=None)
     answer = httpx.post(f"{alone}/v1/completions", json=body, timeout=30)
     assert answer.status_code == 503 and answer.json()["error"]["type"] == "ServiceUnavailableError"
+
+
+def test_the_oracle_router_breaks_the_answer_of_a_replica_that_dies_mid_stream(start: Processes) -> None:
+    """Not a short answer that looks complete: the client's connection drops."""
+    a = stub(start, "a", speedup=0.5)
+    router = start("lab.oracle_router", "--worker-urls", a, ready="/health")
+    body = {"model": MODEL, "prompt": words(20, "d"), "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30) as http, http.stream("POST", f"{router}/v1/completions", json=body) as answer:
+        assert answer.status_code == 200
+        chunks = answer.iter_raw()
+        assert next(chunks).startswith(b"data: ")
+        start.by_url[a].kill()
+        with pytest.raises(httpx.RemoteProtocolError):
+            for _ in chunks:
+                pass
 
 
 def test_bench_names_the_oracle_and_keeps_it_to_sim_stubs() -> None:

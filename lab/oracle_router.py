@@ -47,13 +47,16 @@ class OracleRouter:
         if self._session is not None:
             await self._session.close()
 
-    async def forecast(self, index: int, body: bytes, headers: dict[str, str]) -> float:
-        """Replica `index`'s forecast TTFT for `body`; infinite when it cannot say (down, not a sim stub)."""
+    async def forecast(self, index: int, body: bytes, headers: dict[str, str]) -> float | None:
+        """Replica `index`'s forecast TTFT for `body`; infinite when it cannot say (down, not a sim stub), None
+        when it refused the request itself (a 400: the replica would refuse to serve it too)."""
         assert self._session is not None
         try:
             async with self._session.post(
                 f"{self.replicas[index]}/debug/forecast_ttft", data=body, headers=headers, timeout=FORECAST_TIMEOUT
             ) as answer:
+                if answer.status == 400:
+                    return None
                 if answer.status != 200:
                     return math.inf
                 return float((await answer.json())["ttft_s"])
@@ -61,9 +64,12 @@ class OracleRouter:
             return math.inf
 
     async def pick(self, body: bytes, headers: dict[str, str]) -> int | None:
-        """The replica with the lowest forecast (ties: fewest in flight, then the lowest index); None if none
-        could forecast."""
-        ttfts = await asyncio.gather(*(self.forecast(i, body, headers) for i in range(len(self.replicas))))
+        """The replica with the lowest forecast (ties: fewest in flight, then the lowest index); a replica that
+        refused the request, so that the client gets that replica's own error; None if none could forecast."""
+        forecasts = await asyncio.gather(*(self.forecast(i, body, headers) for i in range(len(self.replicas))))
+        if None in forecasts:
+            return forecasts.index(None)
+        ttfts = [t for t in forecasts if t is not None]  # all of them: typed as floats
         best = min(ttfts)
         if best == math.inf:
             return None

@@ -5,8 +5,9 @@ tokenizes it as it would to serve it, then replays its scheduler forward from it
 running batch, the step in flight, the block pool's cached blocks) with the engine's step cost
 (`replica_stub.engine.forecast`). Nothing is queued. The lab's engine-aware oracle router
 (`lab.oracle_router`) asks every replica for this and sends the request where it is lowest: a yardstick no
-gateway can reach, for `bench --compare oracle`. Only the sim engine forecasts: its step cost is a model
-it knows; the real engine's is not.
+gateway can reach, for `bench --compare oracle`. A body the stub could not serve is refused as that request
+would be (400); only the sim engine forecasts (its step cost is a model it knows, the real engine's is not),
+elsewhere the route answers 404.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.errors import BadRequestError
+from gateway.errors import NotFoundError
 from replica_stub import lora
 from replica_stub.engine import forecast
 from replica_stub.engine.simulated import SimEngine
@@ -33,7 +34,7 @@ def add_routes(app: web.Application, read_body: ReadBody) -> None:
     async def forecast_ttft(request: web.Request) -> web.Response:
         engine, loop = request.app[ENGINE], request.app[ENGINE_LOOP]
         if not isinstance(engine, SimEngine):
-            raise BadRequestError("only the sim engine forecasts its time to first token (--engine sim)")
+            raise NotFoundError("no forecast on this replica: only the sim engine forecasts its TTFT (--engine sim)")
         body = await read_body(request)
         config = request.app[CONFIG]
         adapter = lora.resolve(body.get("model"), config.model, config.loras)

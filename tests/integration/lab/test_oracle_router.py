@@ -117,11 +117,14 @@ def test_the_stub_forecasts_its_own_ttft_from_its_cache_and_its_queue(start: Pro
         assert busy["ttft_s"] > 1.0 > cold["ttft_s"], busy
 
 
-def test_a_forecast_asks_a_request_the_stub_could_serve(start: Processes) -> None:
+def test_a_forecast_asks_a_request_the_stub_could_serve_on_the_sim_engine(start: Processes) -> None:
     url = stub(start, "a")
     answer = httpx.post(f"{url}/debug/forecast_ttft", json={"model": MODEL}, timeout=10)
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "BadRequestError"
+    real = start("replica_stub", "--model", MODEL, "--engine", "real", "--log-level", "warning")  # the real model
+    answer = httpx.post(f"{real}/debug/forecast_ttft", json={"model": MODEL, "prompt": "hello"}, timeout=10)
+    assert answer.status_code == 404 and "sim engine" in answer.json()["error"]["message"]
 
 
 def test_the_oracle_router_sends_a_prompt_where_its_first_token_comes_soonest(start: Processes) -> None:
@@ -145,13 +148,16 @@ def test_the_oracle_router_sends_a_prompt_where_its_first_token_comes_soonest(st
             assert http.post("/v1/completions", json=body).headers["X-Replica-Id"] == "a", "away from b's queue"
 
 
-def test_the_oracle_router_skips_a_replica_that_cannot_forecast(start: Processes) -> None:
+def test_the_oracle_router_skips_a_replica_that_cannot_forecast_and_relays_a_refusal(start: Processes) -> None:
     a = stub(start, "a")
     gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     router = start("lab.oracle_router", "--worker-urls", a, gone, ready="/health")
     body = {"model": MODEL, "prompt": words(50, "s"), "max_tokens": 2}
     with httpx.Client(base_url=router, timeout=30) as http:
         assert all(http.post("/v1/completions", json=body).headers["X-Replica-Id"] == "a" for _ in range(3))
+        bad = http.post("/v1/completions", json={"model": MODEL, "max_tokens": 2})  # no prompt
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "BadRequestError", "the replica's refusal"
+        assert bad.headers["X-Replica-Id"] == "a"
     alone = start("lab.oracle_router", "--worker-urls", gone, ready=None)
     answer = httpx.post(f"{alone}/v1/completions", json=body, timeout=30)
     assert answer.status_code == 503 and answer.json()["error"]["type"] == "ServiceUnavailableError"

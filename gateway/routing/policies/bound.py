@@ -23,11 +23,14 @@ def has_room(candidates: Sequence[Candidate], epsilon: float, min_requests: int)
 def has_room_loads(loads: Sequence[float], weights: Sequence[float], epsilon: float, min_requests: int) -> list[bool]:
     """`has_room` given each candidate's load and weight (callers that have them computed already).
     The limit is computed once per distinct weight (usually one), not once per candidate."""
+    first = weights[0]
+    if weights.count(first) == len(weights):  # alike replicas: one limit
+        weighted = loads if first == 1.0 else [load * first for load in loads]  # x * 1.0 is x
+        scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
+        shared = max(math.ceil(scaled_mean * first - 1e-9), min_requests)
+        return [requests + 1 <= shared for requests in weighted]
     weighted = [load * weight for load, weight in zip(loads, weights)]
     scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
-    if len(set(weights)) == 1:  # alike replicas: one limit
-        shared = max(math.ceil(scaled_mean * weights[0] - 1e-9), min_requests)
-        return [requests + 1 <= shared for requests in weighted]
     limits: dict[float, int] = {}
     room = []
     for requests, weight in zip(weighted, weights):

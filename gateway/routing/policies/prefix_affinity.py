@@ -112,12 +112,13 @@ class PrefixAffinityPolicy(Policy):
         )
         rows = tuple(map(Score, ids, ttfts, loads, cached, waits))  # (replica_id, score, load, cached_tokens, wait_s)
         effective = self._effective(view, candidates, cached, ttfts, per_token, discount)
-        if self.params.delay_weight:
-            delays = self._delays(view, ids, cached, waits, per_token, prompt, now, discount)
+        recent = self._recent_works(ids, now) if self.params.delay_weight else None  # the delays' and ties' input
+        if recent is not None:
+            delays = self._delays(view, ids, cached, waits, per_token, prompt, recent, discount)
             effective = [e + d for e, d in zip(effective, delays)]
         eligible, best = self._within_bound(candidates, loads, ttfts, waits, effective, has_home)
         near = self._near_best(candidates, eligible, effective, best, starts_conversation)
-        pick = self._tie_broken(ids, loads, near, now)
+        pick = self._tie_broken(ids, loads, near, now, recent)
         # The prompt, candidates, their cached tokens and loads, and whether it had a home: on_dispatched
         # queues the chosen one's uncached prefill from them.
         return Decision(
@@ -170,9 +171,9 @@ class PrefixAffinityPolicy(Policy):
         and the best effective cost among them."""
         p = self.params
         room = has_room_loads(loads, [c.weight for c in candidates], p.load_epsilon, p.min_bound_requests)
-        eligible = [i for i, ok in enumerate(room) if ok]
-        if len(eligible) == len(effective) or not eligible:
+        if all(room) or not any(room):
             return list(range(len(effective))), min(effective)
+        eligible = [i for i, ok in enumerate(room) if ok]
         best = min([effective[i] for i in eligible])
         # Over the bound, a replica still keeps the request when moving costs more than staying
         # would even if its predicted wait were `bound_margin` times longer: the bound guards
@@ -206,14 +207,20 @@ class PrefixAffinityPolicy(Policy):
             near = [i for i in near if candidates[i].cache_fill <= least_fill + FILL_TIE]
         return near
 
-    def _tie_broken(self, ids: list[str], loads: list[float], near: list[int], now: float) -> int:
+    def _tie_broken(
+        self, ids: list[str], loads: list[float], near: list[int], now: float, recent: list[float] | None
+    ) -> int:
         """Near-ties: the least loaded, then the one given the least recent work (new conversations spread
-        evenly, so their later turns do too), then a random one."""
+        evenly, so their later turns do too), then a random one. `recent`: each candidate's recent work, if
+        the delays needed it already."""
+        if len(near) == 1:
+            return near[0]
         least_load = min([loads[i] for i in near])
         tied = [i for i in near if loads[i] == least_load]
         if len(tied) > 1:  # only these need their recent work
-            recent = {i: self._recent_work(ids[i], now) for i in tied}
-            least = min(recent.values())
+            if recent is None:
+                recent = self._recent_works(ids, now)
+            least = min([recent[i] for i in tied])
             tied = [i for i in tied if recent[i] == least]
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
@@ -262,7 +269,7 @@ class PrefixAffinityPolicy(Policy):
         waits: list[float],
         per_token: list[float],
         prompt: int,
-        now: float,
+        recent: list[float],
         discount: float,
     ) -> list[float]:
         """What each candidate's prefill costs the requests that will queue behind it, in seconds.
@@ -288,13 +295,23 @@ class PrefixAffinityPolicy(Policy):
             expected = [n + int(discount * (preamble - n)) if n < preamble else n for n in cached]
         weight, window = p.delay_weight, p.balance_window_s
         out = []
-        for replica_id, wait, n, s_per_token in zip(ids, waits, expected, per_token):
+        for wait, n, s_per_token, work in zip(waits, expected, per_token, recent):
             x = s_per_token * (prompt - n if prompt > n else 0)
-            out.append(weight * x * (wait + x) * self._recent_work(replica_id, now) / window)
+            out.append(weight * x * (wait + x) * work / window)
         return out
 
-    def _recent_work(self, replica_id: str, now: float) -> float:
-        return _decayed(self._recent, replica_id, now, self.params.balance_window_s)
+    def _recent_works(self, ids: list[str], now: float) -> list[float]:
+        """Each replica's recent requests (`_recent`, decayed to `now`), as `_decay` computes them."""
+        window, get, exp = self.params.balance_window_s, self._recent.get, math.exp
+        out = []
+        for replica_id in ids:
+            entry = get(replica_id)
+            if entry is None:
+                out.append(0.0)
+            else:
+                count, since = entry
+                out.append(count if since == now else count * exp((since - now) / window))
+        return out
 
     def _conversational(self, now: float) -> bool:
         """Do most recent requests continue a conversation? Then placing a new one places its future
@@ -307,7 +324,7 @@ class PrefixAffinityPolicy(Policy):
         replica_id = decision.replica_id
         now = self.cost.clock()
         window = self.params.balance_window_s
-        self._recent[replica_id] = (self._recent_work(replica_id, now) + 1.0, now)
+        self._recent[replica_id] = (_decayed(self._recent, replica_id, now, window) + 1.0, now)
         for key in {0, view.preamble_key}:  # 0 counts every request: the denominator of shares
             seen = _decayed(self._preambles, key, now, window) + 1.0
             self._preambles.pop(key, None)

@@ -209,7 +209,7 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
         elif not home_held and discount and n < view.preamble_tokens:
             n += int(discount * (view.preamble_tokens - n))
         x = policy.cost.prefill_s_per_token(c.replica_id) * max(0, prompt - n)
-        rate = policy._recent_work(c.replica_id, now) / p.balance_window_s
+        rate = policy._recent_works([c.replica_id], now)[0] / p.balance_window_s
         effective[i] += p.delay_weight * x * (waits[i] + x) * rate
     room = has_room(candidates, p.load_epsilon, p.min_bound_requests)
     eligible = [i for i, ok in enumerate(room) if ok] or list(range(len(candidates)))
@@ -223,7 +223,7 @@ def reference_choice(policy: PrefixAffinityPolicy, view: RequestView, candidates
     near = [i for i in eligible if effective[i] <= best + max(p.tie_s, p.tie_ratio * best)]
     if not has_home and policy._conversational(now):  # a new conversation: the least full cache first
         near = [i for i in near if candidates[i].cache_fill <= min(candidates[j].cache_fill for j in near) + 0.01]
-    keys = {i: (candidates[i].load, policy._recent_work(candidates[i].replica_id, now)) for i in near}
+    keys = {i: (candidates[i].load, policy._recent_works([candidates[i].replica_id], now)[0]) for i in near}
     tied = [i for i in near if keys[i] == min(keys.values())]
     if len(tied) > 1:
         return "tie", ""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -33,6 +33,7 @@ import xxhash
 from gateway.config.pools import PrefixConfig
 from gateway.errors import BadRequestError
 from gateway.prompt.api_shapes import CHAT_SHAPED
+from gateway.support.records import record
 from gateway.view import RequestView
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ _FIELD = "\x1f"
 TOKENS, CHARACTERS = "tokens", "characters"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Prefix:
     block_hashes: tuple[int, ...]
     prompt_tokens: int  # estimate, or exact when the client sent token ids
@@ -129,11 +130,16 @@ def body_with_answer(view: RequestView, answer: str) -> dict[str, Any] | None:
 def with_answer(view: RequestView, params: PrefixConfig, answer: str) -> tuple[int, ...]:
     """The character chain of `view`'s prompt followed by its answer. Only the blocks past
     `view.block_hashes` are hashed (the chain continues from its last)."""
-    body = body_with_answer(view, answer)
-    if body is None:
-        return view.block_hashes
-    text, _ = prompt_source(view.endpoint, body)
-    assert isinstance(text, str)
+    prompt = view.body.get("prompt") if view.endpoint == "completions" else None
+    if isinstance(prompt, str):  # what body_with_answer and prompt_source would make of it, without the copy
+        text = prompt + answer
+    else:
+        body = body_with_answer(view, answer)
+        if body is None:
+            return view.block_hashes
+        source, _ = prompt_source(view.endpoint, body)
+        assert isinstance(source, str)
+        text = source
     done = len(view.block_hashes)
     seed = view.block_hashes[-1] if done else _seed(view, params)
     rest = chain_hash_text(text[done * params.block_chars :], params.block_chars, seed, params.max_blocks - done)
@@ -141,14 +147,26 @@ def with_answer(view: RequestView, params: PrefixConfig, answer: str) -> tuple[i
 
 
 def _seed(view: RequestView, params: PrefixConfig) -> int:
-    parts = [view.model]
-    if params.salt_by_tenant and view.tenant:
-        parts.append(view.tenant)
     cache_salt = view.body.get("cache_salt")  # vLLM's own per-request cache isolation
-    if isinstance(cache_salt, str):
+    return _seed_of(
+        view.model,
+        view.tenant if params.salt_by_tenant else None,
+        cache_salt if isinstance(cache_salt, str) else None,
+        view.adapter,
+    )
+
+
+@lru_cache(maxsize=1024)
+def _seed_of(model: str, tenant: str | None, cache_salt: str | None, adapter: str | None) -> int:
+    """The first block's seed; a few models, tenants and adapters make nearly every request's, so it is
+    computed once for each."""
+    parts = [model]
+    if tenant:
+        parts.append(tenant)
+    if cache_salt is not None:
         parts.append(cache_salt)
     seed = _hash("\x00".join(parts).encode())
-    return seed if view.adapter is None else adapter_seed(seed, view.adapter)
+    return seed if adapter is None else adapter_seed(seed, adapter)
 
 
 def prompt_source(endpoint: str, body: dict[str, Any]) -> tuple[str | list[int], int]:

@@ -44,13 +44,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
 
 from gateway.config.policy_params import PrefixAffinityPolicyConfig
 from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
 from gateway.routing.policies.cost import CostModel
+from gateway.routing.policies.decayed import decay, decayed, decayed_each
 from gateway.support.bounded import put_newest
 from gateway.view import RequestView
 
@@ -253,10 +253,10 @@ class PrefixAffinityPolicy(Policy):
         if not view.preamble_key or not view.preamble_tokens:
             return False
         window = self.params.balance_window_s
-        seen = _decayed(self._preambles, view.preamble_key, now, window)
+        seen = decayed(self._preambles, view.preamble_key, now, window)
         if seen + 0.5 < self.params.shared_preamble_requests:  # a decayed count: round, don't truncate
             return False
-        share = seen / max(seen, _decayed(self._preambles, 0, now, window))
+        share = seen / max(seen, decayed(self._preambles, 0, now, window))
         wanted = math.ceil(len(cached) * share * self.params.preamble_spread - 1e-9)
         holders = sum(1 for n in cached if n >= view.preamble_tokens)
         return bool(holders < wanted)
@@ -301,32 +301,24 @@ class PrefixAffinityPolicy(Policy):
         return out
 
     def _recent_works(self, ids: list[str], now: float) -> list[float]:
-        """Each replica's recent requests (`_recent`, decayed to `now`), as `_decay` computes them."""
-        window, get, exp = self.params.balance_window_s, self._recent.get, math.exp
-        out = []
-        for replica_id in ids:
-            entry = get(replica_id)
-            if entry is None:
-                out.append(0.0)
-            else:
-                count, since = entry
-                out.append(count if since == now else count * exp((since - now) / window))
-        return out
+        """Each replica's recent requests, decayed to `now`."""
+        return decayed_each(self._recent, ids, now, self.params.balance_window_s)
 
     def _conversational(self, now: float) -> bool:
         """Do most recent requests continue a conversation? Then placing a new one places its future
         turns too; for single requests (a hot system prompt, prefix groups) the load decides alone."""
         window = self.params.balance_window_s
-        continuing = _decay(self._continuing, now, window)
-        return bool(continuing > self.params.conversation_share * _decayed(self._preambles, 0, now, window))
+        continuing = decay(self._continuing, now, window)
+        return bool(continuing > self.params.conversation_share * decayed(self._preambles, 0, now, window))
 
     def on_dispatched(self, view: RequestView, decision: Decision) -> None:
         replica_id = decision.replica_id
         now = self.cost.clock()
         window = self.params.balance_window_s
-        self._recent[replica_id] = (_decayed(self._recent, replica_id, now, window) + 1.0, now)
-        for key in {0, view.preamble_key}:  # 0 counts every request: the denominator of shares
-            seen = _decayed(self._preambles, key, now, window) + 1.0
+        self._recent[replica_id] = (decayed(self._recent, replica_id, now, window) + 1.0, now)
+        # 0 counts every request: the denominator of shares
+        for key in (0, view.preamble_key) if view.preamble_key else (0,):
+            seen = decayed(self._preambles, key, now, window) + 1.0
             self._preambles.pop(key, None)
             if len(self._preambles) >= MAX_TRACKED:
                 del self._preambles[next(k for k in self._preambles if k)]
@@ -344,7 +336,7 @@ class PrefixAffinityPolicy(Policy):
             return
         prompt, ids, cached, loads, has_home = decision.plan
         if has_home:
-            self._continuing = (_decay(self._continuing, now, window) + 1.0, now)
+            self._continuing = (decay(self._continuing, now, window) + 1.0, now)
         if replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
             self._unqueued.pop(view.request_id, None)
@@ -405,13 +397,3 @@ def _continues(view: RequestView) -> bool:
     """Does the chat request carry an earlier answer (a later turn, an agent's next hop)?"""
     messages = view.body.get("messages") if view.endpoint == "chat" else None
     return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-
-
-def _decay(entry: tuple[float, float] | None, now: float, window_s: float) -> float:
-    """A count that decays with time constant `window_s`, stored as (count, as of time)."""
-    count, since = entry or (0.0, now)
-    return count if since == now else count * math.exp((since - now) / window_s)  # exp(0) = 1 exactly
-
-
-def _decayed(counts: dict[Any, tuple[float, float]], key: Any, now: float, window_s: float) -> float:
-    return _decay(counts.get(key), now, window_s)

@@ -10,12 +10,19 @@ gateway's own code names it (`STAGES`, by module), and the samples of libraries 
 with no gateway frame at all are the framework's own (aiohttp's server, the event loop): the floor a
 bare proxy pays too. `--top N` also lists the N functions of our own code with the most samples.
 `--results NAME` publishes the stage table (docs/benchmarks/results/NAME.json and .md, bench/results.py).
+
+The gateway runs alone on the machine's last core, wrk and the replicas on the others (`pin`). py-spy
+samples wall-clock time: on cores shared with its client and replicas the gateway is often runnable but
+not running, and a sample then lands where it was preempted, most often right after a write that woke a
+replica (the upstream send), which made "send" look several times its CPU cost. Pinned, the gateway is
+on its core whenever it is runnable, so its samples are its CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import subprocess
 import sys
@@ -132,7 +139,12 @@ def attribute(raw: Path) -> tuple[collections.Counter[tuple[str, bool]], collect
 
 
 def summarize(
-    stages: collections.Counter[tuple[str, bool]], total: int, args: argparse.Namespace, requests: int, cpu_ms: float
+    stages: collections.Counter[tuple[str, bool]],
+    total: int,
+    args: argparse.Namespace,
+    requests: int,
+    cpu_ms: float,
+    pinned: bool = False,
 ) -> dict[str, Any]:
     """The published figures: the run's set-up, CPU per request, and per stage (busiest first) its share
     of the samples in our own code and in the libraries that code called."""
@@ -144,6 +156,7 @@ def summarize(
         "seconds": args.seconds,
         "requests": requests,
         "cpu_ms_per_request": cpu_ms,
+        "pinned": pinned,
         "samples": total,
         "stages": [
             {"stage": name, "own": stages[(name, True)] / total, "called": stages[(name, False)] / total}
@@ -157,9 +170,10 @@ def render(figures: dict[str, Any]) -> str:
     and how it splits between our code and the libraries it calls."""
     cpu_ms = figures["cpu_ms_per_request"]
     counted = "" if figures["requests"] is None else f", {figures['requests']} requests, {figures['samples']} samples"
+    alone = ", the gateway alone on a core" if figures.get("pinned") else ""
     lines = [
         f"Ours ({figures['policy']}, {'streaming' if figures['stream'] else 'whole answers'}), wrk -t2 "
-        f"-c{figures['connections']} for {figures['seconds']:g} s: {cpu_ms:.3f} ms CPU per request under "
+        f"-c{figures['connections']} for {figures['seconds']:g} s{alone}: {cpu_ms:.3f} ms CPU per request under "
         f"py-spy{counted}.",
         "",
         "| stage | share of the gateway's CPU | µs per request | in our code | in libraries it calls |",
@@ -171,6 +185,22 @@ def render(figures: dict[str, Any]) -> str:
             f"| {row['stage']} | {share:.1%} | {share * cpu_ms * 1e3:.0f} | {row['own']:.1%} | {row['called']:.1%} |"
         )
     return "\n".join(lines)
+
+
+def reserve_core() -> int | None:
+    """Take this process's last core away from it and from what it starts next (the replicas, wrk), for the
+    gateway; None on a machine with one core (nothing is pinned)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    os.sched_setaffinity(0, cores[:-1])
+    return cores[-1]
+
+
+def pin(pid: int, core: int) -> None:
+    """Every thread of `pid` on `core` (a thread it starts later inherits its starter's)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), {core})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,11 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         parser.error("py-spy is not installed (pip install py-spy; `make bench` does)")
+    cores = os.sched_getaffinity(0)
+    core = reserve_core()
     with tempfile.TemporaryDirectory() as workdir, ExitStack() as stack:
+        stack.callback(os.sched_setaffinity, 0, cores)
         replicas = fake_replicas(stack)
         port = free_port()
         config = gateway_config(port, replicas, args.policy, Path(workdir))
         pid = stack.enter_context(running([sys.executable, "-m", "gateway", "serve", "--config", str(config)], port))
+        if core is not None:
+            pin(pid, core)
         url = f"http://127.0.0.1:{port}"
         wrk(url, 2, args.connections, args.stream, 2)  # warm-up
         raw = Path(workdir) / "samples.txt"
@@ -221,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep:
             shutil.copyfile(raw, args.keep)
     cpu_ms = cpu_s * 1e3 / max(done, 1)
-    figures = summarize(stages, total, args, done, cpu_ms)
+    figures = summarize(stages, total, args, done, cpu_ms, pinned=core is not None)
     print(render(figures))
     if args.results:
         print(f"\nwrote {results.write(args.results, results.record('bench.hop.stages', figures, argv), render)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 from multidict import CIMultiDict
@@ -55,16 +55,19 @@ def _response_drop(extra: frozenset[str]) -> frozenset[str]:
     return RESPONSE_DROP | extra
 
 
-def filtered(headers: Iterable[tuple[str, str]], drop: frozenset[str] | set[str]) -> CIMultiDict[str]:
-    """Copy headers minus `drop` and minus any header the `Connection` header names (each name lowered once:
-    this runs twice per proxied request)."""
-    items = list(headers)
-    lowered = [k.lower() for k, _ in items]
-    if "connection" in lowered:
-        drop = drop | {
-            t.strip().lower() for (_, v), k in zip(items, lowered) if k == "connection" for t in v.split(",")
-        }
-    return CIMultiDict([item for item, k in zip(items, lowered) if k not in drop])
+def filtered(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]], drop: frozenset[str] | set[str]
+) -> CIMultiDict[str]:
+    """Copy headers minus `drop` and minus any header the `Connection` header names. A copy of the whole
+    multidict with the dropped names popped, in C, not a Python pass lowering every name (this runs twice
+    per proxied request)."""
+    out = CIMultiDict(headers)
+    connection = out.getall("Connection", None)
+    if connection is not None:
+        drop = drop | {token.strip().lower() for value in connection for token in value.split(",")}
+    for name in drop:
+        out.popall(name, None)
+    return out
 
 
 _REQUEST_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII: safe in every header, log line and metric label

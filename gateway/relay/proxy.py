@@ -161,7 +161,7 @@ class Proxy:
         self, request: web.Request, view: RequestView, attempt: Attempt, exchange: Exchange, config: Config
     ) -> web.StreamResponse:
         replica = attempt.replica
-        out_headers = h.filtered(request.headers.items(), h.REQUEST_DROP)
+        out_headers = h.filtered(request.headers, h.REQUEST_DROP)
         out_headers[h.REQUEST_ID] = view.request_id
         exchange.trace.inject(out_headers)
         # the gateway's key is a credential for the gateway only
@@ -220,7 +220,7 @@ class Proxy:
     ) -> web.StreamResponse:
         replica, decision = attempt.replica, attempt.decision
         exchange.status = upstream.status
-        back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
+        back = h.filtered(upstream.headers, h.response_drop(config.headers))
         back[h.REQUEST_ID] = view.request_id
         if config.headers.replica_id:
             back[h.REPLICA_ID] = replica.replica_id

@@ -163,7 +163,7 @@ async def _ask_replicas(
 ) -> str | None:
     """The first available replica of the pool that has the response (`GET /v1/responses/{id}` answers
     200), asked one after another; None when none has it or none answers."""
-    out = h.filtered(headers.items(), h.REQUEST_DROP)
+    out = h.filtered(headers, h.REQUEST_DROP)
     for name in ("Content-Length", "Content-Type", "Content-Encoding", "Transfer-Encoding"):
         out.popall(name, None)
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S, sock_connect=config.timeouts.connect_s)
@@ -226,7 +226,7 @@ async def _send(
 ) -> web.StreamResponse | None:
     """One replica's answer relayed, or None when it does not have the response (404)."""
     config = state.config
-    out = h.filtered(request.headers.items(), h.REQUEST_DROP)
+    out = h.filtered(request.headers, h.REQUEST_DROP)
     set_upstream_auth(out, config.backend_key(model, replica.replica_id), config.auth.enabled)
     timeout = aiohttp.ClientTimeout(sock_connect=config.timeouts.connect_s, sock_read=config.timeouts.idle_s)
     async with session.request(
@@ -239,7 +239,7 @@ async def _send(
     ) as upstream:
         if upstream.status == 404:
             return None
-        back = h.filtered(upstream.headers.items(), h.response_drop(config.headers))
+        back = h.filtered(upstream.headers, h.response_drop(config.headers))
         back[h.REPLICA_ID] = replica.replica_id
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=back)
         await response.prepare(request)

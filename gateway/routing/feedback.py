@@ -42,15 +42,17 @@ class AnswerRecords(RequestObserver):
 
     def finished(self, done: FinishedRequest) -> None:
         usage = done.usage
-        if done.replica_id is None or not usage.answer:
+        if done.replica_id is None or usage.answer is None:
             return
-        done.router.record_answer(
-            done.view,
-            done.replica_id,
-            Outcome(
-                ok=done.ok,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                answer="".join(usage.answer),
-            ),
-        )
+        answer = usage.answer_text()  # a stream's text is read here, after the answer (SSEUsageScanner.finish)
+        if answer:
+            done.router.record_answer(
+                done.view,
+                done.replica_id,
+                Outcome(
+                    ok=done.ok,
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    answer=answer,
+                ),
+            )

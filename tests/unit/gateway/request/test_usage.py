@@ -113,3 +113,61 @@ def test_counts_clamped_to_the_context_and_the_choices() -> None:
     assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (4096, 3 * 4096, 4096)
     usage.bound(True, {"n": 10**9})  # not a length, absurd n: the cap, and at most 128 choices
     assert (usage.ceiling, usage.choices) == (MAX_TOKENS, 128)
+
+
+@pytest.mark.parametrize("split", [1, 9, 10_000])
+def test_finish_reads_the_usage_now_and_holds_the_text_for_later(split: int) -> None:
+    """At the stream's end the usage is read at once; the last events' text waits for `answer_text`, which
+    reads it in order, a broken event costing only itself."""
+    stream = (
+        sse(
+            {"choices": [{"delta": {"role": "assistant"}}]},
+            {"choices": [{"delta": {"content": "Hel"}}], "usage": None},
+        )
+        + b'data: {"choices": [broken\n\n'
+        + sse({"choices": [{"delta": {"content": "lo"}}]}, {"choices": [], "usage": USAGE})
+    )
+    usage = Usage(answer=[])
+    scanner = SSEUsageScanner(usage)
+    for i in range(0, len(stream), split):
+        scanner.feed(stream[i : i + split])
+    scanner.finish()
+    assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
+    assert usage.answer == [] and usage.held
+    assert usage.answer_text() == "Hello" and usage.held is None
+    assert usage.answer_text() == "Hello" and (usage.prompt_tokens, usage.completion_tokens) == (40, 5)
+
+
+def test_finish_of_a_long_stream_keeps_the_text_in_order() -> None:
+    """Earlier batches of a long stream are read as they fill (memory stays bounded); only the last is held."""
+    words = [{"choices": [{"delta": {"content": f"w{i} "}}], "usage": None} for i in range(5000)]
+    stream = sse(*words, {"choices": [], "usage": USAGE})
+    usage = Usage(answer=[])
+    scanner = SSEUsageScanner(usage)
+    for i in range(0, len(stream), 333):
+        scanner.feed(stream[i : i + 333])
+    scanner.finish()
+    assert usage.answer and usage.held  # some read on the way, the rest held
+    assert usage.answer_text() == "".join(f"w{i} " for i in range(5000))
+    assert (usage.prompt_tokens, usage.cached_tokens) == (40, 32)
+
+
+def test_finish_without_the_answer_asked_holds_nothing() -> None:
+    usage = Usage()
+    scanner = SSEUsageScanner(usage)
+    scanner.feed(sse({"choices": [{"delta": {"content": "x"}}], "usage": None}, {"choices": [], "usage": USAGE}))
+    scanner.finish()
+    assert usage.held is None and usage.answer_text() == "" and usage.cached_tokens == 32
+
+
+def test_finish_reads_a_responses_answer_id_from_its_completed_event() -> None:
+    usage = Usage(answer=[])
+    scanner = SSEUsageScanner(usage)
+    scanner.feed(
+        sse(
+            {"type": "response.output_text.delta", "delta": "hi"},
+            {"type": "response.completed", "response": {"id": "resp_1", "object": "response", "usage": USAGE}},
+        )
+    )
+    scanner.finish()
+    assert usage.response_id == "resp_1" and usage.prompt_tokens == 40

@@ -57,10 +57,12 @@ def _index_owners(names: list[str]) -> int:
 
 
 def _settled(client: redis.Redis, timeout_s: float) -> tuple[View, float]:
-    """Redis's view once one subscriber is left (or at the timeout), and how long that took."""
+    """Redis's view once one subscriber is left and the channel list agrees (or at the timeout), and how long
+    that took: the two are read one after the other, and a subscription that moves between them (a follower
+    resubscribing) would show one subscriber and no channel."""
     start = time.monotonic()
     view = _redis_view(client)
-    while view[1] != 1 and time.monotonic() - start < timeout_s:
+    while (view[1] != 1 or view[2] != [CHANNEL.encode()]) and time.monotonic() - start < timeout_s:
         time.sleep(0.1)
         view = _redis_view(client)
     return view, round(time.monotonic() - start, 2)

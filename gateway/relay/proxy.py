@@ -331,7 +331,7 @@ class Proxy:
                 request, response, exchange.error, events.framed and (phrases is None or phrases.framed)
             )
         finally:
-            scanner.finish()  # the usage of what was relayed, however the stream ended
+            scanner.flush()  # the usage of what was relayed, however the stream ended
         return response
 
     async def _end_stream_with_error(

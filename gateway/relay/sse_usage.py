@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from gateway.request.usage import Usage
 
 _MAX_TAIL_BYTES = 1 << 20  # an SSE event larger than this is not scanned
@@ -39,15 +37,6 @@ class SSEUsageScanner:
 
     def flush(self) -> None:
         """Read what was fed since the last batch (an unfinished last event waits for more, or stays unread)."""
-        self._read(last=False)
-
-    def finish(self) -> None:
-        """The stream is over: its usage is read now; the text of its last batch of events (a whole short
-        stream) is held in `Usage.held`, for `Usage.answer_text` to read in the batch after the answer. The
-        relay has no use for the text, and read here it cost a stream more than the rest of its scan."""
-        self._read(last=True)
-
-    def _read(self, last: bool) -> None:
         if not self._chunks:
             return
         data = self._tail + b"".join(self._chunks)
@@ -59,22 +48,18 @@ class SSEUsageScanner:
             return
         self._tail = data[end + 2 :]
         complete = data[:end]
-        usage = self.usage
-        if usage.answer is None or last:  # the usage now, and only the events that carry one
-            if usage.answer is not None:
-                usage.held = _data(complete.split(b"\n\n"))
-            if not _no_usage(complete):
-                usage.read_events(
-                    _data(e for e in complete.split(b"\n\n") if b'"usage"' in e and b'"usage":null' not in e),
-                    text=False,
-                )
+        collect = self.usage.answer is not None
+        if not collect and _no_usage(complete):
             return
-        usage.read_events(_data(complete.split(b"\n\n")))  # a long stream's earlier batch: memory stays bounded
-
-
-def _data(events: Iterable[bytes]) -> list[bytes]:
-    """Each event's `data:` payloads."""
-    return [line[5:].strip() for event in events for line in event.split(b"\n") if line.startswith(b"data:")]
+        self.usage.read_events(
+            [
+                line[5:].strip()
+                for event in complete.split(b"\n\n")
+                if collect or (b'"usage"' in event and b'"usage":null' not in event)
+                for line in event.split(b"\n")
+                if line.startswith(b"data:")
+            ]
+        )
 
 
 def _no_usage(events: bytes) -> bool:

@@ -35,7 +35,6 @@ class Usage:
     cached_tokens: int | None = None
     answer: list[str] | None = None  # the first choice's text pieces; None: not collected
     answer_chars: int = 0
-    held: list[bytes] | None = None  # a stream's last events, whose text `answer_text` reads (SSEUsageScanner)
     response_id: str | None = None  # a Responses API answer's id (gateway.relay.stored_responses)
     ceiling: int = MAX_TOKENS  # the most tokens one sequence can count (the replica's max_model_len)
     choices: int = 1  # the request's `n`: completion tokens may reach `ceiling` once per choice
@@ -64,25 +63,24 @@ class Usage:
 
     def read_body(self, body: bytes) -> None:
         """A whole JSON answer, or one SSE event's data."""
-        self._read_one(body, True, True)
+        has_usage = b'"usage"' in body
+        if not has_usage and self.answer is None:
+            return
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        self._read(data, has_usage)
 
-    def answer_text(self) -> str:
-        """The answer's text as collected, with the text of the held events read now (None collected: "")."""
-        if self.held:
-            held, self.held = self.held, None
-            self.read_events(held, usage=False)
-        return "".join(self.answer or ())
-
-    def read_events(self, bodies: list[bytes], *, usage: bool = True, text: bool = True) -> None:
+    def read_events(self, bodies: list[bytes]) -> None:
         """Several SSE events' data, as `read_body` each, parsed in one orjson.loads of a JSON array where
-        they are all JSON objects (one call, not one per event: with the answer collected, every event is read).
-        `usage`: their counts (and a Responses answer's id); `text`: the answer's text, when it is collected."""
-        if not text or self.answer is None:
+        they are all JSON objects (one call, not one per event: with the answer collected, every event is read)."""
+        if self.answer is None:
             bodies = [body for body in bodies if b'"usage"' in body]
         objects = [body for body in bodies if body.startswith(b"{")]  # [DONE] and the like: no object to read
         if len(objects) < 2:  # nothing to batch
             for body in objects:
-                self._read_one(body, usage, text)
+                self.read_body(body)
             return
         try:
             parsed = orjson.loads(b"[" + b",".join(objects) + b"]")
@@ -90,23 +88,12 @@ class Usage:
             parsed = None
         if parsed is None or len(parsed) != len(objects):  # some event is not JSON: each on its own
             for body in objects:
-                self._read_one(body, usage, text)
+                self.read_body(body)
             return
         for body, data in zip(objects, parsed):
-            self._read(data, usage and b'"usage"' in body, usage, text)
+            self._read(data, b'"usage"' in body)
 
-    def _read_one(self, body: bytes, usage: bool, text: bool) -> None:
-        """One body, for what is asked of it (`read_events`' flags)."""
-        has_usage = usage and b'"usage"' in body
-        if not has_usage and (not text or self.answer is None):
-            return
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return
-        self._read(data, has_usage, usage, text)
-
-    def _read(self, data: Any, has_usage: bool, usage: bool, text: bool) -> None:
+    def _read(self, data: Any, has_usage: bool) -> None:
         """Usage is looked for only in bodies that name it (as the stream scan does)."""
         if not isinstance(data, dict):
             return
@@ -115,12 +102,10 @@ class Usage:
             for envelope in ("message", "response"):  # Anthropic message_start, Responses response.completed
                 if isinstance(inner := data.get(envelope), dict):
                     self.update(inner.get("usage"))
-        if usage:
-            response = data.get("response", data)  # streamed: response.completed's; whole: the body itself
-            if isinstance(response, dict) and response.get("object") == "response":
-                if isinstance(response.get("id"), str):
-                    self.response_id = response["id"]
-        if text and self.answer is not None:
+        response = data.get("response", data)  # streamed: response.completed's; whole: the body itself
+        if isinstance(response, dict) and response.get("object") == "response" and isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        if self.answer is not None:
             self._collect(data.get("choices"))
 
     def _collect(self, choices: Any) -> None:

@@ -42,17 +42,15 @@ class AnswerRecords(RequestObserver):
 
     def finished(self, done: FinishedRequest) -> None:
         usage = done.usage
-        if done.replica_id is None or usage.answer is None:
+        if done.replica_id is None or not usage.answer:
             return
-        answer = usage.answer_text()  # a stream's text is read here, after the answer (SSEUsageScanner.finish)
-        if answer:
-            done.router.record_answer(
-                done.view,
-                done.replica_id,
-                Outcome(
-                    ok=done.ok,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    answer=answer,
-                ),
-            )
+        done.router.record_answer(
+            done.view,
+            done.replica_id,
+            Outcome(
+                ok=done.ok,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                answer="".join(usage.answer),
+            ),
+        )

@@ -216,9 +216,7 @@ class Router:
         if not self.policy.needs_prefix:
             return {}
         if not view.block_hashes:
-            # without a tokenizer the keys are characters, hashed here and now: no coroutine to await
-            keyed = prefix.compute(view, self.prefix_params) if self.keys is None else await self._key(view)
-            prefix.attach(view, keyed)
+            prefix.attach(view, await self._key(view))
             ratio = self.calibration.token_ratio
             if view.key_kind == CHARACTERS and ratio != 1.0:  # in the replica's tokens
                 view.tokens_per_block *= ratio

@@ -24,13 +24,13 @@ def has_room_loads(loads: Sequence[float], weights: Sequence[float], epsilon: fl
     """`has_room` given each candidate's load and weight (callers that have them computed already).
     The limit is computed once per distinct weight (usually one), not once per candidate."""
     first = weights[0]
-    if weights.count(first) == len(weights):  # alike replicas: one limit
-        weighted = loads if first == 1.0 else [load * first for load in loads]  # x * 1.0 is x
-        scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
+    alike = weights.count(first) == len(weights)
+    # x * 1.0 is x: replicas of weight 1 need no weighted copy
+    weighted = loads if alike and first == 1.0 else [load * weight for load, weight in zip(loads, weights)]
+    scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
+    if alike:  # one limit
         shared = max(math.ceil(scaled_mean * first - 1e-9), min_requests)
         return [requests + 1 <= shared for requests in weighted]
-    weighted = [load * weight for load, weight in zip(loads, weights)]
-    scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
     limits: dict[float, int] = {}
     room = []
     for requests, weight in zip(weighted, weights):

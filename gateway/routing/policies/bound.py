@@ -27,7 +27,7 @@ def has_room_loads(loads: Sequence[float], weights: Sequence[float], epsilon: fl
     alike = weights.count(first) == len(weights)
     # x * 1.0 is x: replicas of weight 1 need no weighted copy
     weighted = loads if alike and first == 1.0 else [load * weight for load, weight in zip(loads, weights)]
-    scaled_mean = (1 + epsilon) * ((sum(weighted) + 1) / sum(weights))
+    scaled_mean = (1 + epsilon) * ((_total(weighted) + 1) / _total(weights))
     if alike:  # one limit
         shared = max(math.ceil(scaled_mean * first - 1e-9), min_requests)
         return [requests + 1 <= shared for requests in weighted]
@@ -39,3 +39,12 @@ def has_room_loads(loads: Sequence[float], weights: Sequence[float], epsilon: fl
             limit = limits[weight] = max(math.ceil(scaled_mean * weight - 1e-9), min_requests)
         room.append(requests + 1 <= limit)
     return room
+
+
+def _total(values: Sequence[float]) -> float:
+    """`sum(values)` for floats, the same additions in the same order. mypyc types `sum` of floats as an int
+    (typeshed's `float | Literal[0]`) and raises TypeError on the first float."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from gateway.config.policy_params import CostModelConfig
 from gateway.request.decision import Candidate
@@ -76,7 +77,7 @@ class CostModel:
 
     # Observed per-token costs are clamped to this factor around the default, so one outlier
     # (a TTFT dominated by an unpredicted queue) cannot swing the estimate by orders of magnitude.
-    CLAMP = 50.0
+    CLAMP: Final = 50.0
 
     def __init__(self, params: CostModelConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.params = params
@@ -259,10 +260,10 @@ class LineFit:
     """TTFT residual ≈ base + slope × uncached tokens, by least squares over recent idle requests: the
     running means of the first 1/alpha samples, then EWMAs (the same weights as the other estimates)."""
 
-    MIN_SAMPLES = 8
+    MIN_SAMPLES: Final = 8
     # The prompt sizes must spread: a standard deviation of at least this share of their mean, or the
     # slope is noise (every sample one size tells the sum of the two parts, not each).
-    MIN_SPREAD = 0.25
+    MIN_SPREAD: Final = 0.25
 
     def __init__(self) -> None:
         self.samples = 0

@@ -122,7 +122,7 @@ def test_real_model_image_pins_cpu_torch_and_installs_the_model_without_its_depe
 
 def test_the_gateway_image_installs_every_extra_the_docs_describe() -> None:
     # Issue 36: the image had `.[k8s]` only, so `tracing.enabled: true` failed in compose and Helm.
-    (install,) = [rest for ins, rest in STAGES["build"].instructions if ins == "RUN" and "pip install" in rest]
+    (install,) = [rest for ins, rest in STAGES["build"].instructions if ins == "RUN" and 'pip install ".[' in rest]
     (extras,) = re.findall(r'"\.\[([^\]]*)\]"', install)
     installed = {e.strip() for e in extras.split(",")}
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])

@@ -114,16 +114,23 @@ def is_salted(view: RequestView, params: PrefixConfig) -> bool:
 def body_with_answer(view: RequestView, answer: str) -> dict[str, Any] | None:
     """`view`'s request as the conversation's next turn will repeat it: the prompt followed by
     its answer (None when that cannot be written down, e.g. a prompt of token ids)."""
-    if view.endpoint == "chat":
-        messages = view.body.get("messages")
+    endpoint, body = view.endpoint, view.body
+    if endpoint in ("chat", "messages"):  # the answer as its own assistant turn, as the client sends it back
+        messages = body.get("messages")
         if not isinstance(messages, list):
             return None
-        return {
-            **view.body,
-            "messages": [*messages, {"role": "assistant", "content": answer}],
-            "add_generation_prompt": False,
-        }
-    prompt, _ = prompt_source(view.endpoint, view.body)
+        turns = [*messages, {"role": "assistant", "content": answer}]
+        if endpoint == "messages":
+            return {**body, "messages": turns}
+        return {**body, "messages": turns, "add_generation_prompt": False}
+    if endpoint == "responses":  # the answer as the output message a client passes back in `input`
+        given = body.get("input")
+        items = [{"role": "user", "content": given}] if isinstance(given, str) else given
+        if not isinstance(items, list):
+            return None
+        said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+        return {**body, "input": [*items, said]}
+    prompt, _ = prompt_source(endpoint, body)
     return {**view.body, "prompt": prompt + answer} if isinstance(prompt, str) else None
 
 

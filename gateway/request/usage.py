@@ -4,7 +4,9 @@ Non-streamed: the JSON body's `usage`. Streamed: the SSE event that carries a no
 (the last one with `stream_options.include_usage`), found by `gateway.relay.sse_usage`.
 `cached_tokens` is `usage.prompt_tokens_details.cached_tokens` (vLLM: --enable-prompt-tokens-details).
 The answer's text is collected only for prefix policies: the replica caches the answer's KV too,
-and the next turn of the conversation starts with it.
+and the next turn of the conversation starts with it. It is read from every API that carries a
+conversation: chat and completions choices, Anthropic Messages' text blocks and deltas, the Responses
+API's output text and its deltas.
 
 Counts are a replica's word, so each is clamped to what is possible before anything charges or counts it:
 a negative count reads as not reported (a Prometheus counter refuses to go down: the request used to end
@@ -106,19 +108,55 @@ class Usage:
         if isinstance(response, dict) and response.get("object") == "response" and isinstance(response.get("id"), str):
             self.response_id = response["id"]
         if self.answer is not None:
-            self._collect(data.get("choices"))
+            choices = data.get("choices")
+            self._collect(_choice_text(choices) if choices is not None else _messages_or_responses_text(data))
 
-    def _collect(self, choices: Any) -> None:
-        """Chat `message.content` / `delta.content`, or completions `text`, of choice 0."""
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return
-        choice = choices[0]
-        part = choice.get("message") or choice.get("delta")
-        text = part.get("content") if isinstance(part, dict) else choice.get("text")
+    def _collect(self, text: Any) -> None:
         if isinstance(text, str) and text and self.answer is not None:
             if self.answer_chars + len(text) <= _MAX_ANSWER_CHARS:
                 self.answer.append(text)
                 self.answer_chars += len(text)
+
+
+def _choice_text(choices: Any) -> Any:
+    """Chat `message.content` / `delta.content`, or completions `text`, of choice 0."""
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    part = choice.get("message") or choice.get("delta")
+    return part.get("content") if isinstance(part, dict) else choice.get("text")
+
+
+def _messages_or_responses_text(data: dict[str, Any]) -> Any:
+    """The answer text of an Anthropic Messages or Responses API body, or of one of their stream's events.
+    A stream's text comes in its deltas only: its closing event repeats the whole answer
+    (`response.completed`), and its opening one holds none yet (`message_start`)."""
+    kind = data.get("type")
+    if kind == "content_block_delta":  # Anthropic, streamed
+        delta = data.get("delta")
+        return delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
+    if kind == "response.output_text.delta":  # Responses, streamed
+        return data.get("delta")
+    if kind == "message":  # Anthropic, whole: its text blocks
+        return _texts(data.get("content"), "text")
+    if data.get("object") == "response" and isinstance(output := data.get("output"), list):  # Responses, whole
+        return "".join(
+            _texts(item.get("content"), "output_text")
+            for item in output
+            if isinstance(item, dict) and item.get("type") == "message"
+        )
+    return None
+
+
+def _texts(blocks: Any, kind: str) -> str:
+    """The text of the `kind` blocks of a content list, joined as the chat rendering joins text parts."""
+    if not isinstance(blocks, list):
+        return ""
+    return "".join(
+        block["text"]
+        for block in blocks
+        if isinstance(block, dict) and block.get("type") == kind and isinstance(block.get("text"), str)
+    )
 
 
 def _int(value: Any, default: int | None, most: int) -> int | None:

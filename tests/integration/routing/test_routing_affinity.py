@@ -59,26 +59,51 @@ def test_explain_endpoint_and_route_header(tmp_path: Path) -> None:
         assert bad.status_code == 404 and bad.json()["error"]["code"] == 404
 
 
+def _first_turn(api: str, user: dict[str, Any], stream: bool) -> tuple[str, dict[str, Any]]:
+    """The first turn's path and body on `api`: the same conversation in each API's shape."""
+    common = {"model": MODEL, "max_tokens": 64, "temperature": 0, "stream": stream}
+    if api == "chat":
+        return "/v1/chat/completions", {**common, "messages": [SYSTEM, user]}
+    if api == "messages":
+        return "/v1/messages", {**common, "system": SYSTEM["content"], "messages": [user]}
+    return "/v1/responses", {**common, "instructions": SYSTEM["content"], "input": user["content"]}
+
+
+def _answer_text(api: str, answer: httpx.Response, stream: bool) -> str:
+    if not stream:
+        body = answer.json()
+        if api == "chat":
+            return str(body["choices"][0]["message"]["content"])
+        if api == "messages":
+            return "".join(block["text"] for block in body["content"] if block["type"] == "text")
+        return "".join(part["text"] for item in body["output"] if item["type"] == "message" for part in item["content"])
+    events = [orjson.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+    if api == "chat":
+        return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    if api == "messages":
+        return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_the_answer_is_recorded_as_its_conversations_next_prefix(tmp_path: Path, stream: bool) -> None:
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_the_answer_is_recorded_as_its_conversations_next_prefix(tmp_path: Path, api: str, stream: bool) -> None:
     """The answer's blocks are recorded for the replica that wrote it (after the answer has gone, with what
     only records; a stream's last events are read for its text only then): the next turn, which repeats it,
-    finds more of its prompt warm there than the first turn's prompt alone."""
+    finds more of its prompt warm there than the first turn's prompt alone. On every API that carries a
+    conversation: the same conversation keys the same blocks on each, so the route explainer's chat shape
+    reads what a turn on any of them recorded."""
     with running() as track:
         stubs = [track(start_stub(f"r{i}")) for i in range(2)]
         routing_pool = pool(*((s.replica_id, s.url) for s in stubs), policy="prefix_affinity")
         gateway = track(start_gateway(tmp_path, {MODEL: routing_pool}))
-        messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "What is a prefix cache? " * 30}]
-        body = {"model": MODEL, "messages": messages, "max_tokens": 64, "temperature": 0, "stream": stream}
-        first = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30)
+        user = {"role": "user", "content": "What is a prefix cache? " * 30}
+        path, body = _first_turn(api, user, stream)
+        first = httpx.post(f"{gateway.url}{path}", json=body, timeout=30)
         assert first.status_code == 200, first.text
         home = first.headers["X-Replica-Id"]
-        if stream:
-            events = [orjson.loads(line[6:]) for line in first.text.splitlines() if line.startswith("data: {")]
-            text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
-            answer = {"role": "assistant", "content": text}
-        else:
-            answer = first.json()["choices"][0]["message"]
+        text = _answer_text(api, first, stream)
+        assert len(text) > 100  # past a block of its own
 
         def cached_at_home(messages: list[dict[str, Any]]) -> int:
             explained = httpx.post(
@@ -86,9 +111,9 @@ def test_the_answer_is_recorded_as_its_conversations_next_prefix(tmp_path: Path,
             ).json()
             return int({row["replica"]: row for row in explained["candidates"]}[home]["cached_tokens"])
 
-        prompt_only = cached_at_home(messages)
+        prompt_only = cached_at_home([SYSTEM, user])
         assert prompt_only > 0
-        assert cached_at_home([*messages, answer]) > prompt_only
+        assert cached_at_home([SYSTEM, user, {"role": "assistant", "content": text}]) > prompt_only
 
 
 def test_queued_prefill_is_released_at_the_first_token(tmp_path: Path) -> None:

@@ -233,6 +233,38 @@ def test_with_answer_equals_the_next_turns_chain(n: int) -> None:
     assert nxt[: len(extended)] == extended
 
 
+def test_with_answer_equals_the_next_turns_chain_on_anthropic_messages() -> None:
+    # The next turn as the Anthropic SDK sends it back: the answer's content blocks as the assistant turn.
+    messages = [{"role": "user", "content": "why is the sky blue? " * 8}]
+    answer = "Rayleigh scattering favours the short wavelengths. " * 4
+    now = view({"system": SYSTEM, "messages": messages}, endpoint="messages")
+    now.block_hashes = prefix.compute(now, P).block_hashes
+    said = {"role": "assistant", "content": [{"type": "text", "text": answer}]}
+    nxt = hashes(
+        {"system": SYSTEM, "messages": [*messages, said, {"role": "user", "content": "thanks"}]}, endpoint="messages"
+    )
+    extended = prefix.with_answer(now, P, answer)
+    assert len(extended) > len(now.block_hashes)
+    assert nxt[: len(extended)] == extended
+
+
+@pytest.mark.parametrize("first_input", ["why is the sky blue? " * 8, [{"role": "user", "content": "why? " * 30}]])
+def test_with_answer_equals_the_next_turns_chain_on_the_responses_api(first_input: Any) -> None:
+    # The next turn carries the earlier output message in `input`, as a client without stored responses does.
+    answer = "Rayleigh scattering favours the short wavelengths. " * 4
+    now = view({"instructions": SYSTEM, "input": first_input}, endpoint="responses")
+    now.block_hashes = prefix.compute(now, P).block_hashes
+    earlier = [{"role": "user", "content": first_input}] if isinstance(first_input, str) else first_input
+    output = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+    nxt = hashes(
+        {"instructions": SYSTEM, "input": [*earlier, output, {"role": "user", "content": "thanks"}]},
+        endpoint="responses",
+    )
+    extended = prefix.with_answer(now, P, answer)
+    assert len(extended) > len(now.block_hashes)
+    assert nxt[: len(extended)] == extended
+
+
 def test_with_answer_for_completions_appends_the_text() -> None:
     prompt = "Once upon a time, " * 20
     now = view({"prompt": prompt}, endpoint="completions")

@@ -113,3 +113,69 @@ def test_counts_clamped_to_the_context_and_the_choices() -> None:
     assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (4096, 3 * 4096, 4096)
     usage.bound(True, {"n": 10**9})  # not a length, absurd n: the cap, and at most 128 choices
     assert (usage.ceiling, usage.choices) == (MAX_TOKENS, 128)
+
+
+def anthropic_sse(*events: dict[str, object]) -> bytes:
+    return b"".join(b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+def test_answer_text_of_anthropic_messages_whole_and_streamed() -> None:
+    whole = Usage(answer=[])
+    whole.read_body(
+        orjson.dumps(
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Hel"},
+                    {"type": "tool_use", "id": "t"},
+                    {"type": "text", "text": "lo"},
+                ],
+                "usage": {"input_tokens": 40, "output_tokens": 5},
+            }
+        )
+    )
+    assert whole.answer == ["Hello"] and whole.prompt_tokens == 40
+    stream = anthropic_sse(
+        {"type": "message_start", "message": {"type": "message", "content": [], "usage": {"input_tokens": 40}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{}"}},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}},
+        {"type": "message_stop"},
+    )
+    streamed = Usage(answer=[])
+    scanner = SSEUsageScanner(streamed)
+    for i in range(0, len(stream), 13):
+        scanner.feed(stream[i : i + 13])
+    scanner.flush()
+    assert "".join(streamed.answer or []) == "Hello"
+    assert (streamed.prompt_tokens, streamed.completion_tokens) == (40, 5)
+
+
+def test_answer_text_of_the_responses_api_whole_and_streamed_once() -> None:
+    response = {
+        "id": "resp_1",
+        "object": "response",
+        "output": [
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
+        ],
+        "usage": {"input_tokens": 40, "output_tokens": 5},
+    }
+    whole = Usage(answer=[])
+    whole.read_body(orjson.dumps(response))
+    assert whole.answer == ["Hello"] and whole.response_id == "resp_1"
+    stream = anthropic_sse(
+        {"type": "response.created", "response": {**response, "output": []}},
+        {"type": "response.output_text.delta", "output_index": 1, "content_index": 0, "delta": "Hel"},
+        {"type": "response.output_text.delta", "output_index": 1, "content_index": 0, "delta": "lo"},
+        {"type": "response.completed", "response": response},  # repeats the whole answer: not read twice
+    )
+    streamed = Usage(answer=[])
+    scanner = SSEUsageScanner(streamed)
+    scanner.feed(stream)
+    scanner.flush()
+    assert "".join(streamed.answer or []) == "Hello" and streamed.response_id == "resp_1"
+    assert streamed.completion_tokens == 5

@@ -13,14 +13,17 @@ from pathlib import Path
 
 
 @contextmanager
-def running(args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None) -> Iterator[int]:
-    """Run a child process until the block ends; ready once its port accepts connections. Yields its pid."""
+def running(
+    args: list[str], port: int, env: dict[str, str] | None = None, cwd: Path | None = None, ready_s: float = 60.0
+) -> Iterator[int]:
+    """Run a child process until the block ends; ready once its port accepts connections (within `ready_s`).
+    Yields its pid."""
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         args, stdout=log, stderr=subprocess.STDOUT, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, cwd=cwd
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + ready_s
         while True:
             if proc.poll() is not None:
                 log.seek(0)

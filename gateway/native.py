@@ -10,8 +10,8 @@ runs the same modules interpreted.
     python -m gateway.native --check   # exit 1 if a build is older than a source of the package
 
 A compiled module holds its type hints to their word at run time (a float where an `int` is declared
-raises TypeError), so the test suite runs on the compiled build, and `--check` keeps it from running on
-a stale one: a build older than any source of the package may disagree with what it calls.
+raises TypeError), so the test suite runs on the compiled build, never on a stale one (a build older than
+any source of the package may disagree with what it calls): tests/conftest.py builds it again first.
 """
 
 from __future__ import annotations

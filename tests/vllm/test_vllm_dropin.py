@@ -12,6 +12,8 @@ import httpx
 import openai
 import pytest
 
+from gateway.relay.sse_usage import SSEUsageScanner
+from gateway.request.usage import Usage
 from lab import vllm_replica
 from lab.vllm_replica import VLLMReplica
 from tests.helpers import Proc, free_port, wait_http
@@ -109,6 +111,42 @@ def test_responses_stored_and_continued_through_the_gateway(keyed_gateway: tuple
         model=MODEL, input="And another?", previous_response_id=response.id, max_output_tokens=8, temperature=0
     )
     assert follow.output_text and follow.previous_response_id == response.id
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_the_answer_text_the_gateway_records_is_vllms_answer(keyed_gateway: tuple[Gateway, str], path: str) -> None:
+    # The text a prefix policy records as the conversation's next prefix (gateway.request.usage), read from real
+    # vLLM's Anthropic and Responses answers, whole and streamed, as relayed: equal to the answer the client reads.
+    gw, _ = keyed_gateway
+    if path == "/v1/messages":
+        body = {
+            "model": MODEL,
+            "max_tokens": 12,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Name a colour."}],
+        }
+    else:
+        body = {"model": MODEL, "max_output_tokens": 12, "temperature": 0, "input": "Name a colour."}
+    whole = httpx.post(f"{gw.url}{path}", json=body, timeout=120)
+    assert whole.status_code == 200, whole.text
+    if path == "/v1/messages":
+        said = "".join(block["text"] for block in whole.json()["content"] if block["type"] == "text")
+    else:
+        said = "".join(
+            part["text"] for item in whole.json()["output"] if item["type"] == "message" for part in item["content"]
+        )
+    assert said
+    read = Usage(answer=[])
+    read.read_body(whole.content)
+    assert "".join(read.answer or []) == said and read.completion_tokens
+    streamed = httpx.post(f"{gw.url}{path}", json={**body, "stream": True}, timeout=120)
+    assert streamed.status_code == 200, streamed.text
+    scanned = Usage(answer=[])
+    scanner = SSEUsageScanner(scanned)
+    for i in range(0, len(streamed.content), 97):  # split anywhere, as the relay's chunks may be
+        scanner.feed(streamed.content[i : i + 97])
+    scanner.flush()
+    assert "".join(scanned.answer or []) == said  # greedy: the same answer streamed or not
 
 
 def test_the_backend_key_is_in_no_admin_answer_nor_log(keyed_gateway: tuple[Gateway, str]) -> None:

@@ -131,7 +131,7 @@ def body_with_answer(view: RequestView, answer: str) -> dict[str, Any] | None:
         said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
         return {**body, "input": [*items, said]}
     prompt, _ = prompt_source(endpoint, body)
-    return {**view.body, "prompt": prompt + answer} if isinstance(prompt, str) else None
+    return {**body, "prompt": prompt + answer} if isinstance(prompt, str) else None
 
 
 def with_answer(view: RequestView, params: PrefixConfig, answer: str) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import shutil
 from pathlib import Path
@@ -26,7 +27,7 @@ def test_a_build_older_than_any_source_of_the_package_is_stale(tmp_path: Path) -
     hot, other = package / "sub" / "hot.py", package / "other.py"
     hot.write_text("")
     other.write_text("")
-    built = package / "sub" / f"hot{native.importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    built = package / "sub" / f"hot{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     built.write_bytes(b"")
     os.utime(hot, (100, 100))
     os.utime(other, (100, 100))

@@ -31,6 +31,8 @@ HOT_MODULES = (
     "gateway/routing/policies/decayed.py",
     "gateway/routing/policies/bound.py",
     "gateway/routing/policies/cost.py",
+    "gateway/request/usage.py",
+    "gateway/relay/sse_usage.py",
 )
 
 

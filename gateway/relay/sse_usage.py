@@ -51,15 +51,28 @@ class SSEUsageScanner:
         collect = self.usage.answer is not None
         if not collect and _no_usage(complete):
             return
-        self.usage.read_events(
-            [
-                line[5:].strip()
-                for event in complete.split(b"\n\n")
-                if collect or (b'"usage"' in event and b'"usage":null' not in event)
-                for line in event.split(b"\n")
-                if line.startswith(b"data:")
-            ]
-        )
+        self.usage.read_events(_data_lines(complete) if collect else _usage_data(complete))
+
+
+def _data_lines(events: bytes) -> list[bytes]:
+    """Every event's data. vLLM writes each event as one `data: ` line: those are split in one pass, where
+    the general form (several lines, comments, other fields) is split event by event."""
+    if events.startswith(b"data: ") and events.count(b"\n") == 2 * events.count(b"\n\ndata: "):
+        return [data.strip() for data in events[6:].split(b"\n\ndata: ")]
+    return [
+        line[5:].strip() for event in events.split(b"\n\n") for line in event.split(b"\n") if line.startswith(b"data:")
+    ]
+
+
+def _usage_data(events: bytes) -> list[bytes]:
+    """The data of the events that carry a usage."""
+    return [
+        line[5:].strip()
+        for event in events.split(b"\n\n")
+        if b'"usage"' in event and b'"usage":null' not in event
+        for line in event.split(b"\n")
+        if line.startswith(b"data:")
+    ]
 
 
 def _no_usage(events: bytes) -> bool:

@@ -99,6 +99,13 @@ class Usage:
         """Usage is looked for only in bodies that name it (as the stream scan does)."""
         if not isinstance(data, dict):
             return
+        choices = data.get("choices")
+        if choices is not None:  # chat and completions, every event of their streams: no envelope, no response id
+            if has_usage:
+                self.update(data.get("usage"))
+            if self.answer is not None:
+                self._collect(_choice_text(choices))
+            return
         if has_usage:
             self.update(data.get("usage"))
             for envelope in ("message", "response"):  # Anthropic message_start, Responses response.completed
@@ -108,8 +115,7 @@ class Usage:
         if isinstance(response, dict) and response.get("object") == "response" and isinstance(response.get("id"), str):
             self.response_id = response["id"]
         if self.answer is not None:
-            choices = data.get("choices")
-            self._collect(_choice_text(choices) if choices is not None else _messages_or_responses_text(data))
+            self._collect(_messages_or_responses_text(data))
 
     def _collect(self, text: Any) -> None:
         if isinstance(text, str) and text and self.answer is not None:

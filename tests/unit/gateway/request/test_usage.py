@@ -61,6 +61,24 @@ def test_answer_text_collected_from_stream_only_when_asked(split: int) -> None:
     assert not_asked.answer is None and not_asked.cached_tokens == 32
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b'data: {"choices": [{"text": "Hel"}]}\n\ndata:{"choices": [{"text": "lo"}]}\n\n',  # no space after data:
+        b'data:  {"choices": [{"text": "Hel"}]}  \n\ndata: {"choices": [{"text": "lo"}]}\n\n',  # extra blanks
+        b': a comment\n\ndata: {"choices": [{"text": "Hel"}]}\n\nevent: x\ndata: {"choices": [{"text": "lo"}]}\n\n',
+        b'data: {"choices": [{"text": "Hel"}]}\nid: 1\n\ndata: {"choices": [{"text": "lo"}]}\n\n',  # other fields
+    ],
+)
+def test_answer_text_from_events_not_framed_as_vllm_frames_them(framing: bytes) -> None:
+    """vLLM's one-line events are split in one pass; every other framing is still read, event by event."""
+    usage = Usage(answer=[])
+    scanner = SSEUsageScanner(usage)
+    scanner.feed(framing + b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\ndata: [DONE]\n\n')
+    scanner.flush()
+    assert "".join(usage.answer or []) == "Hello" and usage.prompt_tokens == 3
+
+
 def test_answer_text_from_whole_bodies() -> None:
     chat, completion = Usage(answer=[]), Usage(answer=[])
     chat.read_body(orjson.dumps({"choices": [{"message": {"content": "Paris."}}], "usage": USAGE}))

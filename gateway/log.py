@@ -105,7 +105,7 @@ def _write_line(stream: IO[bytes], event: str, fields: dict[str, Any]) -> None:
             fields.setdefault(var.name[len(_PREFIX) :], value)
     fields["level"] = "info"
     fields["timestamp"] = iso_utc(time.time())
-    line = orjson.dumps(fields) + b"\n"
+    line = orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE)
     if _together is not None:
         _together.append(line)
         return

@@ -39,7 +39,7 @@ class SSEUsageScanner:
         """Read what was fed since the last batch (an unfinished last event waits for more, or stays unread)."""
         if not self._chunks:
             return
-        data = self._tail + b"".join(self._chunks)
+        data = b"".join((self._tail, *self._chunks))
         self._chunks.clear()
         self._size = 0
         end = data.rfind(b"\n\n")

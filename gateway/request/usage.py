@@ -85,7 +85,7 @@ class Usage:
                 self.read_body(body)
             return
         try:
-            parsed = orjson.loads(b"[" + b",".join(objects) + b"]")
+            parsed = orjson.loads(b"".join((b"[", b",".join(objects), b"]")))
         except orjson.JSONDecodeError:
             parsed = None
         if parsed is None or len(parsed) != len(objects):  # some event is not JSON: each on its own

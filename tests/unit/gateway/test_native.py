@@ -37,3 +37,50 @@ def test_a_build_older_than_any_source_of_the_package_is_stale(tmp_path: Path) -
     assert native.stale(package, ("pkg/sub/hot.py",)) == ["pkg/sub/hot.py"]
     built.unlink()  # nothing built: nothing stale, the module runs interpreted
     assert native.stale(package, ("pkg/sub/hot.py",)) == []
+
+
+def test_a_bytes_concatenation_in_the_generated_c_is_found(tmp_path: Path) -> None:
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "__native_x.c").write_text(
+        "    cpy_r_r3 = CPyBytes_Concat(cpy_r_r1, cpy_r_r2);\n"
+        "    if (unlikely(cpy_r_r3 == NULL)) {\n"
+        '        CPy_AddTraceback("gateway/log.py", "_write_line", 108, CPyStatic_log___globals);\n'
+        "    cpy_r_r4 = PyBytes_Join(cpy_r_r0, cpy_r_r1);\n"
+    )
+    assert native.leaking_concatenations(tmp_path) == ["gateway/log.py:108 (_write_line)"]
+
+
+def test_reading_answers_and_writing_log_lines_leaks_nothing(tmp_path: Path) -> None:
+    """Compiled, each request's answer reading and log line once leaked its bytes (mypyc's `bytes + bytes`):
+    a gateway's memory grew by a few kB per request. Allocated blocks before and after 2,000 rounds."""
+    import sys
+
+    import orjson
+
+    from gateway import log
+    from gateway.relay.sse_usage import SSEUsageScanner
+    from gateway.request.usage import Usage
+
+    event = b'data: {"choices":[{"index":0,"text":" ok","finish_reason":null}],"usage":null}\n\n'
+    usage_event = b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}\n\n'
+    stream = event * 4 + usage_event + b"data: [DONE]\n\n"
+    whole = orjson.dumps({"choices": [{"text": " ok"}], "usage": {"prompt_tokens": 8}})
+    out = (tmp_path / "log").open("wb")
+
+    def one_round() -> None:
+        for collect in (True, False):
+            usage = Usage(answer=[] if collect else None)
+            scanner = SSEUsageScanner(usage)
+            scanner.feed(stream[:50])  # a tail carried from one batch to the next
+            scanner.feed(stream[50:])
+            scanner.flush()
+            usage.read_body(whole)
+        log._write_line(out, "request", {"request_id": "r", "status": 200})
+
+    for _ in range(200):
+        one_round()
+    before = sys.getallocatedblocks()
+    for _ in range(2000):
+        one_round()
+    out.close()
+    assert sys.getallocatedblocks() - before < 500

@@ -34,6 +34,11 @@ HOT_MODULES = (
     "gateway/routing/policies/cost.py",
     "gateway/request/usage.py",
     "gateway/relay/sse_usage.py",
+    "gateway/relay/headers.py",
+    "gateway/request/timing.py",
+    "gateway/request/decision.py",
+    "gateway/prompt/prefix_keys.py",
+    "gateway/log.py",
 )
 
 

@@ -19,7 +19,7 @@ def _fresh_native_build() -> None:
     anything imports it: this conftest is the first one loaded, ahead of the other conftests."""
     if not native.stale():
         return
-    print("gateway.native: the compiled hot path is older than the sources; building it (about 15 s)")
+    print("gateway.native: the compiled hot path is older than the sources; building it (about 40 s)")
     built = subprocess.run(
         [sys.executable, "-m", "gateway.native"], cwd=native.PACKAGE.parent, capture_output=True, text=True, check=False
     )

@@ -59,20 +59,17 @@ def _data_lines(events: bytes) -> list[bytes]:
     the general form (several lines, comments, other fields) is split event by event."""
     if events.startswith(b"data: ") and events.count(b"\n") == 2 * events.count(b"\n\ndata: "):
         return [data.strip() for data in events[6:].split(b"\n\ndata: ")]
-    return [
-        line[5:].strip() for event in events.split(b"\n\n") for line in event.split(b"\n") if line.startswith(b"data:")
-    ]
+    return _data_of(events.split(b"\n\n"))
 
 
 def _usage_data(events: bytes) -> list[bytes]:
     """The data of the events that carry a usage."""
-    return [
-        line[5:].strip()
-        for event in events.split(b"\n\n")
-        if b'"usage"' in event and b'"usage":null' not in event
-        for line in event.split(b"\n")
-        if line.startswith(b"data:")
-    ]
+    return _data_of([event for event in events.split(b"\n\n") if b'"usage"' in event and b'"usage":null' not in event])
+
+
+def _data_of(events: list[bytes]) -> list[bytes]:
+    """The `data:` lines of these events, without the field name."""
+    return [line[5:].strip() for event in events for line in event.split(b"\n") if line.startswith(b"data:")]
 
 
 def _no_usage(events: bytes) -> bool:

@@ -5,11 +5,20 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import shutil
+import sys
 from pathlib import Path
+from typing import BinaryIO
 
+import orjson
 import pytest
 
-from gateway import native
+from gateway import log, native
+from gateway.prompt.prefix_keys import chain_hash_text
+from gateway.relay.headers import filtered, request_id
+from gateway.relay.sse_usage import SSEUsageScanner
+from gateway.request.decision import Decision, Score
+from gateway.request.timing import Timing
+from gateway.request.usage import Usage
 
 
 def test_the_suite_runs_every_hot_module_compiled() -> None:
@@ -54,27 +63,14 @@ def test_the_compiled_request_path_leaks_nothing(tmp_path: Path) -> None:
     """Compiled, each request's answer reading once leaked its bytes (mypyc's `bytes + bytes`): a gateway's
     memory grew by a kB per request. What the compiled modules do per request, 2,000 times: the allocated
     blocks before and after."""
-    import sys
-
-    import orjson
-
-    from gateway import log
-    from gateway.prompt.prefix_keys import chain_hash_text
-    from gateway.relay.headers import filtered, request_id
-    from gateway.relay.sse_usage import SSEUsageScanner
-    from gateway.request.decision import Decision, Score
-    from gateway.request.timing import Timing
-    from gateway.request.usage import Usage
-
     event = b'data: {"choices":[{"index":0,"text":" ok","finish_reason":null}],"usage":null}\n\n'
     usage_event = b'data: {"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}\n\n'
     stream = event * 4 + usage_event + b"data: [DONE]\n\n"
     whole = orjson.dumps({"choices": [{"text": " ok"}], "usage": {"prompt_tokens": 8}})
-    out = (tmp_path / "log").open("wb")
     prompt = "You are a helpful assistant. " * 40 + "é"
     headers = [("Host", "x"), ("Connection", "keep-alive, x-hop"), ("X-Hop", "1"), ("Content-Type", "a/b")]
 
-    def one_round() -> None:
+    def one_round(out: BinaryIO) -> None:
         for collect in (True, False):
             usage = Usage(answer=[] if collect else None)
             scanner = SSEUsageScanner(usage)
@@ -91,10 +87,11 @@ def test_the_compiled_request_path_leaks_nothing(tmp_path: Path) -> None:
         decision.header_value()
         Timing.of(0.001, 0.01, 0.05, True, 4)
 
-    for _ in range(200):
-        one_round()
-    before = sys.getallocatedblocks()
-    for _ in range(2000):
-        one_round()
-    out.close()
-    assert sys.getallocatedblocks() - before < 500
+    with (tmp_path / "log").open("wb") as out:
+        for _ in range(200):
+            one_round(out)
+        before = sys.getallocatedblocks()
+        for _ in range(2000):
+            one_round(out)
+        grown = sys.getallocatedblocks() - before
+    assert grown < 500

@@ -16,13 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway.config.pools import StreamChunkingConfig
 from gateway.errors import BadRequestError
 from gateway.relay.headers import STREAM_CHUNKING as HEADER
-from gateway.relay.watch import read_any
+from gateway.relay.upstream import UpstreamAnswer, UpstreamFailure
 from gateway.view import RequestView
 
 _MAX_EVENT_BYTES = 1 << 20  # an unfinished event longer than this is relayed raw up to the next event's start
@@ -214,7 +213,7 @@ def _encode(event: dict[str, Any]) -> bytes:
 
 
 async def relay_phrases(
-    source: aiohttp.StreamReader,
+    source: UpstreamAnswer,
     chunker: PhraseChunker,
     seen: Callable[[bytes], Awaitable[None]],
     write: Callable[[bytes], Awaitable[None]],
@@ -222,15 +221,15 @@ async def relay_phrases(
 ) -> None:
     """Read upstream chunks (each handed to `seen` first: watch, first byte, usage scan) and write the
     re-chunked events. The read waits only until the pending text's deadline, so text goes out on time
-    while the replica is silent; a read cut by that deadline consumes nothing (readany takes bytes only
-    once it is resumed)."""
+    while the replica is silent; a read cut by that deadline consumes nothing (`read_any` takes
+    bytes only once it is resumed)."""
     loop = asyncio.get_running_loop()
     try:
         while True:
             deadline = chunker.deadline
             try:
                 async with asyncio.timeout_at(deadline) as timer:
-                    chunk = await read_any(source)
+                    chunk = await source.read_any()
             except TimeoutError:
                 if not timer.expired():
                     raise
@@ -244,7 +243,7 @@ async def relay_phrases(
             if out:
                 await _write_phrases(write, out, chunker, first_phrase)
         await _write_phrases(write, chunker.finish(), chunker, first_phrase)
-    except aiohttp.ClientError:
+    except UpstreamFailure:
         if chunker.framed and (out := chunker.flush()):  # the text that came, before the error event
             await write(out)
         raise

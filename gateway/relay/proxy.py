@@ -1,8 +1,8 @@
 """Forwarding and streaming relay: raw bytes in and out, one concern per layer.
 
     attempt       one upstream request up to its response headers (its retry loop: gateway.serving.attempts);
-                  maps aiohttp errors once, a failure another replica may answer to `Retryable`;
-                  sent by gateway.relay.upstream (aiohttp's primitives, not ClientSession.request's per-request work)
+                  maps the send's failures once, a failure another replica may answer to `Retryable`;
+                  sent by gateway.relay.upstream (the gateway's own HTTP/1.1 client)
     _relay        body back to the client: streams chunk by chunk as received (_relay_stream),
                   (or re-chunked in phrases, for a request that opted in: gateway.relay.phrase_chunking),
                   others in one piece (_relay_whole)
@@ -51,8 +51,8 @@ from gateway.relay.attempt import Attempt, Retryable, input_may_cause
 from gateway.relay.phrase_chunking import PhraseChunker, relay_phrases
 from gateway.relay.sse_framing import WholeEvents
 from gateway.relay.sse_usage import SSEUsageScanner
-from gateway.relay.upstream import Upstream
-from gateway.relay.watch import Watch, Watches, attempt_timeout, read_any, read_whole
+from gateway.relay.upstream import Dropped, NoConnection, Upstream, UpstreamAnswer, UpstreamFailure
+from gateway.relay.watch import Watch, Watches, read_whole
 from gateway.replicas import Replica, ReplicaPool
 from gateway.replicas.backend_auth import set_upstream_auth
 from gateway.request.exchange import Exchange
@@ -100,7 +100,7 @@ def _drop(request: web.Request) -> None:
         request.transport.abort()
 
 
-def _is_stream(upstream: aiohttp.ClientResponse) -> bool:
+def _is_stream(upstream: UpstreamAnswer) -> bool:
     return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
 
 
@@ -120,10 +120,14 @@ class Proxy:
         on_poison: Callable[[], None] | None = None,
     ) -> None:
         self._session = session
-        self._upstream = Upstream(session)  # the attempts' send, on the session's connections
+        self._upstream = Upstream()  # the attempts' send, on connections of its own
         self._on_upstream_error = on_upstream_error  # (replica_id, kind) → metrics
         self._on_poison = on_poison  # → affinity_gateway_poison_requests_total
         self.watches = Watches()  # every attempt in flight: cut on ejection and at the end of a drain
+
+    async def close(self) -> None:
+        """Close the kept-alive connections to replicas (at the app's end, once no request is in flight)."""
+        await self._upstream.close()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -166,26 +170,24 @@ class Proxy:
         exchange.trace.inject(out_headers)
         # the gateway's key is a credential for the gateway only
         set_upstream_auth(out_headers, config.backend_key(view.model, replica.replica_id), config.auth.enabled)
-        timeout = attempt_timeout(config.timeouts.connect_s)
         watch = self.watches.start(replica.replica_id, config.timeouts.first_byte_s, config.timeouts.idle_s)
         try:
             try:
                 async with watch.sending():
                     upstream = await self._upstream.send(
-                        request.method, replica.url, request.path_qs, view.raw, out_headers, timeout
+                        request.method, replica.url, request.path_qs, view.raw, out_headers, config.timeouts.connect_s
                     )
-            except aiohttp.ConnectionTimeoutError as exc:
-                raise Retryable(UpstreamError(f"connect to replica {replica.replica_id} timed out"), "connect") from exc
+            except NoConnection as exc:  # the request never left
+                message = (
+                    f"connect to replica {replica.replica_id} timed out"
+                    if exc.timed_out
+                    else f"replica {replica.replica_id} failed: {exc}"
+                )
+                raise Retryable(UpstreamError(message), "connect") from exc
             except TimeoutError as exc:
                 raise _cut(replica, watch) from exc
-            except aiohttp.ClientConnectorError as exc:  # no connection: the request never left
-                raise Retryable(
-                    UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"), "connect"
-                ) from exc
-            except aiohttp.ClientError as exc:  # sent, then dropped (reset, closed) before an answer
-                raise Retryable(
-                    UpstreamError(f"replica {replica.replica_id} failed: {type(exc).__name__}"), "reset"
-                ) from exc
+            except Dropped as exc:  # sent, then dropped (reset, closed) before an answer
+                raise Retryable(UpstreamError(f"replica {replica.replica_id} failed: {exc}"), "reset") from exc
             watch.answered(upstream, first_byte=not _is_stream(upstream))
             try:
                 if upstream.status >= 500 and attempt.after_fault:
@@ -212,7 +214,7 @@ class Proxy:
         self,
         request: web.Request,
         view: RequestView,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamAnswer,
         attempt: Attempt,
         exchange: Exchange,
         config: Config,
@@ -234,7 +236,7 @@ class Proxy:
 
     async def _relay_whole(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamAnswer,
         back: CIMultiDict[str],
         replica: Replica,
         exchange: Exchange,
@@ -249,12 +251,11 @@ class Proxy:
         most = config.limits.max_answer_bytes
         try:
             body = await read_whole(upstream, most, watch)
-        except aiohttp.ClientError as exc:
+        except UpstreamFailure as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc
-            raise Retryable(
-                UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"), "reset"
-            ) from exc
+            broke = UpstreamError(f"replica {replica.replica_id} broke off its answer: {exc}")
+            raise Retryable(broke, "reset") from exc
         if body is None:
             raise UpstreamError(f"replica {replica.replica_id}'s answer is over limits.max_answer_bytes ({most})")
         exchange.usage.read_body(body)
@@ -263,7 +264,7 @@ class Proxy:
     async def _relay_stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamAnswer,
         back: CIMultiDict[str],
         attempt: Attempt,
         exchange: Exchange,
@@ -286,7 +287,7 @@ class Proxy:
         )  # and drops the usage event we asked for
         try:
             if phrases is None:
-                while chunk := await read_any(upstream.content):
+                while chunk := await upstream.read_any():
                     watch.touch()
                     if exchange.ttft_s is None:
                         exchange.first_byte(replica.replica_id)
@@ -302,7 +303,7 @@ class Proxy:
                         await response.prepare(request)
                     scanner.feed(chunk)
 
-                await relay_phrases(upstream.content, phrases, seen, events.write, exchange.phrase_written)
+                await relay_phrases(upstream, phrases, seen, events.write, exchange.phrase_written)
             await events.finish()
             if not response.prepared:
                 await response.prepare(request)
@@ -313,17 +314,14 @@ class Proxy:
             exchange.status, exchange.error = CLIENT_CLOSED, "client stopped reading"
             upstream.close()
             _drop(request)  # drop what it never read; a graceful close would wait for it
-        except aiohttp.ClientError as exc:
+        except UpstreamFailure as exc:
             if not response.prepared and watch.kind != "shutdown":  # nothing reached the client
                 raise (
                     _cut(replica, watch)
                     if watch.kind is not None
-                    else Retryable(
-                        UpstreamError(f"replica {replica.replica_id} broke off its answer: {type(exc).__name__}"),
-                        "reset",
-                    )
+                    else Retryable(UpstreamError(f"replica {replica.replica_id} broke off its answer: {exc}"), "reset")
                 ) from exc
-            exchange.error = watch.message or f"upstream broke mid-stream: {type(exc).__name__}"
+            exchange.error = watch.message or f"upstream broke mid-stream: {exc}"
             if watch.kind != "shutdown":
                 self._upstream_failed(attempt, watch.kind or "mid_stream", exchange.error, config)
             events.cut()

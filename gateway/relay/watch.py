@@ -13,26 +13,15 @@ the wait in progress fail where the proxy already handles it: before the respons
 own timeout fires at once; after them the upstream response is closed, so the body read raises.
 `kind` says why ("first_byte", "idle", "ejected", "shutdown").
 
-A connection lost mid-body is made to fail the body read (`Watch.answered`): aiohttp (3.14) closes the
-connection on a body it cannot parse (an invalid chunk size) but leaves the reader waiting, or has a
-later read raise `RuntimeError("Connection closed.")`; `read_any` maps that one to the payload error.
+A connection lost mid-body fails the body's read itself (`gateway.relay.upstream`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from functools import lru_cache
 
-import aiohttp
-
-
-@lru_cache(maxsize=4)
-def attempt_timeout(connect_s: float) -> aiohttp.ClientTimeout:
-    """aiohttp's timeout of an upstream attempt: only the connect is bounded there; silence after it is
-    the `Watch`'s to bound, so that a long prefill and a long stream are not cut by a total. One object
-    per value (it is immutable), not one per request."""
-    return aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
+from gateway.relay.upstream import UpstreamAnswer
 
 
 class Watch:
@@ -50,7 +39,6 @@ class Watch:
         "_idle_s",
         "_request",
         "_upstream",
-        "_closed",
     )
 
     def __init__(
@@ -63,33 +51,17 @@ class Watch:
         self.last: float | None = None  # loop time of the latest upstream byte; None before the first
         self._started = loop.time()
         self._request: asyncio.Timeout | None = None
-        self._upstream: aiohttp.ClientResponse | None = None
-        self._closed: asyncio.Future[None] | None = None  # the upstream connection's, while the body is read
+        self._upstream: UpstreamAnswer | None = None
 
     def sending(self) -> asyncio.Timeout:
         """The timeout to wrap the wait for response headers in (fired by a cut)."""
         self._request = asyncio.timeout(None)
         return self._request
 
-    def answered(self, upstream: aiohttp.ClientResponse, *, first_byte: bool) -> None:
+    def answered(self, upstream: UpstreamAnswer, *, first_byte: bool) -> None:
         self._request, self._upstream = None, upstream
-        connection = upstream.connection
-        if connection is not None and connection.protocol is not None:
-            closed = connection.protocol.closed  # None: already lost
-            if closed is None or closed.done():
-                self._lost(closed)
-            else:
-                self._closed = closed
-                closed.add_done_callback(self._lost)
         if first_byte:
             self.touch()
-
-    def _lost(self, _: object) -> None:
-        """The upstream connection closed: a body neither ended nor failed by then never will."""
-        if self._upstream is not None:
-            content = self._upstream.content
-            if not content.is_eof() and content.exception() is None:
-                content.set_exception(aiohttp.ClientPayloadError("the connection to the replica closed mid-answer"))
 
     def touch(self) -> None:
         """A byte came: from now on the idle limit applies."""
@@ -120,30 +92,17 @@ class Watch:
         elif self._upstream is not None:
             self._upstream.close()
 
-    def close(self) -> None:
-        if self._closed is not None:
-            self._closed.remove_done_callback(self._lost)  # the connection may serve other requests for long
-            self._closed = None
 
-
-async def read_any(content: aiohttp.StreamReader) -> bytes:
-    """The next upstream bytes (b"" at the end); a read after a lost connection raises the payload error."""
-    try:
-        return await content.readany()
-    except RuntimeError as exc:  # aiohttp: the connection closed with the body neither ended nor failed
-        raise aiohttp.ClientPayloadError("the connection to the replica closed mid-answer") from exc
-
-
-async def read_whole(upstream: aiohttp.ClientResponse, most: int, watch: Watch) -> bytes | None:
+async def read_whole(upstream: UpstreamAnswer, most: int, watch: Watch) -> bytes | None:
     """A whole answer's body; None when it is over `most` bytes (said by its Content-Length, or found on
     the way: the pieces read are dropped at once). Memory holds at most `most` bytes of pieces and their
-    join, where `upstream.read()` held whatever the replica sent. Every piece re-arms the idle limit, as a
-    stream's chunks do: a body slow but moving is not silent (it was cut `idle_s` after the headers)."""
+    join. Every piece re-arms the idle limit, as a stream's chunks do: a body slow but moving is not silent
+    (it was cut `idle_s` after the headers)."""
     if (upstream.content_length or 0) > most:
         return None
     pieces: list[bytes] = []
     size = 0
-    while piece := await read_any(upstream.content):
+    while piece := await upstream.read_any():
         watch.touch()
         size += len(piece)
         if size > most:
@@ -169,7 +128,6 @@ class Watches:
         return watch
 
     def end(self, watch: Watch) -> None:
-        watch.close()
         self._live.pop(watch, None)
 
     def due_by(self, at: float) -> None:

@@ -42,7 +42,6 @@ from gateway.relay.phrase_chunking import chunking_for
 from gateway.relay.proxy import CLIENT_CLOSED, Proxy
 from gateway.relay.stored_responses import ResponseHomes, add_by_id_routes, follows_up
 from gateway.relay.stream_usage import ask_for_usage
-from gateway.relay.watch import attempt_timeout
 from gateway.replicas import Monitor, shared_monitor
 from gateway.request.exchange import Exchange
 from gateway.request.keys import CALLER, REQUEST_ID
@@ -294,7 +293,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[ROUTE_TABLE].config
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
-        timeout=attempt_timeout(config.timeouts.connect_s),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect_s),
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
         cookie_jar=aiohttp.DummyCookieJar(),  # a replica's Set-Cookie goes to its client, never to other requests
@@ -321,6 +320,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     app[OBSERVERS].flush()  # the last requests' batch, should the loop not have turned since they ended
     await monitor.stop()
     await state.close()
+    await app[PROXY].close()
     await session.close()
     if (tracing := app[TRACING]) is not None:
         await asyncio.to_thread(tracing.shutdown)  # flushing to a slow collector must not stall the loop

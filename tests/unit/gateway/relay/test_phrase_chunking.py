@@ -6,14 +6,16 @@ import asyncio
 import random
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
+from multidict import CIMultiDict
 
 from gateway.config.loader import parse_config
 from gateway.config.pools import StreamChunkingConfig
 from gateway.errors import BadRequestError, ConfigError
 from gateway.relay.phrase_chunking import PhraseChunker, chunking_for, relay_phrases
+from gateway.relay.upstream import Dropped, UpstreamAnswer
+from gateway.relay.upstream.connection import UpstreamConnection
 from gateway.view import RequestView
 
 pytestmark = pytest.mark.timeout(30)
@@ -319,19 +321,14 @@ def test_pool_settings_load() -> None:
     )
 
 
-class _Protocol:
-    """What aiohttp.StreamReader asks of its connection's protocol."""
-
-    _reading_paused = False
-    connected = True
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self, resume_parser: bool = True) -> None: ...
+def _answer() -> UpstreamAnswer:
+    """An upstream answer its test feeds by hand (the connection it would come on is never opened)."""
+    connection = UpstreamConnection(lambda _: None, lambda _: None)
+    return UpstreamAnswer(connection, 200, "OK", CIMultiDict([("Content-Type", "text/event-stream")]))
 
 
 async def _relay(
-    reader: aiohttp.StreamReader,
+    reader: UpstreamAnswer,
     chunker: PhraseChunker,
     written: list[tuple[float, bytes]],
     seen: list[bytes],
@@ -350,7 +347,7 @@ async def _relay(
 
 async def test_the_relay_sends_pending_text_at_max_wait_while_upstream_is_silent() -> None:
     loop = asyncio.get_running_loop()
-    reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
+    reader = _answer()
     written: list[tuple[float, bytes]] = []
     seen: list[bytes] = []
     first: list[float] = []
@@ -358,12 +355,12 @@ async def test_the_relay_sends_pending_text_at_max_wait_while_upstream_is_silent
         _relay(reader, PhraseChunker(StreamChunkingConfig(mode="phrase", max_wait_ms=100)), written, seen, first)
     )
     start = loop.time()
-    reader.feed_data(chat("no boundary"))
+    reader.feed(chat("no boundary"))
     await asyncio.sleep(0.3)  # nothing more comes: the timer, not a new chunk, sends the text
     assert [texts(out) for _, out in written] == [["no boundary"]]
     assert 0.09 <= written[0][0] - start < 0.25 and first[0] == pytest.approx(written[0][0], abs=0.01)
-    reader.feed_data(chat("rest.") + b"data: [DONE]\n\n")
-    reader.feed_eof()
+    reader.feed(chat("rest.") + b"data: [DONE]\n\n")
+    reader.end()
     await asyncio.wait_for(task, 5)
     assert texts(b"".join(out for _, out in written)) == ["no boundary", "rest."]
     assert written[-1][1].endswith(b"data: [DONE]\n\n")
@@ -371,29 +368,27 @@ async def test_the_relay_sends_pending_text_at_max_wait_while_upstream_is_silent
 
 
 async def test_the_relay_flushes_pending_text_before_an_upstream_error() -> None:
-    loop = asyncio.get_running_loop()
-    reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
+    reader = _answer()
     written: list[tuple[float, bytes]] = []
     task = asyncio.create_task(_relay(reader, PhraseChunker(PHRASE), written, [], []))
-    reader.feed_data(chat("cut off"))
+    reader.feed(chat("cut off"))
     await asyncio.sleep(0.05)
-    reader.set_exception(aiohttp.ClientPayloadError("broken"))
-    with pytest.raises(aiohttp.ClientPayloadError):
+    reader.fail(Dropped("broken"))
+    with pytest.raises(Dropped):
         await asyncio.wait_for(task, 5)
     assert [texts(out) for _, out in written] == [["cut off"]]
 
 
 async def test_the_relay_keeps_max_wait_while_upstream_never_pauses() -> None:
-    loop = asyncio.get_running_loop()
-    reader = aiohttp.StreamReader(_Protocol(), 1 << 16, loop=loop)  # type: ignore[arg-type]
+    reader = _answer()
     written: list[tuple[float, bytes]] = []
     task = asyncio.create_task(
         _relay(reader, PhraseChunker(StreamChunkingConfig(mode="phrase", max_wait_ms=100)), written, [], [])
     )
     for _ in range(25):  # a piece every 20 ms, never a boundary: only the deadline sends text
-        reader.feed_data(chat("ab"))
+        reader.feed(chat("ab"))
         await asyncio.sleep(0.02)
-    reader.feed_eof()
+    reader.end()
     await asyncio.wait_for(task, 5)
     phrases = [text for _, out in written for text in texts(out)]
     assert "".join(phrases) == "ab" * 25 and 3 <= len(phrases) <= 8

@@ -38,12 +38,19 @@ def read_key(env_name: str | None, file_path: str | None, key: str, env: Mapping
     if env_name is not None and file_path is not None:
         raise ConfigError("set api_key_env or api_key_file, not both", key=join_key(key, "api_key_env"))
     if env_name is not None:
-        value = (os.environ if env is None else env).get(env_name, "")
-        if not value.strip():
-            raise ConfigError(
-                f"environment variable {env_name!r} is not set or empty", key=join_key(key, "api_key_env")
-            )
-        return value.strip()
+        where = join_key(key, "api_key_env")
+        value = (os.environ if env is None else env).get(env_name, "").strip()
+        if not value:
+            raise ConfigError(f"environment variable {env_name!r} is not set or empty", key=where)
+        return _one_line(value, f"environment variable {env_name!r}", where)
     if file_path is not None:
-        return read_secret_file(file_path, join_key(key, "api_key_file"))
+        where = join_key(key, "api_key_file")
+        return _one_line(read_secret_file(file_path, where), f"file {file_path!r}", where)
     return None
+
+
+def _one_line(value: str, source: str, key: str) -> str:
+    """A key goes upstream in a header: a line break inside it (a file of two lines) would end the header."""
+    if "\n" in value or "\r" in value:
+        raise ConfigError(f"{source} holds more than one line: a key is one line", key=key)
+    return value

@@ -125,7 +125,9 @@ class UpstreamConnection(asyncio.Protocol):
     """The protocol of one connection to a replica; `exchange` sends a request on it and waits for the
     answer's headers. `on_idle` is called when a finished exchange leaves it reusable."""
 
-    def __init__(self, on_idle: Callable[[UpstreamConnection], None], on_lost: Callable[[UpstreamConnection], None]):
+    def __init__(
+        self, on_idle: Callable[[UpstreamConnection], None], on_lost: Callable[[UpstreamConnection], None]
+    ) -> None:
         self._on_idle, self._on_lost = on_idle, on_lost
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None

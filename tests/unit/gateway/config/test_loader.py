@@ -136,6 +136,20 @@ def test_backend_key_errors_name_the_key(tmp_path: Path, changes: dict[str, Any]
     assert err.value.key == key and key in str(err.value)
 
 
+def test_a_backend_key_of_two_lines_is_refused_at_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key goes upstream in a header, where a line break would end it and start another."""
+    two_lines = tmp_path / "key"
+    two_lines.write_text("first\nX-Injected: yes\n")
+    monkeypatch.setenv("AG_UNIT_TWO_LINES", "first\rsecond")
+    for changes, key in [
+        ({"replicas": [{"url": "http://h:1", "api_key_file": str(two_lines)}]}, "pools.m.replicas[0].api_key_file"),
+        ({"api_key_env": "AG_UNIT_TWO_LINES"}, "pools.m.api_key_env"),
+    ]:
+        with pytest.raises(ConfigError, match="more than one line") as err:
+            load_config(write(tmp_path, pool(**changes)))
+        assert err.value.key == key and "X-Injected" not in str(err.value)  # the secret is not repeated
+
+
 def test_the_shared_redis_serves_the_index_only_when_it_says_so() -> None:
     from gateway.config.features import IndexStore
     from gateway.config.loader import parse_config

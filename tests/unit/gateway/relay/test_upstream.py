@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from multidict import CIMultiDict
@@ -298,3 +301,42 @@ async def test_bytes_after_the_answer_end_its_connection(serve: Callable, upstre
     answer.release()
     (await upstream.send("POST", origin, "/", b"", HEADERS, 5.0)).close()
     assert raw.connections == 2
+
+
+def _certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl, Debian's): (certificate, key)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return cert, key
+
+
+async def _tls_server(cert: Path, key: Path) -> tuple[asyncio.Server, str]:
+    raw = _Raw(_writes(ANSWER))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server = await asyncio.start_server(raw.serve, "127.0.0.1", 0, ssl=context)
+    return server, f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_an_https_replica_is_verified(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verified against the system's trust store, as aiohttp's default was: trusted here through SSL_CERT_FILE
+    (OpenSSL reads it when the client's context is made, at its first https connection)."""
+    cert, key = _certificate(tmp_path)
+    server, origin = await _tls_server(cert, key)
+    try:
+        untrusting = Upstream()
+        with pytest.raises(NoConnection, match="SSLCertVerificationError"):
+            await untrusting.send("POST", origin, "/", b"{}", HEADERS, 5.0)
+        await untrusting.close()
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        trusting = Upstream()
+        answer = await trusting.send("POST", origin, "/", b"{}", HEADERS, 5.0)
+        assert (answer.status, await _body(answer)) == (200, b"{}")
+        answer.release()
+        await trusting.close()
+    finally:
+        server.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.request.timing import micro
 from gateway.support.records import record
 
 
@@ -60,10 +61,10 @@ class Decision:
         return [
             {
                 "replica": s.replica_id,
-                "score": round(s.score, 6),
+                "score": micro(s.score),
                 "load": s.load,
                 "cached_tokens": s.cached_tokens,
-                "wait_s": round(s.wait_s, 6),
+                "wait_s": micro(s.wait_s),
             }
             for s in self.scores
         ]

@@ -6,7 +6,7 @@ Starts three zero-delay replicas and one gateway (shipped defaults, the named po
 wrk as `python -m bench.hop` does, and records the gateway with py-spy (`pip install py-spy`; as
 root, or with ptrace allowed). Every sample is charged to one stage: the innermost frame of the
 gateway's own code names it (`STAGES`, by module), and the samples of libraries that frame called
-(aiohttp's client, prometheus_client, structlog, …) count to it as well, in their own column. Samples
+(httptools, prometheus_client, structlog, …) count to it as well, in their own column. Samples
 with no gateway frame at all are the framework's own (aiohttp's server, the event loop): the floor a
 bare proxy pays too. `--top N` also lists the N functions of our own code with the most samples.
 `--results NAME` publishes the stage table (docs/benchmarks/results/NAME.json and .md, bench/results.py).
@@ -89,7 +89,7 @@ STAGES: tuple[tuple[str | None, tuple[str, ...]], ...] = (
     ),
     ("request bookkeeping", ("gateway/request/", "gateway/serving/")),
 )
-FRAMEWORK = "framework (aiohttp server and client, event loop)"
+FRAMEWORK = "framework (aiohttp server, event loop)"
 
 
 def stage_of(function: str, path: str) -> str | None:

@@ -59,8 +59,8 @@ def filtered(
     headers: Mapping[str, str] | Iterable[tuple[str, str]], drop: frozenset[str] | set[str]
 ) -> CIMultiDict[str]:
     """Copy headers minus `drop` and minus any header the `Connection` header names. A copy of the whole
-    multidict with the dropped names popped, in C, not a Python pass lowering every name (this runs twice
-    per proxied request)."""
+    multidict with the dropped names popped, in C, not a Python pass lowering every name (every proxied
+    request's own headers go through it)."""
     out = CIMultiDict(headers)
     connection = out.getall("Connection", None)
     if connection is not None:
@@ -68,6 +68,17 @@ def filtered(
     for name in drop:
         out.popall(name, None)
     return out
+
+
+def passed_on(raw: list[tuple[bytes, bytes]], drop: frozenset[str]) -> CIMultiDict[str]:
+    """A replica's headers as llhttp gave them, minus `drop` and any its `Connection` header names, decoded
+    once (names as Latin-1, values as aiohttp decodes them): one pass over the few an answer has, where a
+    decoded copy then `filtered` would build the multidict twice and pop every name of `drop` from it."""
+    pairs = [(name.decode("latin-1"), value.decode("utf-8", "surrogateescape")) for name, value in raw]
+    named = [value for name, value in pairs if name.lower() == "connection"]
+    if named:
+        drop = drop | {token.strip().lower() for value in named for token in value.split(",")}
+    return CIMultiDict([(name, value) for name, value in pairs if name.lower() not in drop])
 
 
 _REQUEST_ID = re.compile(r"[!-~]{1,128}")  # visible ASCII: safe in every header, log line and metric label

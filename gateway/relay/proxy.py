@@ -101,7 +101,7 @@ def _drop(request: web.Request) -> None:
 
 
 def _is_stream(upstream: UpstreamAnswer) -> bool:
-    return upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+    return upstream.content_type.startswith("text/event-stream")
 
 
 def _cut(replica: Replica, watch: Watch) -> Exception:
@@ -222,7 +222,7 @@ class Proxy:
     ) -> web.StreamResponse:
         replica, decision = attempt.replica, attempt.decision
         exchange.status = upstream.status
-        back = h.filtered(upstream.headers, h.response_drop(config.headers))
+        back = h.passed_on(upstream.raw_headers, h.response_drop(config.headers))
         back[h.REQUEST_ID] = view.request_id
         if config.headers.replica_id:
             back[h.REPLICA_ID] = replica.replica_id

@@ -43,12 +43,44 @@ class UpstreamAnswer:
     """A replica's answer: status, reason and headers, and its body read piece by piece (`read_any`).
 
     End it with `release()` (the connection goes back to its pool if the body was read to its end) or
-    `close()` (the connection is dropped: the replica sees it and aborts the request)."""
+    `close()` (the connection is dropped: the replica sees it and aborts the request).
 
-    __slots__ = ("status", "reason", "headers", "_connection", "_pieces", "_size", "_waiter", "_ended", "_error")
+    Its headers stay as llhttp gave them (`raw_headers`, bytes): the relay builds the client's headers from
+    them in one pass (`gateway.relay.headers.passed_on`); `headers` decodes them all only when asked."""
 
-    def __init__(self, connection: UpstreamConnection, status: int, reason: str, headers: CIMultiDict[str]) -> None:
-        self.status, self.reason, self.headers = status, reason, headers
+    __slots__ = (
+        "status",
+        "reason",
+        "raw_headers",
+        "content_type",
+        "content_length",
+        "_framed",
+        "_headers",
+        "_connection",
+        "_pieces",
+        "_size",
+        "_waiter",
+        "_ended",
+        "_error",
+    )
+
+    def __init__(
+        self, connection: UpstreamConnection, status: int, reason: str, raw_headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self.status, self.reason, self.raw_headers = status, reason, raw_headers
+        self.content_type = ""
+        self.content_length: int | None = None
+        self._framed = False  # a Content-Length or a Transfer-Encoding says where the body ends
+        for name, value in raw_headers:
+            lower = name.lower()
+            if lower == b"content-type":
+                self.content_type = value.decode("latin-1")
+            elif lower == b"content-length":
+                self._framed = True
+                self.content_length = int(value) if value.isdigit() else None
+            elif lower == b"transfer-encoding":
+                self._framed = True
+        self._headers: CIMultiDict[str] | None = None
         self._connection: UpstreamConnection | None = connection
         self._pieces: list[bytes] = []
         self._size = 0
@@ -57,9 +89,17 @@ class UpstreamAnswer:
         self._error: UpstreamFailure | None = None
 
     @property
-    def content_length(self) -> int | None:
-        length = self.headers.get("Content-Length")
-        return int(length) if length is not None and length.isdigit() else None
+    def headers(self) -> CIMultiDict[str]:
+        """Every header, decoded as aiohttp decodes them (UTF-8, undecodable bytes kept as surrogates)."""
+        if self._headers is None:
+            raw = self.raw_headers
+            self._headers = CIMultiDict([(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in raw])
+        return self._headers
+
+    @property
+    def until_eof(self) -> bool:
+        """The body runs to the connection's close: no Content-Length, not chunked (HTTP/1.1's last resort)."""
+        return not self._framed
 
     async def read_any(self) -> bytes:
         """The body bytes that came since the last read, waiting for some; b"" once the body has ended.
@@ -165,7 +205,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         answer = self._answer
-        if answer is not None and exc is None and not self._complete and self._until_eof(answer):
+        if answer is not None and exc is None and not self._complete and answer.until_eof:
             answer.end()  # neither a length nor chunks: the body is all that came before the close
         else:
             reason = f"the connection closed: {type(exc).__name__}" if exc is not None else "the connection closed"
@@ -189,10 +229,7 @@ class UpstreamConnection(asyncio.Protocol):
         if status < 200:  # an interim answer (100 Continue): the real one follows on the same connection
             self._reason, self._header_list = b"", []
             return
-        headers = CIMultiDict(
-            [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in self._header_list]
-        )
-        self._answer = UpstreamAnswer(self, status, self._reason.decode("latin-1"), headers)
+        self._answer = UpstreamAnswer(self, status, self._reason.decode("latin-1"), self._header_list)
         ready = self._headers_ready
         if ready is not None and not ready.done():
             ready.set_result(self._answer)
@@ -256,9 +293,3 @@ class UpstreamConnection(asyncio.Protocol):
         if self._answer is not None:
             self._answer.fail(error)
         self.abort()
-
-    @staticmethod
-    def _until_eof(answer: UpstreamAnswer) -> bool:
-        """The body runs to the connection's close: no Content-Length, not chunked (HTTP/1.1's last resort)."""
-        headers = answer.headers
-        return "Content-Length" not in headers and "Transfer-Encoding" not in headers

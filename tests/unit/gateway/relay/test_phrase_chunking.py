@@ -8,7 +8,6 @@ from typing import Any
 
 import orjson
 import pytest
-from multidict import CIMultiDict
 
 from gateway.config.loader import parse_config
 from gateway.config.pools import StreamChunkingConfig
@@ -324,7 +323,7 @@ def test_pool_settings_load() -> None:
 def _answer() -> UpstreamAnswer:
     """An upstream answer its test feeds by hand (the connection it would come on is never opened)."""
     connection = UpstreamConnection(lambda _: None, lambda _: None)
-    return UpstreamAnswer(connection, 200, "OK", CIMultiDict([("Content-Type", "text/event-stream")]))
+    return UpstreamAnswer(connection, 200, "OK", [(b"Content-Type", b"text/event-stream")])
 
 
 async def _relay(

@@ -112,6 +112,11 @@ def _cut(replica: Replica, watch: Watch) -> Exception:
     return Retryable(UpstreamTimeoutError(f"replica {replica.replica_id}: {watch.message}"), watch.kind or "timeout")
 
 
+def _broke_off(replica: Replica, failure: UpstreamFailure) -> Retryable:
+    """The error for an answer whose body broke before any byte reached the client: retried like a reset."""
+    return Retryable(UpstreamError(f"replica {replica.replica_id} broke off its answer: {failure}"), "reset")
+
+
 class Proxy:
     def __init__(
         self,
@@ -254,8 +259,7 @@ class Proxy:
         except UpstreamFailure as exc:
             if watch.kind is not None:
                 raise _cut(replica, watch) from exc
-            broke = UpstreamError(f"replica {replica.replica_id} broke off its answer: {exc}")
-            raise Retryable(broke, "reset") from exc
+            raise _broke_off(replica, exc) from exc
         if body is None:
             raise UpstreamError(f"replica {replica.replica_id}'s answer is over limits.max_answer_bytes ({most})")
         exchange.usage.read_body(body)
@@ -316,11 +320,7 @@ class Proxy:
             _drop(request)  # drop what it never read; a graceful close would wait for it
         except UpstreamFailure as exc:
             if not response.prepared and watch.kind != "shutdown":  # nothing reached the client
-                raise (
-                    _cut(replica, watch)
-                    if watch.kind is not None
-                    else Retryable(UpstreamError(f"replica {replica.replica_id} broke off its answer: {exc}"), "reset")
-                ) from exc
+                raise (_cut(replica, watch) if watch.kind is not None else _broke_off(replica, exc)) from exc
             exchange.error = watch.message or f"upstream broke mid-stream: {exc}"
             if watch.kind != "shutdown":
                 self._upstream_failed(attempt, watch.kind or "mid_stream", exchange.error, config)

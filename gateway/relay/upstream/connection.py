@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import cast
 
 import httptools
-from multidict import CIMultiDict
 
 _HIGH_WATER = 1 << 16  # body bytes buffered before the socket is paused (asyncio's and uvloop's write default)
 
@@ -46,7 +45,8 @@ class UpstreamAnswer:
     `close()` (the connection is dropped: the replica sees it and aborts the request).
 
     Its headers stay as llhttp gave them (`raw_headers`, bytes): the relay builds the client's headers from
-    them in one pass (`gateway.relay.headers.passed_on`); `headers` decodes them all only when asked."""
+    them in one pass (`gateway.relay.headers.passed_on`); only the three the client itself reads are
+    decoded here."""
 
     __slots__ = (
         "status",
@@ -55,7 +55,6 @@ class UpstreamAnswer:
         "content_type",
         "content_length",
         "_framed",
-        "_headers",
         "_connection",
         "_pieces",
         "_size",
@@ -80,21 +79,12 @@ class UpstreamAnswer:
                 self.content_length = int(value) if value.isdigit() else None
             elif lower == b"transfer-encoding":
                 self._framed = True
-        self._headers: CIMultiDict[str] | None = None
         self._connection: UpstreamConnection | None = connection
         self._pieces: list[bytes] = []
         self._size = 0
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._error: UpstreamFailure | None = None
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        """Every header, decoded as aiohttp decodes them (UTF-8, undecodable bytes kept as surrogates)."""
-        if self._headers is None:
-            raw = self.raw_headers
-            self._headers = CIMultiDict([(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in raw])
-        return self._headers
 
     @property
     def until_eof(self) -> bool:

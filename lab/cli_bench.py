@@ -126,6 +126,13 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--num-gpu-blocks", type=int, help="with --compare: KV capacity per replica in 16-token blocks")
     p.add_argument(
+        "--replica-cpu",
+        type=float,
+        metavar="SHARE",
+        help="with --engine vllm: each replica capped at SHARE of a core, ahead of the router and the load "
+        "generator within it, as a GPU replica computes alone (root; lab/core_budget.py)",
+    )
+    p.add_argument(
         "--batching",
         choices=BATCHING,
         help="with --compare: the replica stubs' batching (default continuous; static shows its cost)",
@@ -207,6 +214,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.batching and args.engine == "vllm":
         print("affinity-gateway bench: --batching is a replica-stub flag (vLLM batches continuously)")
         return 2
+    if args.replica_cpu is not None and (args.engine != "vllm" or not 0.05 <= args.replica_cpu <= 1.0):
+        print("affinity-gateway bench: --replica-cpu takes a share of a core between 0.05 and 1, with --engine vllm")
+        return 2
     if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace
         return peers.rerun_isolated(args.argv)
     if args.compare:
@@ -218,6 +228,7 @@ def _bench(args: argparse.Namespace) -> int:
             num_gpu_blocks=args.num_gpu_blocks,
             engine=args.engine,
             stub_flags=("--batching", args.batching) if args.batching else (),
+            replica_cpu=args.replica_cpu,
         )
         meta.update(
             mode="bench --compare",
@@ -225,6 +236,7 @@ def _bench(args: argparse.Namespace) -> int:
             speedup=args.speedup,
             engine=args.engine,
             num_gpu_blocks=args.num_gpu_blocks,
+            replica_cpu=args.replica_cpu,
             batching=args.batching or "continuous",
             evidence=evidence,
             policy_params=policy_params,

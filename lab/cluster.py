@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from lab import vllm_replica
+from lab.core_budget import CoreBudget
 from lab.peers import Peer, peer_env
 from lab.tether import Tethered
 
@@ -53,6 +54,7 @@ class ClusterSpec:
     stub_flags: tuple[str, ...] = ()  # more replica-stub flags, e.g. ("--batching", "static")
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # the pool's routing params
     peer: Peer | None = None  # another router in front of the replicas instead of our gateway(s), with `policy`
+    replica_cpu: float | None = None  # vLLM replicas each capped at this share of a core (lab.core_budget)
 
 
 START_REDIS = "start"
@@ -167,13 +169,14 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
     children: list[_Child] = []
     config_file = tempfile.NamedTemporaryFile("w", prefix="affinity-gateway-", suffix=".yaml", delete=False)
     run_dir = Path(tempfile.mkdtemp(prefix="affinity-up-"))  # vLLM's ipc sockets
+    budget = CoreBudget(spec.replica_cpu) if spec.replica_cpu is not None else None
     try:
         store = _start_redis(spec, children, stopping) if spec.redis == START_REDIS else spec.redis or "memory"
         ports = [free_port() for _ in range(spec.replicas)]
         events = [(free_port(), free_port()) for _ in ports] if spec.kv_events else []
         sections: list[dict[str, str]] = []
         if spec.engine == "vllm":
-            sections = _start_vllm(spec, ports, events, run_dir, children, stopping)
+            sections = _start_vllm(spec, ports, events, run_dir, children, stopping, budget)
         else:
             replicas = [_stub(spec, i, port, events[i] if events else None) for i, port in enumerate(ports)]
             children.extend(replicas)
@@ -210,6 +213,8 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
             child.stop()
         for child in reversed(children):
             child.wait(10)
+        if budget is not None:
+            budget.close()
         config_file.close()
         os.unlink(config_file.name)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -264,8 +269,10 @@ def _start_vllm(
     run_dir: Path,
     children: list[_Child],
     stopping: threading.Event,
+    budget: CoreBudget | None,
 ) -> list[dict[str, str]]:
-    """N vLLM API servers started together (start-up is mostly imports, ~50 s); their `kv_events` sections."""
+    """N vLLM API servers started together (start-up is mostly imports, ~50 s), each in its share of a core if
+    `budget` says one; their `kv_events` sections."""
     if not vllm_replica.installed():
         raise RuntimeError(f"--engine vllm needs vLLM's CPU build in {vllm_replica.VLLM_DIR} (run `make vllm`)")
     replicas = [
@@ -280,7 +287,10 @@ def _start_vllm(
         )
         for i, port in enumerate(ports)
     ]
-    started_children = [_Child(f"vllm-{r.index}", r.command(), env=r.env()) for r in replicas]
+    named = [(f"vllm-{r.index}", r) for r in replicas]
+    started_children = [
+        _Child(name, budget.wrapped(name, r.command()) if budget else r.command(), env=r.env()) for name, r in named
+    ]
     children.extend(started_children)
     for child, replica in zip(started_children, replicas):
         _wait_ready(f"{replica.url}/health", child, stopping, vllm_replica.START_TIMEOUT_S)
@@ -307,22 +317,8 @@ def _start_redis(spec: ClusterSpec, children: list[_Child], stopping: threading.
     if binary is None:
         raise RuntimeError("--redis without a URL needs redis-server on PATH (or pass --redis redis://host:6379/0)")
     port = free_port()
-    child = _Child(
-        "redis",
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--loglevel",
-            "warning",
-        ],
-    )
+    quiet = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"]
+    child = _Child("redis", [binary, "--port", str(port), *quiet])
     children.append(child)
     client = redis.Redis(port=port, socket_timeout=1.0)
     deadline = time.monotonic() + 10.0

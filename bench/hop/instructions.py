@@ -1,6 +1,7 @@
 """Instructions per proxied request: our gateway's own work, counted by callgrind, before and after a change.
 
     python -m bench.hop.instructions [--baseline-tree ../old] [--policy prefix_affinity] [--stream] [--seconds 20]
+    python -m bench.hop.instructions --stream --keep out/ && callgrind_annotate --inclusive=yes out/callgrind-*.out.1
 
 The hop's requests per second and CPU per request move with whatever else the host runs: on a busy day
 the bare proxy's rate changes by a third within one run, and a 5 % change shows in one run and reverses
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument(
+        "--keep", type=Path, help="keep callgrind's output in this folder (for `callgrind_annotate --inclusive=yes`)"
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         parser.error("valgrind is not installed (apt-get install valgrind)")
@@ -81,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_tree is not None:
         trees.insert(0, ("base", args.baseline_tree.resolve()))
     rows = []
-    with tempfile.TemporaryDirectory() as workdir, ExitStack() as stack:
+    with ExitStack() as stack:
+        workdir = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        workdir.mkdir(parents=True, exist_ok=True)
         replicas = fake_replicas(stack)
         for name, tree in trees:
-            requests, instructions = count(tree, replicas, args, Path(workdir))
+            requests, instructions = count(tree, replicas, args, workdir)
             rows.append((name, requests, instructions / max(requests, 1)))
     mode = "4-event streams" if args.stream else "whole answers"
     print(f"{args.policy}, {mode}, wrk -t1 -c{args.connections} for {args.seconds:g} s under callgrind\n")

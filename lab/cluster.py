@@ -169,8 +169,9 @@ def started(spec: ClusterSpec, stopping: threading.Event | None = None) -> Itera
     children: list[_Child] = []
     config_file = tempfile.NamedTemporaryFile("w", prefix="affinity-gateway-", suffix=".yaml", delete=False)
     run_dir = Path(tempfile.mkdtemp(prefix="affinity-up-"))  # vLLM's ipc sockets
-    budget = CoreBudget(spec.replica_cpu) if spec.replica_cpu is not None else None
+    budget: CoreBudget | None = None
     try:
+        budget = CoreBudget(spec.replica_cpu) if spec.replica_cpu is not None else None
         store = _start_redis(spec, children, stopping) if spec.redis == START_REDIS else spec.redis or "memory"
         ports = [free_port() for _ in range(spec.replicas)]
         events = [(free_port(), free_port()) for _ in ports] if spec.kv_events else []

@@ -193,6 +193,7 @@ def _policies(value: str) -> list[str]:
 def _bench(args: argparse.Namespace) -> int:
     from lab import benchmark, peers
     from lab.cluster import ClusterSpec
+    from lab.core_budget import usable_share
     from lab.published import with_medians
 
     if bool(args.url) == bool(args.compare):
@@ -214,7 +215,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.batching and args.engine == "vllm":
         print("affinity-gateway bench: --batching is a replica-stub flag (vLLM batches continuously)")
         return 2
-    if args.replica_cpu is not None and (args.engine != "vllm" or not 0.05 <= args.replica_cpu <= 1.0):
+    if args.replica_cpu is not None and not (args.engine == "vllm" and usable_share(args.replica_cpu)):
         print("affinity-gateway bench: --replica-cpu takes a share of a core between 0.05 and 1, with --engine vllm")
         return 2
     if peers.needs_isolation(contestants):  # root: peers run offline, in a loopback-only namespace

@@ -28,11 +28,16 @@ V1_ROOT = Path("/sys/fs/cgroup/cpu")
 V2_ROOT = Path("/sys/fs/cgroup")
 
 
+def usable_share(share: float) -> bool:
+    """A share of one core a replica can run on (the one bound the CLI and the budget apply)."""
+    return 0.05 <= share <= 1.0
+
+
 class CoreBudget:
     """The replicas' cgroups: `wrapped` puts a command into a group of its own, `close` removes them all."""
 
     def __init__(self, share: float) -> None:
-        if not 0.05 <= share <= 1.0:
+        if not usable_share(share):
             raise ValueError(f"--replica-cpu takes a share of one core between 0.05 and 1, not {share}")
         self.share = share
         self._mounted: Path | None = None

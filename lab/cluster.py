@@ -295,6 +295,8 @@ def _start_vllm(
     children.extend(started_children)
     for child, replica in zip(started_children, replicas):
         _wait_ready(f"{replica.url}/health", child, stopping, vllm_replica.START_TIMEOUT_S)
+    if budget is not None:
+        budget.confine_to(vllm_replica.COMPUTE_PROCESS)
     return [r.kv_events() for r in replicas] if events else []
 
 

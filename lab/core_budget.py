@@ -8,7 +8,12 @@ queues at nine tenths of the load. So, for a head-to-head that ranks routers by 
   period): the share a replica leaves idle is nobody's gain;
 - within its share it has precedence over the rest (a high weight), so the router and the load generator
   run in what the replicas leave, at least 1 − share of every core, and a router's own CPU does not slow the
-  engine.
+  engine;
+- once a replica is up, only its compute process stays capped (`confine_to`). vLLM's engine core waits for
+  its worker by spinning (`sched_yield`) for a second after each step, so with the whole replica in one
+  group a busy replica spent half its share spinning and computed at half speed, twice as slow with a
+  second request as with one. A GPU replica's engine core spins on the host's CPU, not on the GPU's
+  compute: the cap stands for the accelerator.
 
 Linux, as root: the cgroup v1 `cpu` hierarchy, mounted privately where it is not visible (`ip netns exec`
 mounts a fresh /sys, hiding /sys/fs/cgroup), or cgroup v2 with its cpu controller.
@@ -60,6 +65,22 @@ class CoreBudget:
             (group / "cpu.shares").write_text(str(V1_SHARES))
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(group / "cgroup.procs"), *command]
 
+    def confine_to(self, compute: str) -> None:
+        """Leave in each group only its processes named `compute` (their `comm`); move the rest (the replica's
+        API server and engine core) to the root group. A group without such a process keeps everything: no
+        replica runs uncapped because its processes were named otherwise."""
+        for group in self._groups:
+            pids = (group / "cgroup.procs").read_text().split()
+            computing = {pid for pid in pids if _comm(pid).startswith(compute)}
+            if not computing:
+                continue
+            for pid in pids:
+                if pid not in computing:
+                    try:
+                        (self._root / "cgroup.procs").write_text(pid)
+                    except ProcessLookupError:  # exited meanwhile
+                        pass
+
     def close(self) -> None:
         """Remove the groups once their processes have exited (called after the replicas were waited for)."""
         for group in self._groups:
@@ -97,3 +118,11 @@ class CoreBudget:
             )
         self._mounted = mount
         return mount, False
+
+
+def _comm(pid: str) -> str:
+    """A process's name, or "" once it has exited."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

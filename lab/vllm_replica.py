@@ -29,6 +29,7 @@ VLLM_DIR = Path(os.environ.get("AFFINITY_VLLM_DIR", Path(__file__).resolve().par
 BLOCK_TOKENS = 128  # the CPU backend's block size (forced by the platform)
 MAX_MODEL_LEN = 4096
 KV_CACHE_GIB = 1
+COMPUTE_PROCESS = "VLLM::Worker"  # the process that runs the model (the engine core and API server only steer it)
 START_TIMEOUT_S = 300.0  # ~50 s for two replicas on two idle cores; much more on a busy machine
 
 

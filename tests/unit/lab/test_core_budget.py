@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,46 @@ def test_a_replica_gets_no_more_than_its_share_and_its_group_goes() -> None:
     cpu_s = float(done.stdout)
     assert 0.0 < cpu_s <= 0.25 * BUSY_S * 1.3  # uncapped, a spinning process gets its whole core: 2 s
     assert not group.exists()
+
+
+# A child that names itself as vLLM's worker does, beside the shell that started it.
+NAMED_CHILD = (
+    f'{sys.executable} -c \'open("/proc/self/comm", "w").write("computer"); import time; time.sleep(30)\' & sleep 30'
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not _can_make_groups(), reason="cgroups need root and a cpu controller")
+def test_only_the_compute_process_stays_capped() -> None:
+    budget = CoreBudget(0.25)
+    shell = None
+    try:
+        command = budget.wrapped("test", ["sh", "-c", NAMED_CHILD])
+        procs = Path(command[3])
+        shell = subprocess.Popen(command)
+        deadline = time.monotonic() + 10
+        while len(procs.read_text().split()) < 3 or "computer" not in _names(procs):  # sh, python, sleep
+            assert time.monotonic() < deadline, "the child never named itself"
+            time.sleep(0.05)
+        budget.confine_to("computer")
+        assert _names(procs) == ["computer"]
+        budget.confine_to("nothing-by-this-name")  # no such process: the group keeps what it has
+        assert _names(procs) == ["computer"]
+    finally:
+        if shell is not None:
+            subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+            shell.kill()
+            shell.wait(10)
+        budget.close()
+
+
+def _names(procs: Path) -> list[str]:
+    names = []
+    for pid in procs.read_text().split():
+        try:
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except OSError:
+            pass
+    return names
 
 
 @pytest.mark.parametrize("share", [0.0, 0.01, 1.5])

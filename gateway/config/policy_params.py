@@ -86,6 +86,9 @@ class PrefixAffinityPolicyConfig(CostModelConfig):
     home_credit: float = 1.0  # ...where a preamble's last replica is taken to keep this share of it
     conversation_share: float = 0.5  # above this share of recent requests continuing a conversation,
     # a new one goes to the least full cache among the tied (1 = never)
+    return_weight: float = 0.0  # a new conversation's prefill also costs this × the delay it causes the later
+    # turns of the conversations between turns where it lands (0 = off: nothing is counted)
+    return_window_s: float = 5.0  # ...which are expected back within about this long
     seed: int | None = None
 
     def check(self) -> None:
@@ -104,6 +107,10 @@ class PrefixAffinityPolicyConfig(CostModelConfig):
             raise ConfigError("must be > 0 (above 1: never)", key="full_cache_fill")
         if self.delay_weight < 0:
             raise ConfigError("must be >= 0", key="delay_weight")
+        if self.return_weight < 0:
+            raise ConfigError("must be >= 0", key="return_weight")
+        if self.return_window_s <= 0:
+            raise ConfigError("must be > 0", key="return_window_s")
         if not 0 <= self.home_credit <= 1:
             raise ConfigError("must be between 0 and 1", key="home_credit")
         if not 0 <= self.conversation_share <= 1:

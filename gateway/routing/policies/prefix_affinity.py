@@ -32,11 +32,7 @@ traffic continues conversations (`conversation_share`), goes to the least full c
 later turns will queue behind the conversations homed there); then the least loaded wins, then the
 one sent the fewest requests lately, then a random one. Each dispatch lengthens the replica's
 virtual queue, so even a burst of identical requests arriving before any load update spreads.
-
-YAML:
-    routing:
-      policy: prefix_affinity
-      params: {prefill_s_per_token: 0.0002, per_request_tokens: 50, load_epsilon: 0.25}
+With `return_weight` > 0 a new conversation also pays for the later turns it would delay (`conversations`).
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ from gateway.config.policy_params import PrefixAffinityPolicyConfig
 from gateway.request.decision import Candidate, Decision, Outcome, Score
 from gateway.routing.policies.base import Policy
 from gateway.routing.policies.bound import has_room_loads
+from gateway.routing.policies.conversations import BetweenTurns, continues
 from gateway.routing.policies.cost import CostModel
 from gateway.routing.policies.decayed import decay, decayed, decayed_each
 from gateway.support.bounded import put_newest
@@ -84,6 +81,7 @@ class PrefixAffinityPolicy(Policy):
         self._preambles: dict[int, tuple[float, float]] = {}
         # Recent requests that continued a conversation (had a home), decaying as the counts above.
         self._continuing: tuple[float, float] = (0.0, 0.0)
+        self._between = BetweenTurns(params.return_weight, params.return_window_s) if params.return_weight else None
 
     def choose(self, view: RequestView, candidates: Sequence[Candidate]) -> Decision:
         # One pass per quantity over the candidates, everything per-request looked up once: this
@@ -98,7 +96,7 @@ class PrefixAffinityPolicy(Policy):
         # the end of the preamble (that one is often shared too, e.g. a common first-message opening).
         # A chat request that already holds an answer continues a conversation, whatever the block
         # size (with 128-token blocks a few short turns stay inside the straddling block).
-        has_home = most_cached > view.preamble_tokens + view.tokens_per_block or _continues(view)
+        has_home = most_cached > view.preamble_tokens + view.tokens_per_block or continues(view)
         discount = 1.0 - self.params.preamble_weight if not has_home and self._spread(view, cached, now) else 0.0
         starts_conversation = not has_home and self._conversational(now)  # its later turns will come back
         homed = has_home or starts_conversation  # single requests alone are priced by their group in flight
@@ -116,6 +114,9 @@ class PrefixAffinityPolicy(Policy):
         if recent is not None:
             delays = self._delays(view, ids, cached, waits, per_token, prompt, recent, discount)
             effective = [e + d for e, d in zip(effective, delays)]
+        if starts_conversation and self._between is not None:
+            returns = self._between.prices(ids, per_token, cached, prompt, now)
+            effective = [e + r for e, r in zip(effective, returns)]
         eligible, best = self._within_bound(candidates, loads, ttfts, waits, effective, has_home)
         near = self._near_best(candidates, eligible, effective, best, starts_conversation)
         pick = self._tie_broken(ids, loads, near, now, recent)
@@ -337,6 +338,8 @@ class PrefixAffinityPolicy(Policy):
         prompt, ids, cached, loads, has_home = decision.plan
         if has_home:
             self._continuing = (decay(self._continuing, now, window) + 1.0, now)
+        if self._between is not None:
+            self._between.dispatched(view.request_id, replica_id, has_home, has_home or self._conversational(now), now)
         if replica_id in ids:
             last = len(ids) - 1 - ids[::-1].index(replica_id)  # a repeated id: its last row, as a dict would
             self._unqueued.pop(view.request_id, None)
@@ -351,6 +354,8 @@ class PrefixAffinityPolicy(Policy):
         entry = self._in_flight.pop(request_id, None)
         if entry is not None:
             self.cost.ended(*entry)
+        if self._between is not None:  # an attempt that never answered: no turn of it ended
+            self._between.forget(request_id)
 
     def on_failed(self, view: RequestView, replica_id: str) -> None:
         """It never ran there: its prefill leaves that replica's virtual queue, its context the batch."""
@@ -378,6 +383,8 @@ class PrefixAffinityPolicy(Policy):
 
     def on_finished(self, view: RequestView, replica_id: str, outcome: Outcome) -> None:
         self.on_first_token(view, replica_id)  # no first token came (failed, or not reported): over anyway
+        if self._between is not None:
+            self._between.ended(view.request_id, replica_id, outcome.ok, self.cost.clock())
         self._ended(view.request_id)
         unqueued = self._unqueued.get(view.request_id)
         if unqueued is None or unqueued[0] != replica_id:
@@ -391,9 +398,3 @@ class PrefixAffinityPolicy(Policy):
             self.cost.observe_loaded(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s, unqueued[2])
         else:
             self.cost.observe(replica_id, outcome.ttft_s, prompt - cached, outcome.predicted.wait_s)
-
-
-def _continues(view: RequestView) -> bool:
-    """Does the chat request carry an earlier answer (a later turn, an agent's next hop)?"""
-    messages = view.body.get("messages") if view.endpoint == "chat" else None
-    return isinstance(messages, list) and any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)

@@ -30,6 +30,7 @@ GROUP = "gateway.compiled"  # mypyc's shared library of the group, beside this f
 HOT_MODULES = (
     "gateway/routing/policies/prefix_affinity.py",
     "gateway/routing/policies/decayed.py",
+    "gateway/routing/policies/conversations.py",
     "gateway/routing/policies/bound.py",
     "gateway/routing/policies/cost.py",
     "gateway/request/usage.py",

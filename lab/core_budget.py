@@ -71,7 +71,7 @@ class CoreBudget:
         replica runs uncapped because its processes were named otherwise."""
         for group in self._groups:
             pids = (group / "cgroup.procs").read_text().split()
-            computing = {pid for pid in pids if _comm(pid).startswith(compute)}
+            computing = {pid for pid in pids if process_name(pid).startswith(compute)}
             if not computing:
                 continue
             for pid in pids:
@@ -120,8 +120,8 @@ class CoreBudget:
         return mount, False
 
 
-def _comm(pid: str) -> str:
-    """A process's name, or "" once it has exited."""
+def process_name(pid: str) -> str:
+    """A process's name (its `comm`), or "" once it has exited."""
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:

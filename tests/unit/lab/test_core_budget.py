@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab.cli_bench import add_bench
-from lab.core_budget import CoreBudget
+from lab.core_budget import CoreBudget, process_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,13 +82,8 @@ def test_only_the_compute_process_stays_capped() -> None:
 
 
 def _names(procs: Path) -> list[str]:
-    names = []
-    for pid in procs.read_text().split():
-        try:
-            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-        except OSError:
-            pass
-    return names
+    """The names of the group's processes still running."""
+    return [name for name in map(process_name, procs.read_text().split()) if name]
 
 
 @pytest.mark.parametrize("share", [0.0, 0.01, 1.5])
